@@ -1,0 +1,81 @@
+"""HCP §10.2.1 / §10.5: which binary a request may run, and where it is.
+
+Entries are bare names or absolute paths. A bare entry matches a path ending in ``/<name>``;
+a listed bare name resolves on the sandbox's fixed PATH; an unlisted bare name is never
+looked up on any PATH. In native-local mode a bare name may resolve on the host PATH
+(§10.3.1), but the allow-list still applies.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from .errors import BinNotExecutableError, BinNotFoundError, NotAllowlistedError, PolicyError
+
+#: The PATH of the sandbox: only the read-only system roots.
+SANDBOX_PATH: tuple[str, ...] = ("/usr/local/bin", "/usr/bin", "/bin",
+                                 "/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def is_allowlisted(bin_: str, allow: Sequence[str]) -> bool:
+    if "/" not in bin_:
+        return bin_ in allow  # a bare request matches only a bare entry
+    name = os.path.basename(bin_)
+    for entry in allow:
+        if "/" in entry:
+            if os.path.normpath(entry) == os.path.normpath(bin_):
+                return True
+        elif entry == name:
+            return True
+    return False
+
+
+def _search(name: str, path: Sequence[str]) -> str | None:
+    for d in path:
+        candidate = os.path.join(d, name)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def resolve_bin(bin_: str, allow: Sequence[str], *, cwd: str, native_local: bool = False,
+                host_path: str | None = None) -> str:
+    """The absolute path to execute for ``bin_``, or the error HCP prescribes."""
+    if not bin_ or "\0" in bin_:
+        raise PolicyError(f"invalid bin {bin_!r}")
+    if not is_allowlisted(bin_, allow):
+        raise NotAllowlistedError(bin_)
+    if "/" in bin_:
+        path = os.path.normpath(os.path.join(cwd, bin_))
+    else:
+        search = SANDBOX_PATH
+        if native_local:
+            search = tuple(p for p in (host_path or "").split(os.pathsep) if p) or SANDBOX_PATH
+        found = _search(bin_, search)
+        if found is None:
+            raise BinNotFoundError(f'bin "{bin_}" not found on the sandbox PATH '
+                                   f'({":".join(search)})')
+        path = found
+    if not os.path.exists(path):
+        raise BinNotFoundError(f'bin "{bin_}" not found')
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise BinNotExecutableError(f'bin "{bin_}" is not executable')
+    return path
+
+
+def install_prefixes(exe: str) -> tuple[str, ...]:
+    """Directories a binary needs beside the system roots: its own install prefix.
+
+    ``/x/venv/bin/python`` needs ``/x/venv`` (site-packages, pyvenv.cfg), and the interpreter
+    it links to needs its own prefix too. A binary outside a ``bin``/``sbin`` directory gets
+    just its directory.
+    """
+    out: list[str] = []
+    for p in (os.path.abspath(exe), os.path.realpath(exe)):
+        d = os.path.dirname(p)
+        prefix = os.path.dirname(d) if os.path.basename(d) in ("bin", "sbin") else d
+        if prefix == "/":
+            prefix = d
+        if prefix != "/" and prefix not in out:
+            out.append(prefix)
+    return tuple(out)

@@ -1,0 +1,306 @@
+"""The child side of a confined spawn: a fixed list of steps, then execve.
+
+Everything here runs between fork and exec. It only executes what the Plan precomputed:
+no configuration is read, nothing is imported, nothing is logged. A failing step writes
+(step, errno, detail) to the error pipe and exits 125; the parent turns that into
+``error: sandbox: <step>: <strerror>``.
+
+Process shape (the pid namespace needs a fork after unshare):
+
+    parent ──fork──► monitor (C1): session, namespaces, uid/gid maps
+                        └──fork──► payload (C2): pid 1 of the new pid namespace; mount view,
+                                   loopback, no_new_privs, capabilities, Landlock, seccomp, exec
+
+The monitor mirrors the payload's exit status to the parent. When the payload (pid 1) exits,
+the kernel kills everything left in its pid namespace, so no process outlives the run; when the
+monitor dies, PDEATHSIG kills the payload and with it the namespace.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import resource
+import signal
+import socket
+import struct
+from typing import TYPE_CHECKING, NoReturn
+
+from . import _libc as L
+
+if TYPE_CHECKING:
+    from landlock import CreatedRuleset
+
+    from .plan import Plan
+
+# Step names reported to the parent; the index travels over the pipe.
+STEPS = (
+    "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
+    "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
+    "root-tmpfs", "bind-attach", "symlink", "dev", "proc", "tmp", "canary", "pivot-root",
+    "root-readonly", "loopback-up", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
+    "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "verify", "execve",
+)
+STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
+
+NEWROOT = b"/tmp"  # where the new root is assembled before pivot_root (any existing dir works)
+CANARY = "/.hcp-canary"
+
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+class _StepFailed(Exception):
+    def __init__(self, step: str, err: int, detail: str = "") -> None:
+        self.step, self.err, self.detail = step, err, detail
+
+
+def _step(step: str, fn, *args, detail: str = ""):  # type: ignore[no-untyped-def]
+    try:
+        return fn(*args)
+    except OSError as e:
+        raise _StepFailed(step, e.errno or errno.EIO, detail) from None
+
+
+def _report(errfd: int, step: str, err: int, detail: str) -> NoReturn:
+    record = struct.pack("<HH", STEP_INDEX.get(step, 0), err & 0xFFFF) + detail.encode()[:512]
+    try:
+        os.write(errfd, record)
+    finally:
+        os._exit(125)
+
+
+def run(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
+        ruleset: "CreatedRuleset | None") -> NoReturn:
+    """Entry point in the forked child (the monitor). Never returns."""
+    try:
+        _monitor(plan, errfd, stdio, ruleset)
+    except _StepFailed as f:
+        _report(errfd, f.step, f.err, f.detail)
+    except BaseException as e:  # noqa: BLE001 - a bug must still fail closed, with a reason
+        _report(errfd, "internal", errno.EIO, f"{type(e).__name__}: {e}")
+    os._exit(125)
+
+
+def _monitor(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
+             ruleset: "CreatedRuleset | None") -> None:
+    # Standard streams first, so that every later step sees the final fds 0-2.
+    for target, fd in enumerate(stdio):
+        if fd != target:
+            _step("stdio", os.dup2, fd, target, True)
+    # A new session: no controlling terminal, so TIOCSTI/TIOCLINUX on an inherited tty
+    # cannot inject input (seccomp refuses them too), and the run is its own process group.
+    _step("setsid", os.setsid)
+    # Die with the parent; a parent that already died before prctl is caught by the check.
+    _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != plan.parent_pid:
+        os._exit(125)
+    layers = plan.layers
+    if "userns" in layers:
+        _step("unshare-user", L.unshare, L.CLONE_NEWUSER)
+        # setgroups must be denied before an unprivileged process may write its gid_map.
+        _step("uid-map", _write_id_maps, plan.uid, plan.gid)
+    for layer, step, flag in (("mountns", "unshare-mount", L.CLONE_NEWNS),
+                              ("netns", "unshare-net", L.CLONE_NEWNET),
+                              ("ipcns", "unshare-ipc", L.CLONE_NEWIPC),
+                              ("pidns", "unshare-pid", L.CLONE_NEWPID)):
+        if layer in layers:
+            _step(step, L.unshare, flag)
+    if "mountns" in layers:
+        # Nothing we mount may propagate back to the host's mount namespace.
+        _step("mount-private", L.mount, None, b"/", None, L.MS_REC | L.MS_PRIVATE)
+    if "pidns" not in layers:
+        _payload(plan, ruleset)
+    pid = _step("fork-pid1", os.fork)
+    if pid == 0:
+        try:
+            _payload(plan, ruleset)
+        except _StepFailed as f:
+            _report(errfd, f.step, f.err, f.detail)
+        except BaseException as e:  # noqa: BLE001
+            _report(errfd, "internal", errno.EIO, f"{type(e).__name__}: {e}")
+        os._exit(125)
+    _mirror(pid)
+
+
+def _mirror(pid: int) -> NoReturn:
+    """Monitor: hold no fds, wait for pid 1 of the sandbox, exit the way it exited."""
+    L.close_range(0, 0xFFFFFFFF, 0)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # signals whose default action is not to terminate
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _write_id_maps(uid: int, gid: int) -> None:
+    for name, text in ((b"/proc/self/setgroups", b"deny"),
+                       (b"/proc/self/uid_map", b"%d %d 1" % (uid, uid)),
+                       (b"/proc/self/gid_map", b"%d %d 1" % (gid, gid))):
+        fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, text)
+        finally:
+            os.close(fd)
+
+
+def _payload(plan: "Plan", ruleset: "CreatedRuleset | None") -> NoReturn:
+    if "pidns" in plan.layers:
+        # pid 1 of the sandbox dies with the monitor; the kernel then empties the namespace.
+        _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if "mountns" in plan.layers:
+        _build_mount_view(plan)
+    if "netns" in plan.layers:
+        _step("loopback-up", _loopback_up)
+    _step("chdir", os.chdir, plan.cwd)
+    if not plan.confined:  # native-local (HCP §10.3): a trust decision, not a confinement
+        _exec(plan)
+    _step("rlimits", resource.setrlimit, resource.RLIMIT_CORE, (0, 0))
+    # no_new_privs: setuid/file-capability binaries cannot raise privileges after exec, and
+    # Landlock and seccomp may be installed without CAP_SYS_ADMIN.
+    _step("no-new-privs", L.prctl, L.PR_SET_NO_NEW_PRIVS, 1)
+    _step("drop-capabilities", _drop_capabilities, plan.cap_last_cap)
+    if ruleset is not None:
+        _step("landlock-rules", _add_late_rules, plan, ruleset)
+        _step("landlock-restrict", ruleset.restrict_self)
+    if plan.seccomp is not None:
+        # Last before exec, so the filter need not allow any of the setup calls above.
+        _step("seccomp", plan.seccomp.install)
+    # Nothing inherited beyond 0-2 survives exec (the error pipe is already close-on-exec).
+    _step("close-fds", L.close_range, 3, 0xFFFFFFFF, L.CLOSE_RANGE_CLOEXEC)
+    _verify(plan)
+    _exec(plan)
+
+
+def _exec(plan: "Plan") -> NoReturn:
+    try:
+        os.execve(plan.exe, plan.argv, plan.env)
+    except OSError as e:
+        raise _StepFailed("execve", e.errno or errno.EIO, plan.exe.decode(errors="replace"))
+    raise AssertionError("unreachable")
+
+
+def _build_mount_view(plan: "Plan") -> None:
+    """A new root that holds only what the policy grants, as bubblewrap builds one."""
+    # 1. Clone every granted tree while the host's paths are still visible. The clone must
+    #    be the very object the parent validated and gave Landlock rules to: compare inodes.
+    trees = []
+    for b in plan.binds:
+        detail = b.source.decode(errors="replace")
+        fd = _step("bind-clone", L.open_tree, L.AT_FDCWD, b.source,
+                   L.OPEN_TREE_CLONE | L.OPEN_TREE_CLOEXEC | L.AT_RECURSIVE
+                   | L.AT_SYMLINK_NOFOLLOW, detail=detail)
+        st = _step("bind-clone", os.fstat, fd, detail=detail)
+        if (st.st_dev, st.st_ino) != (b.dev, b.ino):
+            raise _StepFailed("bind-clone", errno.ESTALE, detail + " changed since it was checked")
+        _step("bind-clone", L.mount_setattr, fd, b"", L.AT_EMPTY_PATH | L.AT_RECURSIVE,
+              b.attrs, detail=detail)
+        trees.append((b, fd))
+    # 2. The new root: an empty tmpfs, read-only once assembled.
+    _step("root-tmpfs", L.mount, b"tmpfs", NEWROOT, b"tmpfs", L.MS_NOSUID | L.MS_NODEV,
+          b"mode=0755,size=1m")
+    # Private tmpfs mounts come before the binds: a granted path may lie beneath them
+    # (a jail in /tmp), and must be attached on top, not hidden underneath.
+    _step("tmp", _mount_tmpfs, NEWROOT + b"/tmp", b"mode=1777")
+    _step("dev", _mount_tmpfs, NEWROOT + b"/dev/shm", b"mode=1777")
+    for b, fd in trees:
+        target = NEWROOT + b.target
+        detail = b.target.decode(errors="replace")
+        if b.is_dir:
+            _step("bind-attach", os.makedirs, target, 0o755, True, detail=detail)
+        else:
+            _step("bind-attach", _make_file, target, detail=detail)  # a device node or file
+        _step("bind-attach", L.move_mount, fd, b"", L.AT_FDCWD, target,
+              L.MOVE_MOUNT_F_EMPTY_PATH, detail=detail)
+        os.close(fd)
+    for link, dest in plan.symlinks:
+        _step("symlink", os.symlink, dest, NEWROOT + link, detail=link.decode(errors="replace"))
+    _step("dev", _dev_links)
+    _step("proc", _mount_proc, plan.proc_fresh)
+    _step("canary", _make_file, NEWROOT + CANARY.encode())
+    # 3. Switch roots and drop the old one: pivot_root(".", ".") stacks the old root on
+    #    the new one; detaching it leaves no path back to the host tree.
+    _step("pivot-root", os.chdir, NEWROOT)
+    _step("pivot-root", L.pivot_root, b".", b".")
+    _step("pivot-root", L.umount2, b".", L.MNT_DETACH)
+    _step("pivot-root", os.chdir, b"/")
+    _step("root-readonly", L.mount, None, b"/", None,
+          L.MS_REMOUNT | L.MS_BIND | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV)
+
+
+def _make_file(path: bytes) -> None:
+    os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _mount_tmpfs(path: bytes, options: bytes) -> None:
+    os.makedirs(path, 0o755, exist_ok=True)
+    L.mount(b"tmpfs", path, b"tmpfs", L.MS_NOSUID | L.MS_NODEV, options)
+
+
+def _dev_links() -> None:
+    dev = NEWROOT + b"/dev"
+    os.makedirs(dev, 0o755, exist_ok=True)
+    for name, dest in ((b"fd", b"/proc/self/fd"), (b"stdin", b"/proc/self/fd/0"),
+                       (b"stdout", b"/proc/self/fd/1"), (b"stderr", b"/proc/self/fd/2")):
+        os.symlink(dest, dev + b"/" + name)
+
+
+def _mount_proc(fresh: bool) -> None:
+    target = NEWROOT + b"/proc"
+    if fresh:  # only pid 1 of a new pid namespace may mount a procfs of its own
+        os.makedirs(target, 0o555, exist_ok=True)
+        L.mount(b"proc", target, b"proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+
+
+def _loopback_up() -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 0)
+    try:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+    finally:
+        s.close()
+
+
+def _drop_capabilities(last_cap: int) -> None:
+    # Lock root out of capability semantics first (needs CAP_SETPCAP, so before the drops),
+    # then empty the bounding set, the ambient set, and the effective/permitted/inheritable sets.
+    L.prctl(L.PR_SET_SECUREBITS, L.SECURE_ALL_LOCKED)
+    for cap in range(last_cap + 1):
+        L.prctl(L.PR_CAPBSET_DROP, cap)
+    L.prctl(L.PR_CAP_AMBIENT, L.PR_CAP_AMBIENT_CLEAR_ALL)
+    L.capset_empty()
+
+
+def _add_late_rules(plan: "Plan", ruleset: "CreatedRuleset") -> None:
+    """Rules for mounts that only exist in the child (the new root, /proc, /tmp, /dev/shm)."""
+    for path, access in plan.late_rules:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            ruleset.add_path_fd(fd, access)
+        finally:
+            os.close(fd)
+
+
+def _verify(plan: "Plan") -> None:
+    """Prove the confinement is in force before exec; refuse otherwise."""
+    if plan.canary is not None:
+        try:
+            os.close(os.open(plan.canary, os.O_RDONLY | os.O_CLOEXEC))
+        except PermissionError:
+            pass  # EACCES: Landlock denied an access the mount view allows. Good.
+        else:
+            raise _StepFailed("verify", errno.EPERM, f"Landlock canary {plan.canary} was readable")
+    with open("/proc/self/status", "rb") as f:
+        status = f.read()
+    expect = [b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n", b"CapPrm:\t0000000000000000\n",
+              b"CapBnd:\t0000000000000000\n"]
+    if plan.seccomp is not None:
+        expect.append(b"Seccomp:\t2\n")
+    for line in expect:
+        if line not in status:
+            raise _StepFailed("verify", errno.EPERM, f"/proc/self/status lacks {line.strip().decode()!r}")

@@ -1,0 +1,139 @@
+"""`hcp-linux` / `python -m hcp_linux`: run a command confined, or probe the host.
+
+Every refusal is one line on stderr, ``error: sandbox: <what>``, with the exit status of
+DESIGN §5 (the README's table), and nothing spawned or written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import NoReturn, Sequence
+
+from .errors import EXIT_TIMEOUT, EXIT_USAGE, SandboxError
+from .policy import NETWORK_MODES, Policy
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, our prefix, exit 2
+        print(f"error: sandbox: {message} (see '{self.prog} --help')", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hcp-linux", description="Linux confinement backend for HCP §10 Sandbox.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
+    pr.add_argument("--json", action="store_true", help="machine-readable output")
+    r = sub.add_parser("run", help="run one command confined",
+                       usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
+    r.add_argument("--jail", help="working directory and first writable root (default: cwd)")
+    r.add_argument("--write-root", action="append", default=[], metavar="DIR")
+    r.add_argument("--read-only-root", action="append", default=[], metavar="DIR")
+    r.add_argument("--network", help=f"one of {', '.join(NETWORK_MODES)} (default none)")
+    r.add_argument("--allow-bin", action="append", default=[], metavar="BIN")
+    r.add_argument("--policy", metavar="FILE", help="TOML policy file (keys as in Policy)")
+    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--timeout", type=float, metavar="SECONDS")
+    r.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER")
+    r.add_argument("--no-sandbox", action="store_true")
+    r.add_argument("--native-local", action="store_true")
+    r.add_argument("--receipt", metavar="FILE|-", help="write the receipt as JSON ('-': stderr)")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def _policy_from_args(a: argparse.Namespace) -> Policy:
+    env: dict[str, str] = {}
+    for item in a.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SandboxError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    base: dict = {}
+    if a.policy:
+        base = {f: getattr(p, f) for p in [Policy.from_toml(a.policy)]
+                for f in ("jail", "write_roots", "read_only_roots", "system_roots", "network",
+                          "allow_bins", "env", "allow_degraded", "sandbox", "native_local",
+                          "seccomp_profiles", "timeout")}
+    fields = dict(base)
+    if a.jail is not None:
+        fields["jail"] = a.jail
+    fields["write_roots"] = tuple(base.get("write_roots", ())) + tuple(a.write_root)
+    fields["read_only_roots"] = tuple(base.get("read_only_roots", ())) + tuple(a.read_only_root)
+    fields["allow_bins"] = tuple(base.get("allow_bins", ())) + tuple(a.allow_bin)
+    fields["allow_degraded"] = tuple(base.get("allow_degraded", ())) + tuple(a.allow_degraded)
+    fields["env"] = {**dict(base.get("env", {})), **env}
+    if a.network is not None:
+        fields["network"] = a.network
+    if a.timeout is not None:
+        fields["timeout"] = a.timeout
+    if a.no_sandbox or a.native_local:
+        fields["sandbox"] = not a.no_sandbox
+        fields["native_local"] = a.native_local
+    return Policy(**fields)
+
+
+def _run(a: argparse.Namespace) -> int:
+    from .receipt import write_receipt
+    from .sandbox import Sandbox
+
+    argv = list(a.command)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise SandboxError("run: no command given (hcp-linux run [OPTIONS] -- BIN [ARG...])")
+    policy = _policy_from_args(a)
+    proc = Sandbox(policy).spawn(argv)
+    timed_out = False
+    # The CLI's own job control: ^C or a TERM kills the whole sandbox, then we exit.
+    def _on_signal(signum: int, _frame: object) -> None:
+        proc.kill()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    try:
+        status = proc.wait(policy.timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.kill()
+        status = proc.wait()
+    receipt = dict(proc.receipt)
+    receipt["exit"] = {"returncode": status, "timed_out": timed_out}
+    if a.receipt == "-":
+        write_receipt(receipt, sys.stderr)
+    elif a.receipt:
+        write_receipt(receipt, a.receipt)
+    if timed_out:
+        print(f"error: sandbox: timed out after {policy.timeout:g}s; the sandbox was killed",
+              file=sys.stderr)
+        return EXIT_TIMEOUT
+    return 128 - status if status < 0 else status
+
+
+def _probe(a: argparse.Namespace) -> int:
+    from .probe import format_table, probe
+
+    report = probe()
+    if a.json:
+        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        print(format_table(report))
+    return 0 if report.fully_enforceable else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args) if args.cmd == "run" else _probe(args)
+    except SandboxError as e:
+        print(f"error: sandbox: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The parent side of a spawn: fork, learn whether the child reached exec, hand back a process.
+
+Modelled on CPython's _posixsubprocess protocol: the child reports a failing step and its
+errno over a close-on-exec pipe; EOF on that pipe means execve succeeded.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import time
+from typing import IO, Any
+
+from . import child
+from .errors import ChildSetupError
+from .plan import Plan
+from .receipt import record_landlock
+
+PIPE = subprocess.PIPE
+DEVNULL = subprocess.DEVNULL
+
+
+class SandboxProcess:
+    """A running confined command, shaped like :class:`subprocess.Popen`.
+
+    ``pid`` is the monitor process; signalling it reaches the whole sandbox: SIGKILL to the
+    monitor kills pid 1 of the sandbox (PDEATHSIG) and with it every process in its namespace.
+    """
+
+    def __init__(self, pid: int, stdin: IO[bytes] | None, stdout: IO[bytes] | None,
+                 stderr: IO[bytes] | None, receipt: dict[str, Any]) -> None:
+        self.pid = pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.receipt = receipt
+        self.returncode: int | None = None
+        self.timed_out = False
+
+    def _set_status(self, status: int) -> int:
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._set_status(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            _, status = os.waitpid(self.pid, 0)
+            return self._set_status(status)
+        # pidfd: sleep in the kernel until the monitor exits, no polling loop.
+        pidfd = os.pidfd_open(self.pid)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(pidfd, selectors.EVENT_READ)
+                if not sel.select(timeout):
+                    raise subprocess.TimeoutExpired(self.pid, timeout)
+        finally:
+            os.close(pidfd)
+        _, status = os.waitpid(self.pid, 0)
+        return self._set_status(status)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Kill the whole sandbox: the monitor, pid 1 of the sandbox and all it started."""
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)  # the session made by setsid
+            except ProcessLookupError:
+                pass
+            self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input: bytes | None = None,
+                    timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
+        """Feed stdin, collect stdout/stderr until EOF, then wait. Like Popen.communicate."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: dict[int, list[bytes]] = {}
+        with selectors.DefaultSelector() as sel:
+            pending_in = memoryview(input or b"")
+            if self.stdin is not None:
+                if pending_in:
+                    os.set_blocking(self.stdin.fileno(), False)
+                    sel.register(self.stdin, selectors.EVENT_WRITE)
+                else:
+                    self.stdin.close()
+            for stream in (self.stdout, self.stderr):
+                if stream is not None:
+                    out[stream.fileno()] = []
+                    sel.register(stream, selectors.EVENT_READ)
+            while sel.get_map():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise subprocess.TimeoutExpired(self.pid, timeout or 0)
+                for key, _ in sel.select(remaining):
+                    if key.fileobj is self.stdin:
+                        try:
+                            n = os.write(key.fd, pending_in[:65536])
+                        except BrokenPipeError:
+                            n = len(pending_in)
+                        pending_in = pending_in[n:]
+                        if not pending_in:
+                            sel.unregister(key.fileobj)
+                            self.stdin.close()  # type: ignore[union-attr]
+                    else:
+                        data = os.read(key.fd, 65536)
+                        if data:
+                            out[key.fd].append(data)
+                        else:
+                            sel.unregister(key.fileobj)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.wait(remaining)
+        result = []
+        for stream in (self.stdout, self.stderr):
+            if stream is None:
+                result.append(None)
+            else:
+                result.append(b"".join(out[stream.fileno()]))
+                stream.close()
+        return result[0], result[1]
+
+
+def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | None]:
+    """(fd for the child, parent's end of a pipe or None)."""
+    if spec is None:
+        return index, None
+    if spec == PIPE:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        if index == 0:
+            to_close.append(r)
+            return r, w
+        to_close.append(w)
+        return w, r
+    if spec == DEVNULL:
+        fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        to_close.append(fd)
+        return fd, None
+    if isinstance(spec, int):
+        return spec, None
+    if hasattr(spec, "fileno"):
+        return spec.fileno(), None
+    raise TypeError(f"unsupported stdio value: {spec!r}")
+
+
+def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
+          receipt: dict[str, Any] | None = None) -> SandboxProcess:
+    """Fork the confined command. Raises ChildSetupError when a setup step failed."""
+    to_close: list[int] = []
+    ends: list[int | None] = []
+    fds: list[int] = []
+    ruleset = None
+    try:
+        for i, spec in enumerate((stdin, stdout, stderr)):
+            fd, end = _stdio_fd(spec, i, to_close)
+            fds.append(fd)
+            ends.append(end)
+        if plan.landlock is not None:
+            ruleset = plan.landlock.create()
+            if receipt is not None:
+                record_landlock(receipt, ruleset)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        to_close.append(err_w)
+        pid = os.fork()
+        if pid == 0:
+            os.close(err_r)
+            child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset)
+    except BaseException:
+        for fd in to_close + [e for e in ends if e is not None]:
+            os.close(fd)
+        if ruleset is not None:
+            ruleset.close()
+        raise
+    for fd in to_close:
+        os.close(fd)
+    if ruleset is not None:
+        ruleset.close()
+    with io.FileIO(err_r, "r") as f:
+        record = f.readall()
+    if record:
+        os.waitpid(pid, 0)
+        for end in ends:
+            if end is not None:
+                os.close(end)
+        step_i, err = struct.unpack("<HH", record[:4])
+        step = child.STEPS[step_i] if step_i < len(child.STEPS) else "internal"
+        raise ChildSetupError(step, err or errno.EIO, record[4:].decode(errors="replace"))
+    streams = [None if e is None else os.fdopen(e, "wb" if i == 0 else "rb", buffering=0)
+               for i, e in enumerate(ends)]
+    return SandboxProcess(pid, *streams, receipt=receipt or {})  # type: ignore[arg-type]

@@ -1,0 +1,268 @@
+"""Compile a Policy and a command into a Plan: everything that may fail, done in the parent.
+
+The plan opens each granted path once (O_PATH) and records its inode; the child's mount view
+is checked against those inodes and Landlock's rules are made from those very fds, so a path
+swapped between check and use is caught (no TOCTOU). The seccomp program is compiled here
+(cached per profile set); argv and env become bytes. The child only executes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import landlock
+import seccomp_profiles
+
+from . import _libc as L
+from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
+from .child import CANARY
+from .environment import build_env
+from .errors import LayerUnavailableError, PolicyError
+from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
+
+#: Device files every tool expects; each is bound read-write from the host.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+_FS = landlock.AccessFs
+_RO_ACCESS = _FS.EXECUTE | _FS.READ_FILE | _FS.READ_DIR
+_DEV_ACCESS = _FS.READ_FILE | _FS.WRITE_FILE | _FS.TRUNCATE
+_PROC_ACCESS = _FS.READ_FILE | _FS.READ_DIR
+
+#: Landlock rights the default policy cannot do without: truncate (ABI 3) would otherwise be
+#: unmediated. Scopes (ABI 6) are required only where no namespace covers for them.
+_REQUIRED_FS = landlock.AccessFs.from_abi(3)
+
+REMEDIES = {
+    "userns": "enable unprivileged user namespaces (sysctl user.max_user_namespaces>0, "
+              "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
+              "kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile with 'userns')",
+    "mountns": "allow mount namespaces (they need a user namespace, or root)",
+    "netns": "allow network namespaces (they need a user namespace, or root)",
+    "ipcns": "allow IPC namespaces (they need a user namespace, or root)",
+    "pidns": "allow pid namespaces (they need a user namespace, or root)",
+    "landlock": "boot a kernel >= 6.2 with Landlock enabled (CONFIG_SECURITY_LANDLOCK=y and "
+                "'landlock' in the lsm= boot parameter)",
+    "seccomp": "use a kernel with CONFIG_SECCOMP_FILTER=y that lets this process add filters",
+}
+
+
+@dataclass(frozen=True)
+class Bind:
+    """One granted tree of the mount view (the same path inside as outside)."""
+
+    source: bytes
+    target: bytes
+    is_dir: bool
+    dev: int
+    ino: int
+    attrs: int  # MOUNT_ATTR_* set recursively on the clone
+    writable: bool
+
+
+@dataclass
+class Plan:
+    """What the child executes. Built by :func:`compile_plan`; owns the O_PATH fds it opened."""
+
+    policy: Policy
+    mode: str
+    exe: bytes
+    argv: list[bytes]
+    env: dict[bytes, bytes]
+    cwd: bytes
+    layers: frozenset[str]
+    parent_pid: int
+    uid: int
+    gid: int
+    cap_last_cap: int
+    binds: list[Bind] = field(default_factory=list)
+    symlinks: list[tuple[bytes, bytes]] = field(default_factory=list)
+    proc_fresh: bool = False
+    landlock: "landlock.Ruleset | None" = None
+    late_rules: list[tuple[bytes, int]] = field(default_factory=list)
+    canary: str | None = None
+    seccomp: "seccomp_profiles.PreparedFilter | None" = None
+    seccomp_names: tuple[str, ...] = ()
+    env_removed: tuple[str, ...] = ()
+    facts: dict = field(default_factory=dict)
+    _fds: list[int] = field(default_factory=list)
+
+    @property
+    def confined(self) -> bool:
+        return self.mode != NATIVE_LOCAL
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def _open_path(path: str, plan: Plan) -> tuple[int, os.stat_result]:
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    plan._fds.append(fd)
+    return fd, os.fstat(fd)
+
+
+def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
+                 caller_env: Mapping[str, str] | None = None) -> Plan:
+    """Resolve the bin, build the env and the confinement for ``argv`` under ``policy``."""
+    if not argv:
+        raise PolicyError("empty command")
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise PolicyError(f"argv[{i}]: expected a string")
+        if "\0" in arg:
+            raise PolicyError(f"argv[{i}]: contains a NUL byte")
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PolicyError(f"argv[{i}]: not valid UTF-8") from None
+    caller_env = dict(os.environ if caller_env is None else caller_env)
+    native = policy.mode == NATIVE_LOCAL
+    allow = policy.allow_bins or (argv[0],)
+    exe = resolve_bin(argv[0], allow, cwd=policy.jail or os.getcwd(), native_local=native,
+                      host_path=caller_env.get("PATH"))
+    if native:
+        layers = frozenset()
+    view = "mountns" in layers
+    prefixes = [p for p in install_prefixes(exe) if not _covered(p, policy)]
+    path_dirs = [os.path.join(p, "bin") for p in prefixes if os.path.isdir(os.path.join(p, "bin"))]
+    search_path = ":".join(path_dirs + list(SANDBOX_PATH))
+    if view:
+        home = tmpdir = "/tmp"
+    else:
+        home = tmpdir = _private_tmp_in_jail(policy.jail)  # type: ignore[arg-type]
+    env, removed = build_env(caller_env, policy.env, marker=policy.mode, path=search_path,
+                             home=home, tmpdir=tmpdir)
+    plan = Plan(
+        policy=policy, mode=policy.mode, exe=os.fsencode(exe),
+        argv=[a.encode() for a in argv],
+        env={k.encode(): v.encode() for k, v in env.items()},
+        cwd=os.fsencode(policy.jail), layers=layers, parent_pid=os.getpid(),
+        uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
+        proc_fresh="pidns" in layers,
+    )
+    if native:
+        return plan
+    try:
+        _plan_view_and_rules(plan, policy, prefixes, layers)
+        _plan_seccomp(plan, policy, layers)
+    except BaseException:
+        plan.close()
+        raise
+    return plan
+
+
+def _covered(prefix: str, policy: Policy) -> bool:
+    roots = policy.writable_roots + policy.read_only_roots + tuple(
+        os.path.realpath(p) for p in policy.system_roots if os.path.exists(p))
+    return any(_is_within(prefix, r) for r in roots)
+
+
+def _private_tmp_in_jail(jail: str) -> str:
+    """Without a mount view there is no private /tmp: use a self-ignored dir in the jail."""
+    tmp = os.path.join(jail, ".hcp-tmp")
+    os.makedirs(tmp, mode=0o700, exist_ok=True)
+    ignore = os.path.join(tmp, ".gitignore")
+    if not os.path.exists(ignore):
+        with open(ignore, "w") as f:
+            f.write("*\n")
+    return tmp
+
+
+def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
+                         layers: frozenset[str]) -> None:
+    view = "mountns" in layers
+    ro_attrs = L.MOUNT_ATTR_RDONLY | L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
+    rw_attrs = L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
+    grants: list[tuple[str, int, int, bool]] = []  # (path, landlock access, mount attrs, writable)
+    absent: list[str] = []
+    for root in policy.system_roots:
+        if os.path.islink(root):
+            # usr-merged systems: /bin -> usr/bin. Recreate the link when its target is granted.
+            real = os.path.realpath(root)
+            if any(_is_within(real, r) for r in policy.system_roots
+                   if os.path.isdir(r) and not os.path.islink(r)):
+                plan.symlinks.append((os.fsencode(root), os.fsencode(os.readlink(root))))
+            else:
+                absent.append(root)
+            continue
+        if not os.path.isdir(root):
+            absent.append(root)
+            continue
+        grants.append((root, _RO_ACCESS, ro_attrs, False))
+    for root in policy.read_only_roots + tuple(prefixes):
+        grants.append((root, _RO_ACCESS, ro_attrs, False))
+    # Ask for every right this binding knows; the ruleset masks what the kernel lacks.
+    full = int(landlock.AccessFs.from_abi(landlock.LATEST_ABI))
+    for root in policy.writable_roots:
+        grants.append((root, full, rw_attrs, True))
+    for dev in DEVICES:
+        if os.path.exists(dev):
+            grants.append((dev, _DEV_ACCESS, L.MOUNT_ATTR_NOSUID, True))
+    if view and not plan.proc_fresh:
+        grants.append(("/proc", _PROC_ACCESS,
+                       L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
+
+    ruleset = None
+    if "landlock" in layers:
+        ruleset = _landlock_ruleset(plan, layers)
+    for path, access, attrs, writable in grants:
+        fd, st = _open_path(path, plan)
+        if view:
+            plan.binds.append(Bind(os.fsencode(path), os.fsencode(path), os.path.isdir(path),
+                                   st.st_dev, st.st_ino, attrs, writable))
+        if ruleset is not None:
+            ruleset.add_path(fd, landlock.AccessFs(access))
+    plan.binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
+    if ruleset is not None:
+        if view:
+            plan.late_rules = [(b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
+                               (b"/tmp", full), (b"/dev/shm", full)]
+            plan.canary = CANARY
+        else:
+            plan.late_rules = [(b"/proc", int(_PROC_ACCESS))]
+            plan.canary = "/"  # no rule grants the host root itself
+        plan.landlock = ruleset
+    plan.facts["absent_system_roots"] = absent
+
+
+def _landlock_ruleset(plan: Plan, layers: frozenset[str]) -> "landlock.Ruleset":
+    latest = landlock.LATEST_ABI
+    if landlock.abi_version() == 0:
+        raise LayerUnavailableError("landlock", "the kernel has no Landlock (ABI 0)",
+                                    REMEDIES["landlock"])
+    handled_net = landlock.AccessNet(0)
+    if "netns" not in layers and plan.policy.network == "none":
+        # No private network namespace: refuse every TCP bind and connect instead.
+        handled_net = landlock.AccessNet.from_abi(latest)
+    required: list = [_REQUIRED_FS]
+    if not {"netns", "pidns"} <= layers:
+        # Scopes stand in for the namespaces that would otherwise isolate abstract unix
+        # sockets (netns) and hide outside processes from kill() (pidns).
+        required.append(landlock.Scope.from_abi(latest))
+    if handled_net:
+        required.append(handled_net)
+    try:
+        return landlock.Ruleset(handled_fs=landlock.AccessFs.from_abi(latest),
+                                handled_net=handled_net, scoped=landlock.Scope.from_abi(latest),
+                                required=tuple(required))
+    except (landlock.UnsupportedError, landlock.IncompatibleError) as e:
+        raise LayerUnavailableError("landlock", str(e), REMEDIES["landlock"]) from None
+
+
+def _plan_seccomp(plan: Plan, policy: Policy, layers: frozenset[str]) -> None:
+    if "seccomp" not in layers:
+        return
+    names = tuple(policy.seccomp_profiles)
+    if "netns" not in layers and policy.network == "none" and "network-off" not in names:
+        names += ("network-off",)
+    try:
+        bpf = seccomp_profiles.compile_profiles(names)
+    except seccomp_profiles.SeccompProfileError as e:
+        raise PolicyError(f"seccomp: {e}") from None
+    plan.seccomp = seccomp_profiles.PreparedFilter(bpf)
+    plan.seccomp_names = names
+
+
+__all__ = ["Plan", "Bind", "compile_plan", "REMEDIES", "LAYERS"]

@@ -1,0 +1,139 @@
+"""What this host can enforce, found by doing it.
+
+The probe runs ``true`` through the real spawn path in a throwaway jail, with every layer
+allowed to degrade, and reads the receipt: a layer is available exactly when a real run put it
+in force (the child verifies no_new_privs, seccomp and a Landlock canary before exec). Beside
+that verdict it reports the host switches that decide each layer, so a missing layer comes
+with its cause and remedy. The verdict is cached for the life of the process.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .plan import REMEDIES
+from .policy import LAYERS
+
+
+@dataclass(frozen=True)
+class LayerVerdict:
+    name: str
+    available: bool
+    detail: str
+    remedy: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    layers: dict[str, LayerVerdict]
+    facts: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def fully_enforceable(self) -> bool:
+        return self.error is None and all(v.available for v in self.layers.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"fully_enforceable": self.fully_enforceable, "error": self.error,
+                "layers": {k: asdict(v) for k, v in self.layers.items()}, "facts": self.facts}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def host_facts() -> dict[str, Any]:
+    """The switches that decide each layer, read from /proc and /sys."""
+    import landlock
+
+    status = _read("/proc/self/status") or ""
+    return {
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "euid": os.geteuid(),
+        "landlock_abi": landlock.abi_version(),
+        "max_user_namespaces": _read("/proc/sys/user/max_user_namespaces"),
+        "unprivileged_userns_clone": _read("/proc/sys/kernel/unprivileged_userns_clone"),
+        "apparmor_restrict_unprivileged_userns":
+            _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
+        "yama_ptrace_scope": _read("/proc/sys/kernel/yama/ptrace_scope"),
+        "legacy_tiocsti": _read("/proc/sys/dev/tty/legacy_tiocsti"),
+        "cgroup_v2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
+        "seccomp_in_kernel": "Seccomp:" in status,
+        "already_seccomp_filtered": "Seccomp:\t2" in status,
+        "no_new_privs_already": "NoNewPrivs:\t1" in status,
+    }
+
+
+def _userns_hint(facts: dict[str, Any]) -> str:
+    if facts.get("max_user_namespaces") == "0":
+        return "user.max_user_namespaces is 0"
+    if facts.get("unprivileged_userns_clone") == "0":
+        return "kernel.unprivileged_userns_clone is 0 (Debian switch)"
+    if facts.get("apparmor_restrict_unprivileged_userns") == "1":
+        return "AppArmor restricts unprivileged user namespaces (Ubuntu)"
+    return "refused by the kernel or a seccomp filter on this process"
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> ProbeReport:
+    """Probe once per process; later calls return the same report."""
+    from .errors import SandboxError
+    from .policy import Policy
+    from .sandbox import Sandbox
+
+    facts = host_facts()
+    with tempfile.TemporaryDirectory(prefix="hcp-linux-probe-") as jail:
+        policy = Policy(jail=jail, allow_degraded=frozenset(LAYERS))
+        try:
+            run = Sandbox(policy).run(["true"], capture_output=True)
+        except SandboxError as e:
+            verdicts = {n: LayerVerdict(n, False, f"probe run failed: {e}", REMEDIES[n])
+                        for n in LAYERS}
+            return ProbeReport(verdicts, facts, error=str(e))
+    layers = run.receipt["layers"]
+    verdicts: dict[str, LayerVerdict] = {}
+    for name in LAYERS:
+        entry = layers[name]
+        ok = entry["status"] == "enforced" and run.returncode == 0
+        if ok:
+            detail = "in force"
+            if name == "landlock":
+                detail = f"ABI {entry.get('abi')}, ruleset {entry.get('ruleset')}"
+            elif name == "seccomp":
+                detail = "filter installed, verified Seccomp=2"
+        else:
+            detail = entry.get("reason", f"probe command exited {run.returncode}")
+            if name == "userns" and entry["status"] == "degraded":
+                detail += f" ({_userns_hint(facts)})"
+        verdicts[name] = LayerVerdict(name, ok, detail, None if ok else REMEDIES[name])
+    return ProbeReport(verdicts, facts)
+
+
+def format_table(report: ProbeReport) -> str:
+    rows = [("layer", "status", "detail")]
+    for v in report.layers.values():
+        rows.append((v.name, "ok" if v.available else "MISSING", v.detail))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+    for v in report.layers.values():
+        if v.remedy:
+            lines.append(f"  remedy for {v.name}: {v.remedy}")
+    lines.append("")
+    for k, val in report.facts.items():
+        lines.append(f"{k}: {val}")
+    lines.append("")
+    lines.append("verdict: the default policy is fully enforceable here"
+                 if report.fully_enforceable else
+                 "verdict: NOT fully enforceable: strict runs will be refused (exit 125) unless "
+                 "the missing layers are allowed to degrade")
+    return "\n".join(lines)

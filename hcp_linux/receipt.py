@@ -1,0 +1,104 @@
+"""The enforcement receipt: per layer, what was put in force and the facts behind it.
+
+A receipt is written before exec from the plan the child executes, never from wishes: a layer
+reads "enforced" only when the child was given that step, "degraded" when the host lacked it
+and the policy allowed running without it, "off" when the policy itself turned it off.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import IO, Any, Mapping
+
+from .policy import LAYERS, NAMESPACE_LAYERS
+
+RECEIPT_VERSION = 1
+
+
+def _status(layer: str, plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> dict:
+    if layer in plan.layers:
+        return {"status": "enforced"}
+    if layer in degraded:
+        return {"status": "degraded", "reason": degraded[layer]}
+    if not plan.confined:
+        return {"status": "off", "reason": "native-local mode"}
+    reason = "network=host" if layer == "netns" else "not requested"
+    return {"status": "off", "reason": reason}
+
+
+def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> dict[str, Any]:
+    layers: dict[str, dict[str, Any]] = {
+        name: _status(name, plan, wanted, degraded) for name in LAYERS}
+    if "userns" in plan.layers:
+        layers["userns"].update(uid_map=f"{plan.uid} {plan.uid} 1",
+                                gid_map=f"{plan.gid} {plan.gid} 1", setgroups="deny")
+    if "mountns" in plan.layers:
+        layers["mountns"].update(
+            read_only=[b.target.decode() for b in plan.binds if not b.writable],
+            read_write=[b.target.decode() for b in plan.binds if b.writable],
+            symlinks={k.decode(): v.decode() for k, v in plan.symlinks},
+            private_tmpfs=["/tmp", "/dev/shm"], proc="fresh" if plan.proc_fresh else "host bind",
+            absent_system_roots=plan.facts.get("absent_system_roots", []))
+    if "netns" in plan.layers:
+        layers["netns"].update(interfaces=["lo"])
+    confined = plan.confined
+    layers["nnp"] = {"status": "enforced" if confined else "off"}
+    layers["capabilities"] = ({"status": "enforced", "effective": 0, "permitted": 0,
+                               "bounding": 0, "ambient": 0, "securebits": "all locked"}
+                              if confined else {"status": "off"})
+    if plan.seccomp is not None:
+        import seccomp_profiles
+        layers["seccomp"].update(profiles=list(plan.seccomp_names),
+                                 digest=seccomp_profiles.profile_digest(plan.seccomp_names),
+                                 arch_check="foreign arch and x32 -> kill_process")
+    return {
+        "version": RECEIPT_VERSION,
+        "mode": plan.mode,
+        "policy": plan.policy.digest(),
+        "exe": plan.exe.decode(errors="replace"),
+        "argv": [a.decode(errors="replace") for a in plan.argv],
+        "cwd": plan.cwd.decode(errors="replace"),
+        "namespaces": [n for n in NAMESPACE_LAYERS if n in plan.layers],
+        "layers": layers,
+        "env": {"set": sorted(k.decode() for k in plan.env), "removed": list(plan.env_removed)},
+        "fds": {"kept": [0, 1, 2], "closed": "every fd above 2 (close_range CLOEXEC)"}
+        if confined else {"kept": [0, 1, 2]},
+        "verified": _verified(plan),
+    }
+
+
+def _verified(plan) -> list[str]:
+    """What the child checks right before exec (it refuses to exec otherwise)."""
+    if not plan.confined:
+        return []
+    out = ["NoNewPrivs=1", "capabilities empty"]
+    if plan.canary is not None:
+        out.append(f"landlock canary {plan.canary} denied")
+    if plan.seccomp is not None:
+        out.append("Seccomp=2")
+    return out
+
+
+def record_landlock(receipt: dict[str, Any], ruleset) -> None:
+    """Facts of the ruleset as the kernel accepted it (after ABI masking)."""
+    entry = receipt.setdefault("layers", {}).setdefault("landlock", {"status": "enforced"})
+    entry.update(abi=ruleset.abi, ruleset=ruleset.status.name.lower(),
+                 handled_fs=_names(ruleset.handled_fs), handled_net=_names(ruleset.handled_net),
+                 scoped=_names(ruleset.scoped))
+
+
+def _names(flags) -> list[str]:
+    return [f.name.lower() for f in type(flags) if f in flags and f.name]
+
+
+def write_receipt(receipt: Mapping[str, Any], dest: str | IO[str]) -> None:
+    """Write as JSON; to a path atomically (temp file + rename), or to an open stream."""
+    text = json.dumps(receipt, indent=2, sort_keys=True) + "\n"
+    if not isinstance(dest, str):
+        dest.write(text)
+        dest.flush()
+        return
+    tmp = f"{dest}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, dest)

@@ -1,0 +1,163 @@
+"""The public API: ``Sandbox(policy).run(argv)`` and friends.
+
+A Sandbox compiles a plan per command, spawns it, and, when a layer turns out to be missing
+on this host, either refuses (strict, the default) or, for a layer the policy allows to
+degrade, runs again without it and says so in the receipt. It never runs less confined than
+the receipt says.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from . import executor
+from .errors import ChildSetupError, LayerUnavailableError, PolicyError
+from .executor import DEVNULL, PIPE, SandboxProcess
+from .plan import REMEDIES, compile_plan
+from .policy import LAYERS, NATIVE_LOCAL, Policy
+from .receipt import build_receipt
+
+__all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "PIPE", "DEVNULL"]
+
+#: Steps whose failure means "this host cannot provide that layer".
+STEP_LAYER = {
+    "unshare-user": "userns", "uid-map": "userns", "unshare-mount": "mountns",
+    "unshare-net": "netns", "unshare-ipc": "ipcns", "unshare-pid": "pidns",
+    "landlock-restrict": "landlock", "seccomp": "seccomp",
+}
+
+# Layers found missing on this host, learned once per process: later runs skip straight to
+# the plan without them (when the policy allows it) instead of failing again.
+_missing: dict[str, str] = {}
+_missing_lock = threading.Lock()
+
+
+@dataclass
+class CompletedRun:
+    """The result of :meth:`Sandbox.run`, shaped like :class:`subprocess.CompletedProcess`."""
+
+    args: list[str]
+    returncode: int
+    stdout: bytes | None = None
+    stderr: bytes | None = None
+    receipt: dict[str, Any] = field(default_factory=dict)
+    timed_out: bool = False
+
+    def check_returncode(self) -> None:
+        if self.returncode:
+            raise subprocess.CalledProcessError(self.returncode, self.args, self.stdout,
+                                                self.stderr)
+
+
+class Sandbox:
+    """Runs commands under one :class:`Policy`. Safe to share between threads."""
+
+    def __init__(self, policy: Policy | None = None, **policy_fields: Any) -> None:
+        if policy is not None and policy_fields:
+            raise TypeError("give a Policy or policy fields, not both")
+        self.policy = policy if policy is not None else Policy(**policy_fields)
+
+    def _wanted_layers(self) -> frozenset[str]:
+        wanted = set(LAYERS)
+        if self.policy.network == "host":
+            wanted.discard("netns")
+        return frozenset(wanted)
+
+    def spawn(self, argv: Sequence[str], *, stdin: Any = None, stdout: Any = None,
+              stderr: Any = None, env: Mapping[str, str] | None = None) -> SandboxProcess:
+        """Start ``argv`` confined; a Popen-like handle. ``env`` is the caller environment
+        the allowlist draws from (default: ``os.environ``)."""
+        policy = self.policy
+        wanted = self._wanted_layers()
+        degraded: dict[str, str] = {}
+        with _missing_lock:
+            known_missing = dict(_missing)
+        for layer, reason in known_missing.items():
+            if layer in wanted:
+                self._give_up(layer, reason, degraded)
+                wanted -= {layer}
+        while True:
+            try:
+                plan = compile_plan(policy, argv, layers=wanted, caller_env=env)
+            except LayerUnavailableError as e:
+                self._give_up(e.layer, e.reason, degraded)
+                wanted -= {e.layer}
+                continue
+            try:
+                receipt = build_receipt(plan, self._wanted_layers(), degraded)
+                return executor.spawn(plan, stdin=stdin, stdout=stdout, stderr=stderr,
+                                      receipt=receipt)
+            except ChildSetupError as e:
+                layer = STEP_LAYER.get(e.step)
+                if layer is None:
+                    raise
+                reason = f"{e.step}: {os.strerror(e.errno)}"
+                with _missing_lock:
+                    _missing[layer] = reason
+                self._give_up(layer, reason, degraded)
+                wanted -= {layer}
+            finally:
+                plan.close()
+
+    def _give_up(self, layer: str, reason: str, degraded: dict[str, str]) -> None:
+        if layer not in self.policy.allow_degraded:
+            raise LayerUnavailableError(layer, reason, REMEDIES[layer])
+        degraded[layer] = reason
+
+    def run(self, argv: Sequence[str], *, input: bytes | None = None,
+            capture_output: bool = False, timeout: float | None = None,
+            stdin: Any = None, stdout: Any = None, stderr: Any = None,
+            env: Mapping[str, str] | None = None) -> CompletedRun:
+        """Run ``argv`` to completion. On timeout the whole sandbox is killed and
+        ``timed_out`` is set."""
+        if capture_output:
+            stdout = stderr = PIPE
+        if input is not None:
+            stdin = PIPE
+        timeout = self.policy.timeout if timeout is None else timeout
+        proc = self.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
+        timed_out = False
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()
+            out, err = proc.communicate()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        return CompletedRun(list(argv), proc.returncode if proc.returncode is not None
+                            else proc.wait(), out, err, proc.receipt, timed_out)
+
+
+def confine(argv: Sequence[str], policy: Policy) -> list[str]:
+    """The argv that runs ``argv`` confined under ``policy`` through the CLI (for callers in
+    other languages)."""
+    default = Policy(jail=policy.jail)
+    if policy.system_roots != default.system_roots or \
+            policy.seccomp_profiles != default.seccomp_profiles:
+        raise PolicyError("confine: system_roots and seccomp_profiles have no CLI flags; "
+                          "use a --policy file")
+    out = [sys.executable, "-m", "hcp_linux", "run", "--jail", str(policy.jail),
+           "--network", policy.network]
+    for root in policy.write_roots:
+        out += ["--write-root", root]
+    for root in policy.read_only_roots:
+        out += ["--read-only-root", root]
+    for b in policy.allow_bins:
+        out += ["--allow-bin", b]
+    for k, v in policy.env.items():
+        out += ["--env", f"{k}={v}"]
+    for layer in sorted(policy.allow_degraded):
+        out += ["--allow-degraded", layer]
+    if policy.timeout is not None:
+        out += ["--timeout", str(policy.timeout)]
+    if policy.mode == NATIVE_LOCAL:
+        out += ["--no-sandbox", "--native-local"]
+    return out + ["--", *argv]
+
