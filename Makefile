@@ -4,7 +4,10 @@
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-CMD    ?= sh -c 'echo hello > written-in-jail.txt && cat written-in-jail.txt; echo x > /etc/escape 2>&1; ip -brief link 2>/dev/null || cat /proc/net/dev'
+CMD    ?= sh -c 'echo hello > in-jail.txt && echo "write in the jail: ok ($$(cat in-jail.txt))"; \
+            (echo x > ../beside-jail.txt) 2>/dev/null && echo "write beside the jail: ALLOWED" || echo "write beside the jail: denied"; \
+            echo "network interfaces: $$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " " | tr "\n" " ")"; \
+            echo "HCP_SANDBOX=$$HCP_SANDBOX"'
 
 .PHONY: setup run test test-unprivileged bench probe clean
 
@@ -19,7 +22,7 @@ $(VENV)/.installed: pyproject.toml scripts/install-system-deps
 # The main job: one command confined under the default policy, in a fresh jail directory.
 run: setup
 	mkdir -p jail
-	$(VENV)/bin/hcp-linux run --jail jail -- $(CMD)
+	$(VENV)/bin/hcp-linux run --jail $(CURDIR)/jail -- $(CMD)
 
 probe: setup
 	$(VENV)/bin/hcp-linux probe
