@@ -1,0 +1,182 @@
+"""compile_profiles with two caches: in memory per tuple of names, and on disk across processes.
+
+The disk key hashes everything the bytes depend on: the profile files' contents, the libseccomp
+version, the machine, and this package's own compiler code (stricter than its version string: an
+edited checkout with an unchanged version still gets a fresh key). A hit reads one small file and
+imports neither pyseccomp nor tomllib, which keeps CLI start-up fast.
+
+The cached program is security-relevant, so a cache file or directory is only trusted when owned
+by this effective uid and not writable by group or others; anything else is ignored (and a
+corrupt or truncated file is detected by its checksum). Writes are atomic (temp file + rename).
+Any failure to create, read or write the cache degrades to memory-only, silently.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from typing import Optional, Sequence
+
+from .errors import SeccompCompileError, SeccompProfileError
+from .machines import Machine, native_machine
+from .registry import ProfileRef, build_profile, read_source
+
+FORMAT = 1
+_MAGIC = b"hcp-linux seccomp bpf v1\n"
+_CODE_FILES = ("bpf.py", "compiler.py", "conditions.py", "machines.py", "model.py", "registry.py", "syscalls.py")
+
+_memory: dict[tuple[str, ...], bytes] = {}
+_code_digest: Optional[str] = None
+
+
+class CacheStats:
+    """Counters, for tests and `probe`: where this process's programs came from."""
+
+    __slots__ = ("memory_hits", "disk_hits", "compiles", "disk_writes")
+
+    def __init__(self) -> None:
+        self.memory_hits = self.disk_hits = self.compiles = self.disk_writes = 0
+
+
+stats = CacheStats()
+
+
+def compile_profiles(names: Sequence[ProfileRef]) -> bytes:
+    """Raw BPF (struct sock_filter array) enforcing all `names` together on this machine.
+
+    Every error (unknown profile, malformed file, unknown syscall, libseccomp refusal) is raised
+    here, in the caller's process, before anything could be installed.
+    """
+    key = tuple(os.fspath(n) for n in names)
+    if not key:
+        raise SeccompProfileError("compile_profiles needs at least one profile")
+    cached = _memory.get(key)
+    if cached is not None:
+        stats.memory_hits += 1
+        return cached
+    machine = native_machine()
+    if machine is None:
+        raise SeccompCompileError(f"unsupported machine {os.uname().machine!r} for seccomp filters")
+    sources = [read_source(ref) for ref in dict.fromkeys(key)]
+    disk_key = _disk_key(machine, [data for _, _, data in sources])
+    program = _disk_load(disk_key)
+    if program is not None:
+        stats.disk_hits += 1
+    else:
+        from .compiler import compile_bpf
+
+        profiles = [build_profile(data, path, expected) for path, expected, data in sources]
+        program = compile_bpf(profiles, machine)
+        stats.compiles += 1
+        _disk_store(disk_key, program)
+    _memory[key] = program
+    return program
+
+
+def profile_digest(names: Sequence[ProfileRef]) -> str:
+    """'sha256:…' of the profiles' file contents, in order: says in a receipt which text ruled."""
+    h = hashlib.sha256(b"hcp-linux seccomp profiles\n")
+    for ref in dict.fromkeys(os.fspath(n) for n in names):
+        data = read_source(ref)[2]
+        h.update(len(data).to_bytes(8, "big") + data)
+    return "sha256:" + h.hexdigest()
+
+
+def clear_memory_cache() -> None:
+    """Forget compiled programs held in this process (the disk cache stays)."""
+    _memory.clear()
+
+
+def cache_dir() -> Optional[str]:
+    """$XDG_CACHE_HOME/hcp-linux/seccomp, else ~/.cache/hcp-linux/seccomp; None if no home."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec says to ignore relative values
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "hcp-linux", "seccomp")
+
+
+def _disk_key(machine: Machine, contents: Sequence[bytes]) -> str:
+    from .syscalls import libseccomp_version
+
+    h = hashlib.sha256(f"format={FORMAT}\nmachine={machine.name}\n".encode())
+    h.update(f"libseccomp={libseccomp_version()}\ncode={_code()}\n".encode())
+    for data in contents:
+        h.update(len(data).to_bytes(8, "big") + data)
+    return h.hexdigest()
+
+
+def _code() -> str:
+    global _code_digest
+    if _code_digest is None:
+        h = hashlib.sha256()
+        here = os.path.dirname(os.path.abspath(__file__))
+        for name in _CODE_FILES:
+            try:
+                with open(os.path.join(here, name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+            except OSError:
+                h.update(name.encode() + b"\0missing")
+        _code_digest = h.hexdigest()
+    return _code_digest
+
+
+def _trusted(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _disk_load(key: str) -> Optional[bytes]:
+    directory = cache_dir()
+    if directory is None:
+        return None
+    try:
+        if not _trusted(os.lstat(directory)):
+            return None
+        fd = os.open(os.path.join(directory, key + ".bpf"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not _trusted(st) or st.st_size > 1 << 20:
+            return None
+        blob = os.read(fd, st.st_size + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    head = len(_MAGIC) + 32
+    if not blob.startswith(_MAGIC) or len(blob) <= head:
+        return None
+    program = blob[head:]
+    if hashlib.sha256(program).digest() != blob[len(_MAGIC):head] or len(program) % 8:
+        return None
+    return program
+
+
+def _disk_store(key: str, program: bytes) -> None:
+    directory = cache_dir()
+    if directory is None:
+        return
+    tmp = None
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if not _trusted(os.lstat(directory)):
+            return
+        import tempfile  # only on a miss
+
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".bpf", dir=directory)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + hashlib.sha256(program).digest() + program)
+        os.replace(tmp, os.path.join(directory, key + ".bpf"))
+        tmp = None
+        stats.disk_writes += 1
+    except OSError:
+        pass  # unwritable cache: memory only
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
