@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 STEPS = (
     "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
-    "root-tmpfs", "bind-attach", "symlink", "dev", "proc", "tmp", "canary", "pivot-root",
+    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "tmp", "canary", "pivot-root",
     "root-readonly", "loopback-up", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
-    "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "verify", "execve",
+    "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "fork-command", "verify",
+    "execve",
 )
 STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
 
@@ -109,28 +110,42 @@ def _monitor(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
         # Nothing we mount may propagate back to the host's mount namespace.
         _step("mount-private", L.mount, None, b"/", None, L.MS_REC | L.MS_PRIVATE)
     if "pidns" not in layers:
-        _payload(plan, ruleset)
+        _payload(plan, errfd, ruleset, -1)
+    status_r, status_w = _step("fork-pid1", os.pipe2, os.O_CLOEXEC)
     pid = _step("fork-pid1", os.fork)
     if pid == 0:
+        os.close(status_r)
         try:
-            _payload(plan, ruleset)
+            _payload(plan, errfd, ruleset, status_w)
         except _StepFailed as f:
             _report(errfd, f.step, f.err, f.detail)
         except BaseException as e:  # noqa: BLE001
             _report(errfd, "internal", errno.EIO, f"{type(e).__name__}: {e}")
         os._exit(125)
-    _mirror(pid)
+    _mirror(pid, status_r)
 
 
-def _mirror(pid: int) -> NoReturn:
-    """Monitor: hold no fds, wait for pid 1 of the sandbox, exit the way it exited."""
-    L.close_range(0, 0xFFFFFFFF, 0)
+def _mirror(pid: int, status_r: int) -> NoReturn:
+    """Monitor: hold nothing of the run's, wait for the sandbox's init, exit as the command did.
+
+    The init (pid 1 of the sandbox) cannot die of a signal by its own hand, so it sends the
+    command's raw wait status over ``status_r``; without it (init killed, setup failed) the
+    init's own status stands.
+    """
+    L.close_range(0, status_r - 1, 0)  # status_r is at least 3: fds 0-2 were in use
+    L.close_range(status_r + 1, 0xFFFFFFFF, 0)
+    data = b""
+    while chunk := os.read(status_r, 4):
+        data += chunk
     _, status = os.waitpid(pid, 0)
+    if len(data) == 4:
+        status = struct.unpack("<i", data)[0]
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        if sig != signal.SIGKILL:  # SIGKILL's action cannot be changed (and needs no reset)
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # signals whose default action is not to terminate
     os._exit(os.waitstatus_to_exitcode(status))
@@ -147,7 +162,8 @@ def _write_id_maps(uid: int, gid: int) -> None:
             os.close(fd)
 
 
-def _payload(plan: "Plan", ruleset: "CreatedRuleset | None") -> NoReturn:
+def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
+             status_w: int) -> NoReturn:
     if "pidns" in plan.layers:
         # pid 1 of the sandbox dies with the monitor; the kernel then empties the namespace.
         _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -171,8 +187,38 @@ def _payload(plan: "Plan", ruleset: "CreatedRuleset | None") -> NoReturn:
         _step("seccomp", plan.seccomp.install)
     # Nothing inherited beyond 0-2 survives exec (the error pipe is already close-on-exec).
     _step("close-fds", L.close_range, 3, 0xFFFFFFFF, L.CLOSE_RANGE_CLOEXEC)
-    _verify(plan)
-    _exec(plan)
+    if status_w < 0:
+        _verify(plan)
+        _exec(plan)
+    # With a pid namespace we are its pid 1, which the kernel shields from signals it has no
+    # handler for, even self-sent ones. So the command runs as pid 2 and we stay as init,
+    # as confined as the command (forked after every step above) and non-dumpable so that
+    # nothing in the sandbox can read or write our memory.
+    pid = _step("fork-command", os.fork)
+    if pid == 0:
+        _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _verify(plan)
+        _exec(plan)
+    os.close(errfd)  # the command holds it until exec; the parent reads EOF then
+    _init(pid, status_w)
+
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+              signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT)
+
+
+def _init(command: int, status_w: int) -> NoReturn:
+    """pid 1 of the sandbox: forward signals to the command, reap orphans, report the
+    command's wait status when it ends (the kernel then kills whatever is left)."""
+    L.prctl(L.PR_SET_DUMPABLE, 0)
+    forward = lambda sig, _frame: os.kill(command, sig)  # noqa: E731
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == command:
+            os.write(status_w, struct.pack("<i", status))
+            os._exit(0)
 
 
 def _exec(plan: "Plan") -> NoReturn:
@@ -216,6 +262,8 @@ def _build_mount_view(plan: "Plan") -> None:
         _step("bind-attach", L.move_mount, fd, b"", L.AT_FDCWD, target,
               L.MOVE_MOUNT_F_EMPTY_PATH, detail=detail)
         os.close(fd)
+    if plan.masks:
+        _step("mask", _mask_secrets, plan.masks)
     for link, dest in plan.symlinks:
         _step("symlink", os.symlink, dest, NEWROOT + link, detail=link.decode(errors="replace"))
     _step("dev", _dev_links)
@@ -229,6 +277,18 @@ def _build_mount_view(plan: "Plan") -> None:
     _step("pivot-root", os.chdir, b"/")
     _step("root-readonly", L.mount, None, b"/", None,
           L.MS_REMOUNT | L.MS_BIND | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV)
+
+
+def _mask_secrets(masks: list[tuple[bytes, bool]]) -> None:
+    """Cover each secret with a read-only, mode-000 empty file or directory."""
+    empty_file, empty_dir = NEWROOT + b"/.hcp-masked", NEWROOT + b"/.hcp-masked.d"
+    os.close(os.open(empty_file, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0))
+    os.mkdir(empty_dir, 0)
+    for path, is_dir in masks:
+        src = empty_dir if is_dir else empty_file
+        L.mount(src, NEWROOT + path, None, L.MS_BIND)
+        L.mount(None, NEWROOT + path, None,
+                L.MS_REMOUNT | L.MS_BIND | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
 
 
 def _make_file(path: bytes) -> None:

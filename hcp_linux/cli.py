@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-sandbox", action="store_true")
     r.add_argument("--native-local", action="store_true")
     r.add_argument("--receipt", metavar="FILE|-", help="write the receipt as JSON ('-': stderr)")
+    r.add_argument("--pack", metavar="FILE", help="HCP pack manifest (.toml/.json): run via the driver")
+    r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack; default: default)")
     r.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
@@ -86,6 +88,9 @@ def _run(a: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise SandboxError("run: no command given (hcp-linux run [OPTIONS] -- BIN [ARG...])")
+    if a.pack is not None or a.principal is not None:  # an HCP pack: the driver's lifecycle (docs/driver.md)
+        from .driver_cli import run_pack
+        return run_pack(a, argv)
     policy = _policy_from_args(a)
     proc = Sandbox(policy).spawn(argv)
     timed_out = False

@@ -7,6 +7,7 @@ swapped between check and use is caught (no TOCTOU). The seccomp program is comp
 """
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -23,6 +24,16 @@ from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
 
 #: Device files every tool expects; each is bound read-write from the host.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+#: Secrets that live inside the read-only system roots. Root-owned with owner-read bits, they
+#: stay readable to a sandbox launched as root (uid 0 keeps its ownership even with no
+#: capability), so the view covers each with an unreadable empty file or directory.
+MASKED_PATHS = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+    "/etc/sudoers.d", "/etc/security/opasswd", "/etc/krb5.keytab", "/etc/ipsec.secrets",
+    "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets", "/etc/ssl/private", "/etc/wireguard",
+    "/etc/NetworkManager/system-connections", "/etc/letsencrypt", "/etc/ssh/ssh_host_*_key",
+)
 
 _FS = landlock.AccessFs
 _RO_ACCESS = _FS.EXECUTE | _FS.READ_FILE | _FS.READ_DIR
@@ -77,6 +88,7 @@ class Plan:
     cap_last_cap: int
     binds: list[Bind] = field(default_factory=list)
     symlinks: list[tuple[bytes, bytes]] = field(default_factory=list)
+    masks: list[tuple[bytes, bool]] = field(default_factory=list)  # (path, is_dir)
     proc_fresh: bool = False
     landlock: "landlock.Ruleset | None" = None
     late_rules: list[tuple[bytes, int]] = field(default_factory=list)
@@ -215,6 +227,8 @@ def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
         if ruleset is not None:
             ruleset.add_path(fd, landlock.AccessFs(access))
     plan.binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
+    if view:
+        plan.masks = _masks(policy)
     if ruleset is not None:
         if view:
             plan.late_rules = [(b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
@@ -227,9 +241,24 @@ def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
     plan.facts["absent_system_roots"] = absent
 
 
+def _masks(policy: Policy) -> list[tuple[bytes, bool]]:
+    out = []
+    for pattern in MASKED_PATHS:
+        for path in sorted(glob.glob(pattern)):
+            if os.path.islink(path) or any(_is_within(path, w) for w in policy.writable_roots):
+                continue
+            out.append((os.fsencode(path), os.path.isdir(path)))
+    return out
+
+
 def _landlock_ruleset(plan: Plan, layers: frozenset[str]) -> "landlock.Ruleset":
     latest = landlock.LATEST_ABI
-    if landlock.abi_version() == 0:
+    try:
+        abi = landlock.abi_version()
+    except landlock.SyscallError as e:  # e.g. a seccomp filter on this process refuses it
+        raise LayerUnavailableError("landlock", f"landlock_create_ruleset: {e.strerror}",
+                                    REMEDIES["landlock"]) from None
+    if abi == 0:
         raise LayerUnavailableError("landlock", "the kernel has no Landlock (ABI 0)",
                                     REMEDIES["landlock"])
     handled_net = landlock.AccessNet(0)

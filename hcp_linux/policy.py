@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ LAYERS = NAMESPACE_LAYERS + ("landlock", "seccomp")
 LAYER_ALIASES = {"namespaces": NAMESPACE_LAYERS}
 
 NETWORK_MODES = ("none", "host")
+#: The longest wait the kernel's poll/epoll timeouts can express (2**31 - 1 ms), in seconds.
+MAX_TIMEOUT = 2_147_483
 SANDBOX, NATIVE_LOCAL = "sandbox", "native-local"
 
 
@@ -150,9 +153,10 @@ class Policy:
         set_("allow_degraded", expand_layers(_str_tuple(self.allow_degraded, "allow_degraded")))
         set_("seccomp_profiles", _str_tuple(self.seccomp_profiles, "seccomp_profiles"))
         if self.timeout is not None:
-            if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
-                    or not self.timeout > 0:
-                raise PolicyError(f"timeout: expected a positive number of seconds, got {self.timeout!r}")
+            t = self.timeout
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                    or not 0 < t <= MAX_TIMEOUT:
+                raise PolicyError(f"timeout: expected seconds in (0, {MAX_TIMEOUT}], got {t!r}")
         self._check_overlaps()
 
     def _check_overlaps(self) -> None:

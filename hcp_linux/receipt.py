@@ -37,6 +37,7 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
             read_only=[b.target.decode() for b in plan.binds if not b.writable],
             read_write=[b.target.decode() for b in plan.binds if b.writable],
             symlinks={k.decode(): v.decode() for k, v in plan.symlinks},
+            masked=[m.decode() for m, _ in plan.masks],
             private_tmpfs=["/tmp", "/dev/shm"], proc="fresh" if plan.proc_fresh else "host bind",
             absent_system_roots=plan.facts.get("absent_system_roots", []))
     if "netns" in plan.layers:

@@ -7,6 +7,7 @@ the receipt says.
 """
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from . import executor
-from .errors import ChildSetupError, LayerUnavailableError, PolicyError
+from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
+                     LayerUnavailableError, PolicyError, SandboxError)
 from .executor import DEVNULL, PIPE, SandboxProcess
 from .plan import REMEDIES, compile_plan
 from .policy import LAYERS, NATIVE_LOCAL, Policy
@@ -51,6 +53,15 @@ class CompletedRun:
         if self.returncode:
             raise subprocess.CalledProcessError(self.returncode, self.args, self.stdout,
                                                 self.stderr)
+
+
+def _exec_error(bin_: str, e: ChildSetupError) -> SandboxError:
+    """execve failed inside the sandbox: 127 when nothing was there, else 126."""
+    why = os.strerror(e.errno)
+    if e.errno == errno.ENOENT:
+        return BinNotFoundError(f'bin "{bin_}" not found in the sandbox ({e.detail}: {why}; '
+                                f"a script's interpreter must be inside the granted roots)")
+    return BinNotExecutableError(f'bin "{bin_}" cannot be executed ({e.detail}: {why})')
 
 
 class Sandbox:
@@ -92,6 +103,8 @@ class Sandbox:
                 return executor.spawn(plan, stdin=stdin, stdout=stdout, stderr=stderr,
                                       receipt=receipt)
             except ChildSetupError as e:
+                if e.step == "execve":
+                    raise _exec_error(argv[0], e) from None
                 layer = STEP_LAYER.get(e.step)
                 if layer is None:
                     raise

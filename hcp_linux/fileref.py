@@ -1,0 +1,471 @@
+"""File references in argv (HCP §10.6): find them, refuse the dangerous ones, stage, write back.
+
+The argv a runtime hands over is written in the *caller's* namespace; the child sees another
+one (its jail, read-only system roots, nothing of /home). This module translates:
+
+- ``workspace:REL`` (a whole token, or the value of ``--flag=workspace:REL``) names a file in
+  the jail. REL must be relative; ``..`` out of the jail and symlinks resolving outside it are
+  refused. It is rewritten to the absolute jail path, which the child sees at the same place.
+- The value of a ``file_flags`` flag (``--flag VALUE``, ``--flag=VALUE``, and for one-letter
+  flags ``-oVALUE``) without that prefix is a *host* file, relative to the caller's cwd:
+  an input is copied into the jail's staging dir (the mount view does not contain it); an
+  output (``--output``/``-o``) is staged in the jail and written back after a successful run,
+  atomically, never through a symlink.
+- Every other token is left as it is, but one that is (or ends, after ``=``, in) a
+  host-absolute path under /etc, /home, /root or /Users, or a ``/proc/*/root``-style route to
+  the host, is refused: ``error: sandbox: host path not allowed``.
+
+All checks that need no jail run in :func:`scan`, before anything is created or spawned.
+Staging and writeback go through directory file descriptors opened before the child starts,
+with ``O_NOFOLLOW`` on every name we create or read in a directory the child could write.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from .errors import HostPathError, PolicyError, SandboxError
+from .pack import OUTPUT_FLAGS
+from .workspace import IO_DIR, remove_tree
+
+__all__ = ["FileRef", "Staging", "WritebackError", "scan", "check_host_path", "is_host_path",
+           "resolve_jail_ref", "WORKSPACE_PREFIX", "HOST_PREFIXES", "JAIL", "INPUT", "OUTPUT"]
+
+WORKSPACE_PREFIX = "workspace:"
+#: HCP §10.6: host-absolute paths under these are refused.
+HOST_PREFIXES: tuple[str, ...] = ("/etc", "/home", "/root", "/Users")
+#: Also refused as *file references*: the driver (not the child) would read or write them, and
+#: /proc/self/environ of the driver holds the runtime's own credentials.
+_FILE_REF_PREFIXES: tuple[str, ...] = HOST_PREFIXES + ("/proc", "/sys", "/dev")
+#: Routes from /proc back to the host tree or to open files (refused in any token).
+_PROC_ESCAPE = re.compile(r"^/proc/(?:[^/]+/)+(?:root|cwd|fd|fdinfo|map_files|exe)(?:/|$)")
+
+JAIL, INPUT, OUTPUT = "jail", "input", "output"
+_COPY_CHUNK = 1 << 20
+
+
+class WritebackError(SandboxError):
+    """An output could not be written back; its destination was left untouched."""
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """One file reference found in argv.
+
+    ``index`` is the argv position of the token holding the path; ``head`` is the text kept in
+    front of the path in that token (``""``, ``"--out="`` or ``"-o"``). ``path`` is relative
+    to the jail for ``kind == "jail"``, else the absolute host path.
+    """
+
+    index: int
+    head: str
+    flag: str | None
+    kind: str
+    value: str
+    path: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.flag} {self.value}" if self.flag else self.value
+
+
+# --- host paths ------------------------------------------------------------------------
+
+def _normalize(path: str) -> str:
+    p = os.path.normpath(path)
+    return "/" + p.lstrip("/") if p.startswith("//") else p  # POSIX keeps a leading //
+
+
+def _under(path: str, prefixes: Iterable[str]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def is_host_path(path: str, *, file_ref: bool = False) -> bool:
+    """Whether an absolute ``path`` is one HCP forbids (lexically, without touching disk)."""
+    p = _normalize(path)
+    if _PROC_ESCAPE.match(p):
+        return True
+    return _under(p, _FILE_REF_PREFIXES if file_ref else HOST_PREFIXES)
+
+
+def check_host_path(path: str, *, file_ref: bool = False) -> None:
+    """Refuse a forbidden host path, as written and as the host resolves it (symlinks)."""
+    if is_host_path(path, file_ref=file_ref):
+        raise HostPathError(path)
+    if is_host_path(os.path.realpath(path), file_ref=file_ref):
+        raise HostPathError(path)
+
+
+# --- scanning (pure: no jail needed, nothing created) ----------------------------------
+
+def scan(argv: Sequence[str], file_flags: Sequence[str], *, cwd: str) -> list[FileRef]:
+    """Every file reference in ``argv[1:]``; raises before anything is created.
+
+    After a bare ``--`` no token is taken as a flag (POSIX end of options), but
+    ``workspace:`` tokens are still rewritten and host paths still refused.
+    """
+    flags = set(file_flags)
+    eq_flags = sorted(flags, key=len, reverse=True)
+    short = [f for f in flags if len(f) == 2 and f[0] == "-" and f[1] != "-"]
+    refs: list[FileRef] = []
+    options = True
+    i = 1
+    while i < len(argv):
+        tok = argv[i]
+        if options and tok == "--":
+            options = False
+        elif options and tok in flags:
+            if i + 1 >= len(argv):
+                raise PolicyError(f"argv[{i}]: {tok} expects a file name after it")
+            _add(refs, _file_value(i + 1, "", tok, argv[i + 1], cwd))
+            i += 2
+            continue
+        elif options and tok.startswith("-") and _match_eq(tok, eq_flags):
+            flag = _match_eq(tok, eq_flags)
+            assert flag is not None
+            _add(refs, _file_value(i, flag + "=", flag, tok[len(flag) + 1:], cwd))
+        elif options and any(tok.startswith(f) and len(tok) > 2 for f in short):
+            flag = tok[:2]
+            _add(refs, _file_value(i, flag, flag, tok[2:], cwd))
+        else:
+            _add(refs, _plain_token(i, tok))
+        i += 1
+    return refs
+
+
+def _match_eq(tok: str, flags: list[str]) -> str | None:
+    for f in flags:
+        if tok.startswith(f + "="):
+            return f
+    return None
+
+
+def _add(refs: list[FileRef], ref: FileRef | None) -> None:
+    if ref is not None:
+        refs.append(ref)
+
+
+def _plain_token(index: int, tok: str) -> FileRef | None:
+    """A token that is not a file-flag value: rewrite ``workspace:``, refuse host paths."""
+    head, value = "", tok
+    if not tok.startswith(WORKSPACE_PREFIX) and tok.startswith("-") and "=" in tok:
+        head, _, value = tok.partition("=")
+        head += "="
+    if value.startswith(WORKSPACE_PREFIX):
+        return _jail_ref(index, head, None, value)
+    if value.startswith("/"):
+        check_host_path(value)
+    return None
+
+
+def _file_value(index: int, head: str, flag: str, value: str, cwd: str) -> FileRef | None:
+    if value == "":
+        raise PolicyError(f"argv[{index}]: {flag}: empty file name")
+    if value == "-":
+        return None  # the tool's own stdin/stdout convention
+    if "\0" in value:
+        raise PolicyError(f"argv[{index}]: {flag}: file name contains a NUL byte")
+    if value.startswith(WORKSPACE_PREFIX):
+        return _jail_ref(index, head, flag, value)
+    path = _normalize(os.path.join(cwd, value))
+    if flag in OUTPUT_FLAGS:
+        _check_output_dest(flag, path)
+        return FileRef(index, head, flag, OUTPUT, value, path)
+    _check_input(flag, path)
+    return FileRef(index, head, flag, INPUT, value, path)
+
+
+def _jail_ref(index: int, head: str, flag: str | None, value: str) -> FileRef:
+    rel = value[len(WORKSPACE_PREFIX):]
+    if "\0" in rel:
+        raise PolicyError(f"argv[{index}]: {value!r}: contains a NUL byte")
+    if rel.startswith("/"):
+        raise PolicyError(f"argv[{index}]: {value}: expected a path relative to the workspace")
+    norm = os.path.normpath(rel) if rel else "."
+    if norm == ".." or norm.startswith("../"):
+        raise PolicyError(f"argv[{index}]: {value}: escapes the workspace (..)")
+    return FileRef(index, head, flag, JAIL, value, norm)
+
+
+def _check_input(flag: str, path: str) -> None:
+    check_host_path(path, file_ref=True)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise PolicyError(f"{flag} {path}: no such file") from None
+    except OSError as e:
+        raise PolicyError(f"{flag} {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise PolicyError(f"{flag} {path}: is a directory (only files are copied in)")
+    if not stat.S_ISREG(st.st_mode):
+        raise PolicyError(f"{flag} {path}: not a regular file")
+
+
+def _check_output_dest(flag: str, dest: str) -> None:
+    """The destination of an output: its directory exists and is no symlink; the file itself
+    is absent or a regular file, never a symlink or a directory."""
+    if is_host_path(dest, file_ref=True):
+        raise HostPathError(dest)
+    parent, name = os.path.split(dest)
+    if not name:
+        raise PolicyError(f"{flag} {dest}: not a file name")
+    try:
+        pst = os.lstat(parent)
+    except FileNotFoundError:
+        raise PolicyError(f"{flag} {dest}: directory {parent} does not exist") from None
+    if stat.S_ISLNK(pst.st_mode):
+        raise PolicyError(f"{flag} {dest}: directory {parent} is a symlink "
+                          f"(outputs are never written through a symlink)")
+    if not stat.S_ISDIR(pst.st_mode):
+        raise PolicyError(f"{flag} {dest}: {parent} is not a directory")
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            raise PolicyError(f"{flag} {dest}: is a symlink "
+                              f"(outputs are never written through a symlink)")
+        if stat.S_ISDIR(st.st_mode):
+            raise PolicyError(f"{flag} {dest}: is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyError(f"{flag} {dest}: not a regular file")
+    check_host_path(parent, file_ref=True)
+
+
+def resolve_jail_ref(jail: str, ref: FileRef) -> str:
+    """The absolute path of a ``workspace:`` reference; refuses a symlink out of the jail."""
+    full = os.path.normpath(os.path.join(jail, ref.path))
+    real_jail = os.path.realpath(jail)
+    real = os.path.realpath(full)
+    if not (real == real_jail or real.startswith(real_jail + "/")):
+        raise PolicyError(f"argv[{ref.index}]: {ref.value}: escapes the workspace (symlink)")
+    return full
+
+
+# --- staging and writeback -------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Output:
+    ref: FileRef
+    dest_dir_fd: int
+    dest_name: str
+    stage_fd: int
+    stage_name: str
+
+
+@dataclass(eq=False)
+class Staging:
+    """The driver's I/O area in one jail (``<jail>/.hcp-io``): inputs copied in, outputs
+    staged. Owns directory fds until :meth:`close`."""
+
+    jail: str
+    outputs: list[_Output] = field(default_factory=list)
+    _fds: list[int] = field(default_factory=list, repr=False)
+    _io_fd: int | None = field(default=None, repr=False)
+    _dirs: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def _open(self, path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        fd = os.open(path, flags | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        self._fds.append(fd)
+        return fd
+
+    def _io(self) -> int:
+        """Create ``.hcp-io`` afresh (a leftover, or whatever the child put there, goes)."""
+        if self._io_fd is None:
+            jail_fd = self._open(self.jail, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                st = os.stat(IO_DIR, dir_fd=jail_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                if stat.S_ISDIR(st.st_mode):
+                    remove_tree(os.path.join(self.jail, IO_DIR))
+                else:
+                    os.unlink(IO_DIR, dir_fd=jail_fd)
+            os.mkdir(IO_DIR, 0o700, dir_fd=jail_fd)
+            self._io_fd = self._open(IO_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                     dir_fd=jail_fd)
+        return self._io_fd
+
+    def _subdir(self, kind: str, n: int) -> tuple[int, str]:
+        io = self._io()
+        if kind not in self._dirs:
+            os.mkdir(kind, 0o700, dir_fd=io)
+            self._dirs[kind] = self._open(kind, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                          dir_fd=io)
+        kfd = self._dirs[kind]
+        os.mkdir(str(n), 0o700, dir_fd=kfd)
+        fd = self._open(str(n), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=kfd)
+        return fd, os.path.join(self.jail, IO_DIR, kind, str(n))
+
+    def rewrite(self, argv: Sequence[str], refs: Sequence[FileRef]) -> list[str]:
+        """``argv`` with every reference pointing into the jail; inputs copied in."""
+        out = list(argv)
+        for n, ref in enumerate(refs):
+            if ref.kind == JAIL:
+                new = resolve_jail_ref(self.jail, ref)
+            elif ref.kind == INPUT:
+                new = self._copy_in(n, ref)
+            else:
+                new = self._stage_output(n, ref)
+            out[ref.index] = ref.head + new
+        return out
+
+    def _copy_in(self, n: int, ref: FileRef) -> str:
+        # Follow the caller's own symlinks, then ask the kernel what was actually opened.
+        src = os.open(ref.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(src)
+            if not stat.S_ISREG(st.st_mode):
+                raise PolicyError(f"{ref.flag} {ref.path}: not a regular file")
+            if is_host_path(os.readlink(f"/proc/self/fd/{src}"), file_ref=True):
+                raise HostPathError(ref.path)
+            os.set_blocking(src, True)
+            dfd, dpath = self._subdir("in", n)
+            name = os.path.basename(ref.path)
+            dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            try:
+                _copy(src, dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        return os.path.join(dpath, name)
+
+    def _stage_output(self, n: int, ref: FileRef) -> str:
+        parent, name = os.path.split(ref.path)
+        try:
+            # O_NOFOLLOW: the directory itself must not be a symlink (checked in scan too;
+            # this pins the very directory that was checked until writeback).
+            dest_dir_fd = self._open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            raise PolicyError(f"{ref.flag} {ref.path}: directory {parent}: "
+                              f"{os.strerror(e.errno or errno.EIO)}") from None
+        sfd, spath = self._subdir("out", n)
+        self.outputs.append(_Output(ref, dest_dir_fd, name, sfd, name))
+        return os.path.join(spath, name)
+
+    def writeback(self) -> tuple[list[str], list[str]]:
+        """Write every staged output to its destination: (written, missing) host paths.
+
+        First every staged file is opened (``O_NOFOLLOW``: the child may have planted a
+        symlink to a file only we can read) and every destination re-checked; only then is
+        anything written, each one as a temp file in the destination's directory, fsynced,
+        and renamed over the destination. A failure leaves the destination untouched.
+        """
+        ready: list[tuple[_Output, int, os.stat_result | None]] = []
+        missing: list[str] = []
+        try:
+            for o in self.outputs:
+                label = f"{o.ref.flag} {o.ref.path}"
+                try:
+                    src = os.open(o.stage_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                                  | os.O_CLOEXEC, dir_fd=o.stage_fd)
+                except FileNotFoundError:
+                    missing.append(o.ref.path)
+                    continue
+                except OSError as e:
+                    if e.errno == errno.ELOOP:
+                        raise WritebackError(f"{label}: the tool left a symlink, not a file; "
+                                             f"not written back") from None
+                    raise WritebackError(f"{label}: {e.strerror}") from None
+                ready.append((o, src, None))
+                st = os.fstat(src)
+                if not stat.S_ISREG(st.st_mode):
+                    raise WritebackError(f"{label}: the tool left something that is not a "
+                                         f"regular file; not written back")
+                if st.st_nlink != 1:
+                    raise WritebackError(f"{label}: the tool left a hard link; "
+                                         f"not written back")
+                os.set_blocking(src, True)
+                ready[-1] = (o, src, _dest_stat(o, label))
+            written = []
+            for o, src, old in ready:
+                _atomic_write(src, o.dest_dir_fd, o.dest_name, old)
+                written.append(o.ref.path)
+            return written, missing
+        finally:
+            for _, src, _ in ready:
+                os.close(src)
+
+    def close(self, *, remove: bool) -> None:
+        """Close the fds; with ``remove``, delete ``.hcp-io`` (a persistent jail keeps no
+        staging between runs)."""
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+        if remove and self._io_fd is not None:
+            path = os.path.join(self.jail, IO_DIR)
+            try:
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    remove_tree(path)
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._io_fd = None
+        self._dirs.clear()
+
+
+def _dest_stat(o: _Output, label: str) -> os.stat_result | None:
+    try:
+        st = os.stat(o.dest_name, dir_fd=o.dest_dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise WritebackError(f"{label}: became a symlink during the run; not written back")
+    if stat.S_ISDIR(st.st_mode):
+        raise WritebackError(f"{label}: became a directory during the run; not written back")
+    if not stat.S_ISREG(st.st_mode):
+        raise WritebackError(f"{label}: not a regular file; not written back")
+    return st
+
+
+def _copy(src: int, dst: int) -> None:
+    while True:
+        chunk = os.read(src, _COPY_CHUNK)
+        if not chunk:
+            return
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view):]
+
+
+def _atomic_write(src: int, dir_fd: int, name: str, old: os.stat_result | None) -> None:
+    """Temp file beside the destination + fsync + rename: readers see the old file or the
+    whole new one, never a part. ``rename`` replaces a name; it never writes through one."""
+    tmp = f".{name[:200]}.hcp-{secrets.token_hex(6)}.tmp"
+    mode = (old.st_mode & 0o777) if old is not None else 0o666
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        try:
+            if old is not None:
+                os.fchmod(fd, mode)
+                if os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, 0):
+                    os.fchown(fd, old.st_uid, old.st_gid)
+            _copy(src, fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
