@@ -6,18 +6,11 @@
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError, HostPathError,
                      LayerUnavailableError, NotAllowlistedError, PolicyError, SandboxError)
 from .policy import Policy
+from .probe import ProbeReport, probe
 from .sandbox import DEVNULL, PIPE, CompletedRun, Sandbox, SandboxProcess, confine
 
-
-def probe():  # noqa: D103 - documented in probe.probe
-    from .probe import probe as _probe
-    return _probe()
-
-
-probe.__doc__ = "What this host can enforce, probed functionally once per process (cached)."
-
 __all__ = [
-    "Policy", "Sandbox", "CompletedRun", "SandboxProcess", "confine", "probe", "PIPE", "DEVNULL",
+    "Policy", "Sandbox", "CompletedRun", "SandboxProcess", "confine", "probe", "ProbeReport", "PIPE", "DEVNULL",
     "SandboxError", "PolicyError", "NotAllowlistedError", "BinNotFoundError",
     "BinNotExecutableError", "HostPathError", "LayerUnavailableError", "ChildSetupError",
 ]

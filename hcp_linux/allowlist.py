@@ -71,8 +71,10 @@ def install_prefixes(exe: str) -> tuple[str, ...]:
     just its directory.
     """
     out: list[str] = []
-    for p in (os.path.abspath(exe), os.path.realpath(exe)):
-        d = os.path.dirname(p)
+    # The directory as reached (a venv's bin/, whose python is a symlink elsewhere) and the
+    # binary's real location, both canonical: grants are opened and cloned by real path.
+    for d in (os.path.realpath(os.path.dirname(os.path.abspath(exe))),
+              os.path.dirname(os.path.realpath(exe))):
         prefix = os.path.dirname(d) if os.path.basename(d) in ("bin", "sbin") else d
         if prefix == "/":
             prefix = d

@@ -55,11 +55,15 @@ def host_facts() -> dict[str, Any]:
     import landlock
 
     status = _read("/proc/self/status") or ""
+    try:
+        abi: int | str = landlock.abi_version()
+    except landlock.SyscallError as e:  # refused, e.g. by a seccomp filter on this process
+        abi = f"unknown (landlock_create_ruleset: {e.strerror})"
     return {
         "kernel": platform.release(),
         "arch": platform.machine(),
         "euid": os.geteuid(),
-        "landlock_abi": landlock.abi_version(),
+        "landlock_abi": abi,
         "max_user_namespaces": _read("/proc/sys/user/max_user_namespaces"),
         "unprivileged_userns_clone": _read("/proc/sys/kernel/unprivileged_userns_clone"),
         "apparmor_restrict_unprivileged_userns":
