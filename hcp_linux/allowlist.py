@@ -63,21 +63,47 @@ def resolve_bin(bin_: str, allow: Sequence[str], *, cwd: str, native_local: bool
     return path
 
 
+def _home_dirs() -> set[str]:
+    homes = {"/root"}
+    for value in (os.environ.get("HOME"), _pw_home()):
+        if value:
+            homes.add(os.path.realpath(value))
+    return homes
+
+
+def _pw_home() -> str | None:
+    import pwd
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return None
+
+
+def _is_install_prefix(prefix: str) -> bool:
+    """A directory that holds a software install, not just a bin/ among other things."""
+    if prefix in _home_dirs() or prefix.startswith("/home/") and prefix.count("/") == 2:
+        return False  # ~/bin/tool must not expose ~/.ssh
+    return any(os.path.exists(os.path.join(prefix, marker))
+               for marker in ("pyvenv.cfg", "lib", "lib64"))
+
+
 def install_prefixes(exe: str) -> tuple[str, ...]:
     """Directories a binary needs beside the system roots: its own install prefix.
 
     ``/x/venv/bin/python`` needs ``/x/venv`` (site-packages, pyvenv.cfg), and the interpreter
-    it links to needs its own prefix too. A binary outside a ``bin``/``sbin`` directory gets
-    just its directory.
+    it links to needs its own prefix too. The parent of a ``bin``/``sbin`` directory counts
+    as a prefix only when it looks like one (a venv, or a ``lib`` beside ``bin``) and is not
+    a home directory; otherwise the binary gets just its own directory.
     """
     out: list[str] = []
     # The directory as reached (a venv's bin/, whose python is a symlink elsewhere) and the
     # binary's real location, both canonical: grants are opened and cloned by real path.
     for d in (os.path.realpath(os.path.dirname(os.path.abspath(exe))),
               os.path.dirname(os.path.realpath(exe))):
-        prefix = os.path.dirname(d) if os.path.basename(d) in ("bin", "sbin") else d
-        if prefix == "/":
-            prefix = d
+        parent = os.path.dirname(d)
+        use_parent = os.path.basename(d) in ("bin", "sbin") and parent != "/" \
+            and _is_install_prefix(parent)
+        prefix = parent if use_parent else d
         if prefix != "/" and prefix not in out:
             out.append(prefix)
     return tuple(out)

@@ -134,6 +134,9 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     """
     L.close_range(0, status_r - 1, 0)  # status_r is at least 3: fds 0-2 were in use
     L.close_range(status_r + 1, 0xFFFFFFFF, 0)
+    # A graceful stop (terminate()) reaches the command through the init, which forwards it.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, _f: os.kill(pid, s))
     data = b""
     while chunk := os.read(status_r, 4):
         data += chunk
@@ -174,7 +177,8 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     _step("chdir", os.chdir, plan.cwd)
     if not plan.confined:  # native-local (HCP §10.3): a trust decision, not a confinement
         _exec(plan)
-    _step("rlimits", resource.setrlimit, resource.RLIMIT_CORE, (0, 0))
+    for res, value in plan.rlimits:  # before the forks below, so they bind everything
+        _step("rlimits", resource.setrlimit, res, (value, value), detail=str(res))
     # no_new_privs: setuid/file-capability binaries cannot raise privileges after exec, and
     # Landlock and seccomp may be installed without CAP_SYS_ADMIN.
     _step("no-new-privs", L.prctl, L.PR_SET_NO_NEW_PRIVS, 1)
@@ -199,26 +203,41 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
         _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
         _verify(plan)
         _exec(plan)
-    os.close(errfd)  # the command holds it until exec; the parent reads EOF then
-    _init(pid, status_w)
+    # The init keeps nothing but its status pipe: fds it inherited (this run's pipes, and
+    # any other concurrent run's) would otherwise stay open for the whole run.
+    L.close_range(0, status_w - 1, 0)
+    L.close_range(status_w + 1, 0xFFFFFFFF, 0)
+    _init(pid, status_w, plan.wait_for_tree)
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT)
 
 
-def _init(command: int, status_w: int) -> NoReturn:
+def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
     """pid 1 of the sandbox: forward signals to the command, reap orphans, report the
-    command's wait status when it ends (the kernel then kills whatever is left)."""
+    command's wait status when it ends. Then, by default, exit at once: the kernel kills
+    whatever is left in the namespace. With ``wait_for_tree``, first wait until every
+    process in the sandbox has exited."""
     L.prctl(L.PR_SET_DUMPABLE, 0)
     forward = lambda sig, _frame: os.kill(command, sig)  # noqa: E731
     for sig in _FORWARDED:
         signal.signal(sig, forward)
+    command_status = None
     while True:
-        pid, status = os.waitpid(-1, 0)
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # nothing left to wait for
+            break
         if pid == command:
-            os.write(status_w, struct.pack("<i", status))
-            os._exit(0)
+            command_status = status
+            if not wait_for_tree:
+                break
+            forward = lambda sig, _frame: os.kill(-1, sig)  # noqa: E731 - to all that remain
+            for sig in _FORWARDED:
+                signal.signal(sig, forward)
+    os.write(status_w, struct.pack("<i", command_status))
+    os._exit(0)
 
 
 def _exec(plan: "Plan") -> NoReturn:
@@ -250,8 +269,8 @@ def _build_mount_view(plan: "Plan") -> None:
           b"mode=0755,size=1m")
     # Private tmpfs mounts come before the binds: a granted path may lie beneath them
     # (a jail in /tmp), and must be attached on top, not hidden underneath.
-    _step("tmp", _mount_tmpfs, NEWROOT + b"/tmp", b"mode=1777")
-    _step("dev", _mount_tmpfs, NEWROOT + b"/dev/shm", b"mode=1777")
+    _step("tmp", _mount_tmpfs, NEWROOT + b"/tmp", plan.tmp_options)
+    _step("dev", _mount_tmpfs, NEWROOT + b"/dev/shm", plan.shm_options)
     for b, fd in trees:
         target = NEWROOT + b.target
         detail = b.target.decode(errors="replace")

@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER")
     r.add_argument("--no-sandbox", action="store_true")
     r.add_argument("--native-local", action="store_true")
+    r.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+                   help="resource limit, e.g. nproc=256 fsize=1g as=4g tmp_size=512m "
+                        "(repeatable; 'unlimited' lifts one)")
+    r.add_argument("--on-exit", choices=("kill", "wait"),
+                   help="when the command exits: kill what it left running (default) or wait")
     r.add_argument("--receipt", metavar="FILE|-", help="write the receipt as JSON ('-': stderr)")
     r.add_argument("--pack", metavar="FILE", help="HCP pack manifest (.toml/.json): run via the driver")
     r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack; default: default)")
@@ -60,7 +65,7 @@ def _policy_from_args(a: argparse.Namespace) -> Policy:
         base = {f: getattr(p, f) for p in [Policy.from_toml(a.policy)]
                 for f in ("jail", "write_roots", "read_only_roots", "system_roots", "network",
                           "allow_bins", "env", "allow_degraded", "sandbox", "native_local",
-                          "seccomp_profiles", "timeout")}
+                          "seccomp_profiles", "timeout", "limits", "on_exit")}
     fields = dict(base)
     if a.jail is not None:
         fields["jail"] = a.jail
@@ -69,6 +74,15 @@ def _policy_from_args(a: argparse.Namespace) -> Policy:
     fields["allow_bins"] = tuple(base.get("allow_bins", ())) + tuple(a.allow_bin)
     fields["allow_degraded"] = tuple(base.get("allow_degraded", ())) + tuple(a.allow_degraded)
     fields["env"] = {**dict(base.get("env", {})), **env}
+    limits = dict(base["limits"].as_dict()) if "limits" in base else {}
+    for item in a.limit:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SandboxError(f"--limit {item!r}: expected KEY=VALUE")
+        limits[key] = int(value) if value.isdigit() else value
+    fields["limits"] = limits
+    if a.on_exit is not None:
+        fields["on_exit"] = a.on_exit
     if a.network is not None:
         fields["network"] = a.network
     if a.timeout is not None:

@@ -37,7 +37,9 @@ class SandboxProcess:
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.receipt = receipt
         self.returncode: int | None = None
-        self.timed_out = False
+        self.truncated: set[str] = set()
+        self._chunks: dict[str, list[bytes]] = {}  # communicate() state across calls
+        self._pending_in: memoryview | None = None
 
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
@@ -87,53 +89,66 @@ class SandboxProcess:
                 pass
             self.send_signal(signal.SIGKILL)
 
-    def communicate(self, input: bytes | None = None,
-                    timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
-        """Feed stdin, collect stdout/stderr until EOF, then wait. Like Popen.communicate."""
+    def communicate(self, input: bytes | None = None, timeout: float | None = None,
+                    max_bytes: int | None = None) -> tuple[bytes | None, bytes | None]:
+        """Feed stdin, collect stdout/stderr until EOF, then wait. Like Popen.communicate,
+        including a second call after TimeoutExpired that goes on where the first stopped.
+
+        With ``max_bytes``, each stream keeps at most that much and the rest is read and
+        discarded (the command is never blocked on a full pipe); ``truncated`` names the
+        streams that were cut.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        out: dict[int, list[bytes]] = {}
+        if self._pending_in is None:
+            self._pending_in = memoryview(input or b"")
+        names = {id(s): n for s, n in ((self.stdout, "stdout"), (self.stderr, "stderr"))}
         with selectors.DefaultSelector() as sel:
-            pending_in = memoryview(input or b"")
-            if self.stdin is not None:
-                if pending_in:
+            if self.stdin is not None and not self.stdin.closed:
+                if self._pending_in:
                     os.set_blocking(self.stdin.fileno(), False)
                     sel.register(self.stdin, selectors.EVENT_WRITE)
                 else:
                     self.stdin.close()
             for stream in (self.stdout, self.stderr):
-                if stream is not None:
-                    out[stream.fileno()] = []
+                if stream is not None and not stream.closed:
+                    self._chunks.setdefault(names[id(stream)], [])
                     sel.register(stream, selectors.EVENT_READ)
             while sel.get_map():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise subprocess.TimeoutExpired(self.pid, timeout or 0)
                 for key, _ in sel.select(remaining):
-                    if key.fileobj is self.stdin:
-                        try:
-                            n = os.write(key.fd, pending_in[:65536])
-                        except BrokenPipeError:
-                            n = len(pending_in)
-                        pending_in = pending_in[n:]
-                        if not pending_in:
-                            sel.unregister(key.fileobj)
-                            self.stdin.close()  # type: ignore[union-attr]
-                    else:
-                        data = os.read(key.fd, 65536)
-                        if data:
-                            out[key.fd].append(data)
-                        else:
-                            sel.unregister(key.fileobj)
+                    stream = key.fileobj
+                    if stream is self.stdin:
+                        self._write_some(sel)
+                        continue
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(stream)
+                        stream.close()  # type: ignore[union-attr]
+                        continue
+                    name = names[id(stream)]
+                    kept = sum(map(len, self._chunks[name]))
+                    room = len(data) if max_bytes is None else max(0, max_bytes - kept)
+                    if room < len(data):
+                        self.truncated.add(name)
+                    if room:
+                        self._chunks[name].append(data[:room])
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.wait(remaining)
-        result = []
-        for stream in (self.stdout, self.stderr):
-            if stream is None:
-                result.append(None)
-            else:
-                result.append(b"".join(out[stream.fileno()]))
-                stream.close()
-        return result[0], result[1]
+        return tuple(None if stream is None else b"".join(self._chunks.get(name, []))  # type: ignore[return-value]
+                     for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr")))
+
+    def _write_some(self, sel: selectors.BaseSelector) -> None:
+        assert self.stdin is not None and self._pending_in is not None
+        try:
+            n = os.write(self.stdin.fileno(), self._pending_in[:65536])
+        except BrokenPipeError:  # the command stopped reading: drop the rest, like Popen
+            n = len(self._pending_in)
+        self._pending_in = self._pending_in[n:]
+        if not self._pending_in:
+            sel.unregister(self.stdin)
+            self.stdin.close()
 
 
 def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | None]:

@@ -89,6 +89,10 @@ class Plan:
     binds: list[Bind] = field(default_factory=list)
     symlinks: list[tuple[bytes, bytes]] = field(default_factory=list)
     masks: list[tuple[bytes, bool]] = field(default_factory=list)  # (path, is_dir)
+    rlimits: list[tuple[int, int]] = field(default_factory=list)  # (RLIMIT_*, value)
+    tmp_options: bytes = b"mode=1777"
+    shm_options: bytes = b"mode=1777"
+    wait_for_tree: bool = False
     proc_fresh: bool = False
     landlock: "landlock.Ruleset | None" = None
     late_rules: list[tuple[bytes, int]] = field(default_factory=list)
@@ -152,7 +156,10 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         env={k.encode(): v.encode() for k, v in env.items()},
         cwd=os.fsencode(policy.jail), layers=layers, parent_pid=os.getpid(),
         uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
-        proc_fresh="pidns" in layers,
+        proc_fresh="pidns" in layers, rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
+        tmp_options=b"mode=1777,size=%d" % policy.limits.tmp_size,
+        shm_options=b"mode=1777,size=%d" % policy.limits.shm_size,
+        wait_for_tree=policy.on_exit == "wait",
     )
     if native:
         return plan

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import PolicyError
+from .limits import Limits, cgroup_v2_status
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,6 +32,8 @@ LAYERS = NAMESPACE_LAYERS + ("landlock", "seccomp")
 LAYER_ALIASES = {"namespaces": NAMESPACE_LAYERS}
 
 NETWORK_MODES = ("none", "host")
+#: What happens to the rest of the process tree when the command exits.
+ON_EXIT = ("kill", "wait")
 #: The longest wait the kernel's poll/epoll timeouts can express (2**31 - 1 ms), in seconds.
 MAX_TIMEOUT = 2_147_483
 SANDBOX, NATIVE_LOCAL = "sandbox", "native-local"
@@ -119,6 +122,8 @@ class Policy:
     native_local: bool = False
     seccomp_profiles: tuple[str, ...] = ("baseline",)
     timeout: float | None = None
+    limits: Limits = field(default_factory=Limits)
+    on_exit: str = "kill"
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -157,6 +162,15 @@ class Policy:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
                     or not 0 < t <= MAX_TIMEOUT:
                 raise PolicyError(f"timeout: expected seconds in (0, {MAX_TIMEOUT}], got {t!r}")
+        set_("limits", Limits.from_mapping(self.limits))
+        if self.limits.cgroup_requested():
+            status = cgroup_v2_status()
+            if not status.startswith("available") or "not yet applied" in status:
+                keys = ", ".join(sorted(self.limits.cgroup_requested()))
+                raise PolicyError(f"limits {keys}: cgroup v2 limits cannot be applied here "
+                                  f"({status.split(': ', 1)[-1]})")
+        if self.on_exit not in ON_EXIT:
+            raise PolicyError(f"on_exit: expected one of {', '.join(ON_EXIT)}, got {self.on_exit!r}")
         self._check_overlaps()
 
     def _check_overlaps(self) -> None:
@@ -186,6 +200,7 @@ class Policy:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["env"] = dict(sorted(self.env.items()))
         data["allow_degraded"] = sorted(self.allow_degraded)
+        data["limits"] = self.limits.as_dict()
         blob = json.dumps(data, sort_keys=True, default=list).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 

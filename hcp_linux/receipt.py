@@ -10,6 +10,7 @@ import json
 import os
 from typing import IO, Any, Mapping
 
+from .limits import cgroup_v2_status
 from .policy import LAYERS, NAMESPACE_LAYERS
 
 RECEIPT_VERSION = 1
@@ -52,7 +53,12 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         layers["seccomp"].update(profiles=list(plan.seccomp_names),
                                  digest=seccomp_profiles.profile_digest(plan.seccomp_names),
                                  arch_check="foreign arch and x32 -> kill_process")
+    limits = plan.policy.limits
+    applied = {key: value for key, _, value in limits.rlimits()}
     return {
+        "limits": {"rlimits": applied, "tmp_size": limits.tmp_size,
+                   "shm_size": limits.shm_size, "output_cap": limits.output,
+                   "cgroup": cgroup_v2_status(), "on_exit": plan.policy.on_exit},
         "version": RECEIPT_VERSION,
         "mode": plan.mode,
         "policy": plan.policy.digest(),

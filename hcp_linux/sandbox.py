@@ -48,6 +48,7 @@ class CompletedRun:
     stderr: bytes | None = None
     receipt: dict[str, Any] = field(default_factory=dict)
     timed_out: bool = False
+    truncated: frozenset[str] = frozenset()  # captured streams cut at limits.output
 
     def check_returncode(self) -> None:
         if self.returncode:
@@ -134,18 +135,19 @@ class Sandbox:
         timeout = self.policy.timeout if timeout is None else timeout
         proc = self.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
         timed_out = False
+        cap = self.policy.limits.output
         try:
-            out, err = proc.communicate(input, timeout=timeout)
+            out, err = proc.communicate(input, timeout=timeout, max_bytes=cap)
         except subprocess.TimeoutExpired:
             timed_out = True
             proc.kill()
-            out, err = proc.communicate()
+            out, err = proc.communicate(max_bytes=cap)
         except BaseException:
             proc.kill()
             proc.wait()
             raise
-        return CompletedRun(list(argv), proc.returncode if proc.returncode is not None
-                            else proc.wait(), out, err, proc.receipt, timed_out)
+        return CompletedRun(list(argv), proc.wait(), out, err, proc.receipt, timed_out,
+                            frozenset(proc.truncated))
 
 
 def confine(argv: Sequence[str], policy: Policy) -> list[str]:
