@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 STEPS = (
     "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
-    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "tmp", "canary", "pivot-root",
+    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary", "pivot-root",
     "root-readonly", "loopback-up", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
     "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "fork-command", "verify",
     "execve",
@@ -158,11 +158,7 @@ def _write_id_maps(uid: int, gid: int) -> None:
     for name, text in ((b"/proc/self/setgroups", b"deny"),
                        (b"/proc/self/uid_map", b"%d %d 1" % (uid, uid)),
                        (b"/proc/self/gid_map", b"%d %d 1" % (gid, gid))):
-        fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, text)
-        finally:
-            os.close(fd)
+        _write_file(name, text)
 
 
 def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
@@ -287,6 +283,10 @@ def _build_mount_view(plan: "Plan") -> None:
         _step("symlink", os.symlink, dest, NEWROOT + link, detail=link.decode(errors="replace"))
     _step("dev", _dev_links)
     _step("proc", _mount_proc, plan.proc_fresh)
+    if plan.pid_max is not None:
+        # A fork bomb runs out of pids in this namespace, even when launched as root.
+        _step("pid-max", _write_file, NEWROOT + b"/proc/sys/kernel/pid_max",
+              b"%d" % plan.pid_max)
     _step("canary", _make_file, NEWROOT + CANARY.encode())
     # 3. Switch roots and drop the old one: pivot_root(".", ".") stacks the old root on
     #    the new one; detaching it leaves no path back to the host tree.
@@ -308,6 +308,14 @@ def _mask_secrets(masks: list[tuple[bytes, bool]]) -> None:
         L.mount(src, NEWROOT + path, None, L.MS_BIND)
         L.mount(None, NEWROOT + path, None,
                 L.MS_REMOUNT | L.MS_BIND | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+
+
+def _write_file(path: bytes, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _make_file(path: bytes) -> None:

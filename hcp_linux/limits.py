@@ -1,8 +1,9 @@
 """Resource limits of a run: what one command may consume before the kernel stops it.
 
 rlimits are set in the sandbox right before no_new_privs, so they bind the command and all it
-starts. RLIMIT_NPROC is counted per user namespace (Linux >= 5.15 "ucounts"), so inside the
-sandbox it bounds the sandbox's own processes: the fork-bomb fence. The private /tmp and
+starts. The fork-bomb fence is twofold: RLIMIT_NPROC (counted per user namespace, but the
+kernel exempts host root, which a sandbox launched as root maps to) and, on Linux >= 6.14,
+kernel.pid_max of the sandbox's own pid namespace, which binds root too. The private /tmp and
 /dev/shm are size-capped tmpfs mounts (tmpfs is memory; its default, half of RAM, is a memory
 balloon). Captured output is capped in the parent. cgroup v2 limits (memory, pids, cpu) apply
 only where a delegated cgroup v2 exists; the receipt says whether they did.
@@ -111,6 +112,27 @@ class Limits:
     def as_dict(self) -> dict[str, Any]:
         return {("as" if f.name == "as_" else f.name): getattr(self, f.name)
                 for f in dataclasses.fields(self)}
+
+
+#: pid_max cannot go below RESERVED_PIDS + 1 (kernel/pid.c).
+PID_MAX_MIN = 301
+
+
+def per_namespace_pid_max() -> bool:
+    """Linux 6.14 made kernel.pid_max a property of each pid namespace."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (6, 14)
+
+
+def pid_fence(nproc: int | None) -> int | None:
+    """pid_max for the sandbox's pid namespace: at most ``nproc`` processes, the kernel's
+    minimum permitting. Unlike RLIMIT_NPROC it binds a sandbox launched as root too."""
+    if nproc is None or not per_namespace_pid_max():
+        return None
+    return max(nproc + 1, PID_MAX_MIN)
 
 
 def cgroup_v2_status() -> str:

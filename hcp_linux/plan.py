@@ -20,6 +20,7 @@ from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
 from .child import CANARY
 from .environment import build_env
 from .errors import LayerUnavailableError, PolicyError
+from .limits import pid_fence
 from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
 
 #: Device files every tool expects; each is bound read-write from the host.
@@ -93,6 +94,7 @@ class Plan:
     tmp_options: bytes = b"mode=1777"
     shm_options: bytes = b"mode=1777"
     wait_for_tree: bool = False
+    pid_max: int | None = None  # kernel.pid_max of the sandbox's pid namespace
     proc_fresh: bool = False
     landlock: "landlock.Ruleset | None" = None
     late_rules: list[tuple[bytes, int]] = field(default_factory=list)
@@ -160,6 +162,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         tmp_options=b"mode=1777,size=%d" % policy.limits.tmp_size,
         shm_options=b"mode=1777,size=%d" % policy.limits.shm_size,
         wait_for_tree=policy.on_exit == "wait",
+        pid_max=pid_fence(policy.limits.nproc) if "pidns" in layers else None,
     )
     if native:
         return plan

@@ -56,7 +56,11 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
     limits = plan.policy.limits
     applied = {key: value for key, _, value in limits.rlimits()}
     return {
-        "limits": {"rlimits": applied, "tmp_size": limits.tmp_size,
+        "limits": {"rlimits": applied, "pid_max": plan.pid_max or (
+                       "not set: " + ("no pid namespace" if "pidns" not in plan.layers else
+                                      "kernel < 6.14 has no per-namespace pid_max; RLIMIT_NPROC "
+                                      "alone does not bind a sandbox launched as root")),
+                   "tmp_size": limits.tmp_size,
                    "shm_size": limits.shm_size, "output_cap": limits.output,
                    "cgroup": cgroup_v2_status(), "on_exit": plan.policy.on_exit},
         "version": RECEIPT_VERSION,
