@@ -163,6 +163,18 @@ def capset_empty() -> None:
     _check(ret, "capset")
 
 
+CAP_SETPCAP = 8
+
+
+def has_capability(cap: int) -> bool:
+    """Whether this process holds ``cap`` in its effective set (from /proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
+
+
 def cap_last_cap() -> int:
     """The highest capability number this kernel knows (bounding-set drops go up to it)."""
     with open("/proc/sys/kernel/cap_last_cap", "rb") as f:

@@ -80,11 +80,18 @@ def _pw_home() -> str | None:
 
 
 def _is_install_prefix(prefix: str) -> bool:
-    """A directory that holds a software install, not just a bin/ among other things."""
-    if prefix in _home_dirs() or prefix.startswith("/home/") and prefix.count("/") == 2:
-        return False  # ~/bin/tool must not expose ~/.ssh
-    return any(os.path.exists(os.path.join(prefix, marker))
-               for marker in ("pyvenv.cfg", "lib", "lib64"))
+    """A directory that holds a software install, not just a bin/ among other things.
+
+    Under a home directory only a venv counts: ~/bin/tool must not expose ~/.ssh, and
+    ~/.local/bin/tool must not expose ~/.local/share (keyrings, tokens).
+    """
+    if os.path.exists(os.path.join(prefix, "pyvenv.cfg")):
+        return prefix not in _home_dirs()
+    homes = _home_dirs()
+    if any(prefix == h or prefix.startswith(h.rstrip("/") + "/") for h in homes) \
+            or prefix.startswith("/home/"):
+        return False
+    return any(os.path.exists(os.path.join(prefix, marker)) for marker in ("lib", "lib64"))
 
 
 def install_prefixes(exe: str) -> tuple[str, ...]:

@@ -38,7 +38,7 @@ STEPS = (
     "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
     "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary", "pivot-root",
-    "root-readonly", "loopback-up", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
+    "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
     "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "fork-command", "verify",
     "execve",
 )
@@ -46,8 +46,11 @@ STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
 
 NEWROOT = b"/tmp"  # where the new root is assembled before pivot_root (any existing dir works)
 CANARY = "/.hcp-canary"
+#: Where the egress proxy listens inside the sandbox's own network namespace.
+PROXY_ADDRESS = ("127.0.0.1", 3128)
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_PROXY_FD = -1  # set by run(): our end of the socketpair to the parent's egress proxy
 
 
 class _StepFailed(Exception):
@@ -71,8 +74,10 @@ def _report(errfd: int, step: str, err: int, detail: str) -> NoReturn:
 
 
 def run(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
-        ruleset: "CreatedRuleset | None") -> NoReturn:
+        ruleset: "CreatedRuleset | None", proxy_fd: int = -1) -> NoReturn:
     """Entry point in the forked child (the monitor). Never returns."""
+    global _PROXY_FD
+    _PROXY_FD = proxy_fd
     try:
         _monitor(plan, errfd, stdio, ruleset)
     except _StepFailed as f:
@@ -170,6 +175,8 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
         _build_mount_view(plan)
     if "netns" in plan.layers:
         _step("loopback-up", _loopback_up)
+    if plan.proxy:
+        _step("proxy-listen", _proxy_listen, _PROXY_FD)
     _step("chdir", os.chdir, plan.cwd)
     if not plan.confined:  # native-local (HCP §10.3): a trust decision, not a confinement
         _exec(plan)
@@ -178,7 +185,7 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     # no_new_privs: setuid/file-capability binaries cannot raise privileges after exec, and
     # Landlock and seccomp may be installed without CAP_SYS_ADMIN.
     _step("no-new-privs", L.prctl, L.PR_SET_NO_NEW_PRIVS, 1)
-    _step("drop-capabilities", _drop_capabilities, plan.cap_last_cap)
+    _step("drop-capabilities", _drop_capabilities, plan.cap_last_cap, plan.holds_setpcap)
     if ruleset is not None:
         _step("landlock-rules", _add_late_rules, plan, ruleset)
         _step("landlock-restrict", ruleset.restrict_self)
@@ -353,12 +360,30 @@ def _loopback_up() -> None:
         s.close()
 
 
-def _drop_capabilities(last_cap: int) -> None:
+def _proxy_listen(channel: int) -> None:
+    """Listen for the egress proxy inside this network namespace and hand the listening
+    socket to the parent (SCM_RIGHTS): the proxy accepts connections from inside the sandbox
+    and dials out from the host's namespace. The sandbox gets no route of its own."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    ch = socket.socket(fileno=channel)
+    try:
+        s.bind(PROXY_ADDRESS)
+        s.listen(128)
+        socket.send_fds(ch, [b"L"], [s.fileno()])
+    finally:
+        s.close()
+        ch.close()
+
+
+def _drop_capabilities(last_cap: int, holds_setpcap: bool) -> None:
     # Lock root out of capability semantics first (needs CAP_SETPCAP, so before the drops),
     # then empty the bounding set, the ambient set, and the effective/permitted/inheritable sets.
-    L.prctl(L.PR_SET_SECUREBITS, L.SECURE_ALL_LOCKED)
-    for cap in range(last_cap + 1):
-        L.prctl(L.PR_CAPBSET_DROP, cap)
+    # A process without CAP_SETPCAP (unprivileged, no user namespace) can do neither; it holds
+    # nothing, and no_new_privs already bars regaining anything through exec.
+    if holds_setpcap:
+        L.prctl(L.PR_SET_SECUREBITS, L.SECURE_ALL_LOCKED)
+        for cap in range(last_cap + 1):
+            L.prctl(L.PR_CAPBSET_DROP, cap)
     L.prctl(L.PR_CAP_AMBIENT, L.PR_CAP_AMBIENT_CLEAR_ALL)
     L.capset_empty()
 
@@ -385,7 +410,9 @@ def _verify(plan: "Plan") -> None:
     with open("/proc/self/status", "rb") as f:
         status = f.read()
     expect = [b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n", b"CapPrm:\t0000000000000000\n",
-              b"CapBnd:\t0000000000000000\n"]
+              b"CapAmb:\t0000000000000000\n"]
+    if plan.holds_setpcap:
+        expect.append(b"CapBnd:\t0000000000000000\n")
     if plan.seccomp is not None:
         expect.append(b"Seccomp:\t2\n")
     for line in expect:

@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--write-root", action="append", default=[], metavar="DIR")
     r.add_argument("--read-only-root", action="append", default=[], metavar="DIR")
     r.add_argument("--network", help=f"one of {', '.join(NETWORK_MODES)} (default none)")
+    r.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="with --network allow: egress allowed to HOST (repeatable; *.example.com, "
+                        "IP literals, CIDRs)")
+    r.add_argument("--deny-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="with --network allow: refused even when an allow entry matches")
+    r.add_argument("--proxy-log", metavar="FILE", help="append each egress decision as JSON")
     r.add_argument("--allow-bin", action="append", default=[], metavar="BIN")
     r.add_argument("--policy", metavar="FILE", help="TOML policy file (keys as in Policy)")
     r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
@@ -47,8 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--on-exit", choices=("kill", "wait"),
                    help="when the command exits: kill what it left running (default) or wait")
     r.add_argument("--receipt", metavar="FILE|-", help="write the receipt as JSON ('-': stderr)")
-    r.add_argument("--pack", metavar="FILE", help="HCP pack manifest (.toml/.json): run via the driver")
-    r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack; default: default)")
+    r.add_argument("--pack", metavar="FILE", help="HCP pack manifest: run via the driver")
+    r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack)")
     r.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
@@ -65,13 +71,18 @@ def _policy_from_args(a: argparse.Namespace) -> Policy:
         base = {f: getattr(p, f) for p in [Policy.from_toml(a.policy)]
                 for f in ("jail", "write_roots", "read_only_roots", "system_roots", "network",
                           "allow_bins", "env", "allow_degraded", "sandbox", "native_local",
-                          "seccomp_profiles", "timeout", "limits", "on_exit")}
+                          "seccomp_profiles", "timeout", "limits", "on_exit", "allow_hosts",
+                          "deny_hosts", "proxy_log")}
     fields = dict(base)
     if a.jail is not None:
         fields["jail"] = a.jail
     fields["write_roots"] = tuple(base.get("write_roots", ())) + tuple(a.write_root)
     fields["read_only_roots"] = tuple(base.get("read_only_roots", ())) + tuple(a.read_only_root)
     fields["allow_bins"] = tuple(base.get("allow_bins", ())) + tuple(a.allow_bin)
+    fields["allow_hosts"] = tuple(base.get("allow_hosts", ())) + tuple(a.allow_host)
+    fields["deny_hosts"] = tuple(base.get("deny_hosts", ())) + tuple(a.deny_host)
+    if a.proxy_log is not None:
+        fields["proxy_log"] = a.proxy_log
     fields["allow_degraded"] = tuple(base.get("allow_degraded", ())) + tuple(a.allow_degraded)
     fields["env"] = {**dict(base.get("env", {})), **env}
     limits = dict(base["limits"].as_dict()) if "limits" in base else {}
@@ -102,7 +113,7 @@ def _run(a: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise SandboxError("run: no command given (hcp-linux run [OPTIONS] -- BIN [ARG...])")
-    if a.pack is not None or a.principal is not None:  # an HCP pack: the driver's lifecycle (docs/driver.md)
+    if a.pack is not None or a.principal is not None:  # HCP pack: docs/driver.md
         from .driver_cli import run_pack
         return run_pack(a, argv)
     policy = _policy_from_args(a)

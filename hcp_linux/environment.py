@@ -48,13 +48,16 @@ def check_explicit(env: Mapping[str, str], source: str = "env") -> None:
 
 
 def build_env(caller: Mapping[str, str], explicit: Mapping[str, str], *, marker: str,
-              path: str, home: str, tmpdir: str) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The child's environment and the caller keys that were dropped (for the receipt)."""
+              path: str, home: str, tmpdir: str
+              ) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """The child's environment, and for the receipt the caller keys that were dropped and
+    those whose caller value was replaced by the sandbox's own (PATH, HOME...)."""
     check_explicit(explicit)
     env = {k: v for k, v in caller.items()
            if (k in INHERITED_KEYS or k.startswith(INHERITED_PREFIXES))}
-    removed = tuple(sorted(k for k in caller if k not in env))
     env.update(PATH=path, HOME=home, TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
     env.update(explicit)
     env["HCP_SANDBOX"] = marker
-    return env, removed
+    removed = tuple(sorted(k for k in caller if k not in env))
+    replaced = tuple(sorted(k for k in caller if k in env and env[k] != caller[k]))
+    return env, removed, replaced

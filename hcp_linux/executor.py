@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import selectors
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -40,9 +42,13 @@ class SandboxProcess:
         self.truncated: set[str] = set()
         self._chunks: dict[str, list[bytes]] = {}  # communicate() state across calls
         self._pending_in: memoryview | None = None
+        self._proxy: Any = None  # the egress proxy serving this run (network = "allow")
 
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
+        if self._proxy is not None:  # the run is over: so is its way out
+            self._proxy.stop()
+            self._proxy = None
         return self.returncode
 
     def poll(self) -> int | None:
@@ -189,12 +195,19 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             ruleset = plan.landlock.create()
             if receipt is not None:
                 record_landlock(receipt, ruleset)
+        proxy_end = child_end = -1
+        if plan.proxy:
+            proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM
+                                                      | socket.SOCK_CLOEXEC)
+            proxy_end, child_end = proxy_sock.detach(), child_sock.detach()
+            ends.append(proxy_end)
+            to_close.append(child_end)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         to_close.append(err_w)
         pid = os.fork()
         if pid == 0:
             os.close(err_r)
-            child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset)
+            child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end)
     except BaseException:
         for fd in to_close + [e for e in ends if e is not None]:
             os.close(fd)
@@ -216,5 +229,40 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         step = child.STEPS[step_i] if step_i < len(child.STEPS) else "internal"
         raise ChildSetupError(step, err or errno.EIO, record[4:].decode(errors="replace"))
     streams = [None if e is None else os.fdopen(e, "wb" if i == 0 else "rb", buffering=0)
-               for i, e in enumerate(ends)]
-    return SandboxProcess(pid, *streams, receipt=receipt or {})  # type: ignore[arg-type]
+               for i, e in enumerate(ends[:3])]
+    proc = SandboxProcess(pid, *streams, receipt=receipt or {})  # type: ignore[arg-type]
+    if plan.proxy:
+        try:
+            proc._proxy = _start_proxy(plan, proxy_end, proc.receipt)
+        except BaseException:
+            proc.kill()  # no proxy, no run: the command must not go on without its way out
+            proc.wait()
+            raise
+    return proc
+
+
+def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
+    """Receive the listening socket the sandbox made in its namespace; serve the proxy."""
+    from .egress import ProxyThread  # off the spawn path unless network = "allow"
+
+    with socket.socket(fileno=channel) as ch:
+        _, fds, _, _ = socket.recv_fds(ch, 1, 1)
+    if not fds:
+        raise ChildSetupError("proxy-listen", errno.EPROTO, "no listening socket received")
+    listener = socket.socket(fileno=fds[0])
+    decisions: list[dict[str, Any]] = []
+    receipt.setdefault("network", {}).update(mode="allow", proxy="%s:%d" % child.PROXY_ADDRESS,
+                                             decisions=decisions,
+                                             **plan.policy.egress().describe())
+    log_path = plan.policy.proxy_log
+
+    def log(decision: dict[str, Any]) -> None:
+        if len(decisions) < 10_000:
+            decisions.append(decision)
+        if log_path:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(decision, sort_keys=True) + "\n")
+
+    proxy = ProxyThread(plan.policy.egress(), listener, log=log)
+    proxy.start()
+    return proxy

@@ -17,7 +17,7 @@ import seccomp_profiles
 
 from . import _libc as L
 from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
-from .child import CANARY
+from .child import CANARY, PROXY_ADDRESS
 from .environment import build_env
 from .errors import LayerUnavailableError, PolicyError
 from .limits import pid_fence
@@ -95,6 +95,8 @@ class Plan:
     shm_options: bytes = b"mode=1777"
     wait_for_tree: bool = False
     pid_max: int | None = None  # kernel.pid_max of the sandbox's pid namespace
+    proxy: bool = False  # network = "allow": listen for the egress proxy inside the netns
+    holds_setpcap: bool = True  # the child may drop the bounding set and lock securebits
     proc_fresh: bool = False
     landlock: "landlock.Ruleset | None" = None
     late_rules: list[tuple[bytes, int]] = field(default_factory=list)
@@ -102,6 +104,7 @@ class Plan:
     seccomp: "seccomp_profiles.PreparedFilter | None" = None
     seccomp_names: tuple[str, ...] = ()
     env_removed: tuple[str, ...] = ()
+    env_replaced: tuple[str, ...] = ()
     facts: dict = field(default_factory=dict)
     _fds: list[int] = field(default_factory=list)
 
@@ -122,7 +125,8 @@ def _open_path(path: str, plan: Plan) -> tuple[int, os.stat_result]:
 
 
 def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
-                 caller_env: Mapping[str, str] | None = None) -> Plan:
+                 caller_env: Mapping[str, str] | None = None,
+                 terminals: Sequence[str] = ()) -> Plan:
     """Resolve the bin, build the env and the confinement for ``argv`` under ``policy``."""
     if not argv:
         raise PolicyError("empty command")
@@ -150,29 +154,49 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         home = tmpdir = "/tmp"
     else:
         home = tmpdir = _private_tmp_in_jail(policy.jail)  # type: ignore[arg-type]
-    env, removed = build_env(caller_env, policy.env, marker=policy.mode, path=search_path,
-                             home=home, tmpdir=tmpdir)
+    explicit = dict(policy.env)
+    if policy.network == "allow":
+        if "netns" not in layers and not native:
+            raise LayerUnavailableError("netns", "network = \"allow\" fences egress with a "
+                                        "network namespace, and none can be made here",
+                                        REMEDIES["netns"])
+        explicit.update(proxy_env())
+    env, removed, replaced = build_env(caller_env, explicit, marker=policy.mode,
+                                       path=search_path, home=home, tmpdir=tmpdir)
     plan = Plan(
         policy=policy, mode=policy.mode, exe=os.fsencode(exe),
         argv=[a.encode() for a in argv],
         env={k.encode(): v.encode() for k, v in env.items()},
         cwd=os.fsencode(policy.jail), layers=layers, parent_pid=os.getpid(),
-        uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
+        uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed, env_replaced=replaced,
         proc_fresh="pidns" in layers, rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
         tmp_options=b"mode=1777,size=%d" % policy.limits.tmp_size,
         shm_options=b"mode=1777,size=%d" % policy.limits.shm_size,
         wait_for_tree=policy.on_exit == "wait",
+        proxy=policy.network == "allow" and not native,
+        holds_setpcap="userns" in layers or L.has_capability(L.CAP_SETPCAP),
         pid_max=pid_fence(policy.limits.nproc) if "pidns" in layers else None,
     )
     if native:
         return plan
     try:
-        _plan_view_and_rules(plan, policy, prefixes, layers)
+        _plan_view_and_rules(plan, policy, prefixes, layers, terminals)
         _plan_seccomp(plan, policy, layers)
     except BaseException:
         plan.close()
         raise
     return plan
+
+
+def proxy_env() -> dict[str, str]:
+    """Every spelling of the proxy variables that tools read. NO_PROXY keeps the sandbox's
+    own loopback direct (it is private to the sandbox)."""
+    url = "http://%s:%d" % PROXY_ADDRESS
+    env = {}
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[key] = env[key.lower()] = url
+    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+    return env
 
 
 def _covered(prefix: str, policy: Policy) -> bool:
@@ -193,7 +217,7 @@ def _private_tmp_in_jail(jail: str) -> str:
 
 
 def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
-                         layers: frozenset[str]) -> None:
+                         layers: frozenset[str], terminals: Sequence[str]) -> None:
     view = "mountns" in layers
     ro_attrs = L.MOUNT_ATTR_RDONLY | L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
     rw_attrs = L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
@@ -222,6 +246,10 @@ def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
     for dev in DEVICES:
         if os.path.exists(dev):
             grants.append((dev, _DEV_ACCESS, L.MOUNT_ATTR_NOSUID, True))
+    for tty in dict.fromkeys(terminals):
+        # Only the terminal the command was given, so ttyname() works; never all of
+        # /dev/pts, which holds the user's other terminals.
+        grants.append((tty, _DEV_ACCESS | _FS.IOCTL_DEV, L.MOUNT_ATTR_NOSUID, True))
     if view and not plan.proc_fresh:
         grants.append(("/proc", _PROC_ACCESS,
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))

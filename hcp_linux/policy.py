@@ -31,7 +31,7 @@ NAMESPACE_LAYERS = ("userns", "mountns", "netns", "ipcns", "pidns")
 LAYERS = NAMESPACE_LAYERS + ("landlock", "seccomp")
 LAYER_ALIASES = {"namespaces": NAMESPACE_LAYERS}
 
-NETWORK_MODES = ("none", "host")
+NETWORK_MODES = ("none", "host", "allow")
 #: What happens to the rest of the process tree when the command exits.
 ON_EXIT = ("kill", "wait")
 #: The longest wait the kernel's poll/epoll timeouts can express (2**31 - 1 ms), in seconds.
@@ -120,8 +120,11 @@ class Policy:
     allow_degraded: frozenset[str] = frozenset()
     sandbox: bool = True
     native_local: bool = False
-    seccomp_profiles: tuple[str, ...] = ("baseline",)
+    seccomp_profiles: tuple[str, ...] = ("baseline", "socket-families")
     timeout: float | None = None
+    allow_hosts: tuple[str, ...] = ()
+    deny_hosts: tuple[str, ...] = ()
+    proxy_log: str | None = None
     limits: Limits = field(default_factory=Limits)
     on_exit: str = "kill"
 
@@ -145,6 +148,7 @@ class Policy:
         if self.network not in NETWORK_MODES:
             raise PolicyError(f"network: unknown mode {self.network!r} "
                               f"(expected one of: {', '.join(NETWORK_MODES)})")
+        self._check_egress(set_)
         bins = _str_tuple(self.allow_bins, "allow_bins")
         for b in bins:
             if not b or "\0" in b:
@@ -172,6 +176,29 @@ class Policy:
         if self.on_exit not in ON_EXIT:
             raise PolicyError(f"on_exit: expected one of {', '.join(ON_EXIT)}, got {self.on_exit!r}")
         self._check_overlaps()
+
+    def _check_egress(self, set_) -> None:  # type: ignore[no-untyped-def]
+        allow = _str_tuple(self.allow_hosts, "allow_hosts")
+        deny = _str_tuple(self.deny_hosts, "deny_hosts")
+        set_("allow_hosts", allow)
+        set_("deny_hosts", deny)
+        if self.network != "allow":
+            if allow or deny or self.proxy_log:
+                raise PolicyError("allow_hosts/deny_hosts/proxy_log need network = \"allow\" "
+                                  "(--network allow)")
+            return
+        if not allow:
+            raise PolicyError("network = \"allow\" needs at least one allow_hosts entry "
+                              "(--allow-host HOST[:PORT])")
+        from .egress import EgressPolicy  # validates every pattern, naming the culprit
+        EgressPolicy.parse(allow, deny)
+        if self.proxy_log is not None:
+            set_("proxy_log", _abs_path(self.proxy_log, "proxy_log"))
+
+    def egress(self):  # type: ignore[no-untyped-def]
+        """The parsed allow/deny lists (network = "allow" only)."""
+        from .egress import EgressPolicy
+        return EgressPolicy.parse(self.allow_hosts, self.deny_hosts)
 
     def _check_overlaps(self) -> None:
         # Landlock rules only add rights: a read-only root inside a writable one would be
@@ -218,7 +245,10 @@ class Policy:
                 raise PolicyError(f"{source}: unknown key {key!r}")
             kwargs[name] = value
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except PolicyError as e:
+            raise PolicyError(f"{source}: {e}") from None
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> "Policy":

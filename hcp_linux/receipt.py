@@ -45,8 +45,12 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         layers["netns"].update(interfaces=["lo"])
     confined = plan.confined
     layers["nnp"] = {"status": "enforced" if confined else "off"}
+    bounding = (0 if plan.holds_setpcap else
+                "kept: no CAP_SETPCAP to drop it (no user namespace); nothing can be regained "
+                "under no_new_privs")
     layers["capabilities"] = ({"status": "enforced", "effective": 0, "permitted": 0,
-                               "bounding": 0, "ambient": 0, "securebits": "all locked"}
+                               "inheritable": 0, "bounding": bounding, "ambient": 0,
+                               "securebits": "all locked" if plan.holds_setpcap else "unchanged"}
                               if confined else {"status": "off"})
     if plan.seccomp is not None:
         import seccomp_profiles
@@ -70,8 +74,10 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         "argv": [a.decode(errors="replace") for a in plan.argv],
         "cwd": plan.cwd.decode(errors="replace"),
         "namespaces": [n for n in NAMESPACE_LAYERS if n in plan.layers],
+        "network": {"mode": plan.policy.network},
         "layers": layers,
-        "env": {"set": sorted(k.decode() for k in plan.env), "removed": list(plan.env_removed)},
+        "env": {"set": sorted(k.decode() for k in plan.env), "removed": list(plan.env_removed),
+                "replaced": list(plan.env_replaced)},
         "fds": {"kept": [0, 1, 2], "closed": "every fd above 2 (close_range CLOEXEC)"}
         if confined else {"kept": [0, 1, 2]},
         "verified": _verified(plan),

@@ -56,6 +56,20 @@ class CompletedRun:
                                                 self.stderr)
 
 
+def _terminals(*stdio: Any) -> list[str]:
+    """Device paths of the terminals among the command's standard streams."""
+    out = []
+    for i, spec in enumerate(stdio):
+        fd = i if spec is None else spec if isinstance(spec, int) and spec >= 0 else (
+            spec.fileno() if hasattr(spec, "fileno") else -1)
+        try:
+            if fd >= 0 and os.isatty(fd):
+                out.append(os.ttyname(fd))
+        except OSError:
+            pass  # a terminal without a name (another mount namespace): nothing to grant
+    return out
+
+
 def _exec_error(bin_: str, e: ChildSetupError) -> SandboxError:
     """execve failed inside the sandbox: 127 when nothing was there, else 126."""
     why = os.strerror(e.errno)
@@ -94,7 +108,8 @@ class Sandbox:
                 wanted -= {layer}
         while True:
             try:
-                plan = compile_plan(policy, argv, layers=wanted, caller_env=env)
+                plan = compile_plan(policy, argv, layers=wanted, caller_env=env,
+                                    terminals=_terminals(stdin, stdout, stderr))
             except LayerUnavailableError as e:
                 self._give_up(e.layer, e.reason, degraded)
                 wanted -= {e.layer}

@@ -1,0 +1,285 @@
+"""Shared helpers and fixtures of the kernel tests of `hcp-linux run` (tests/test_run_*.py).
+
+Every helper runs a real process: the CLI through ``sys.executable -m hcp_linux``, negative
+controls through plain ``subprocess``. Nothing is mocked. Every call is bounded by a timeout.
+
+Fixtures are imported by the test modules (``from sandboxing import jail, ...``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import pytest
+
+IS_ROOT = os.geteuid() == 0
+TIMEOUT = 60  # seconds, for every subprocess a test starts
+
+ERROR_PREFIX = "error: sandbox: "
+
+# exit statuses of `hcp-linux run` (DESIGN §5)
+EXIT_USAGE, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND = 2, 124, 125, 126, 127
+
+Arg = "str | bytes | os.PathLike[str]"
+
+
+# --- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def jail(tmp_path: Path) -> Path:
+    """An empty jail directory (the sandbox's working directory and first writable root)."""
+    d = tmp_path / "jail"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A host directory beside the jail, outside every root: absent from the sandbox's view."""
+    d = tmp_path / "outside"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def ro_root(tmp_path: Path) -> Path:
+    """A directory granted with --read-only-root (visible inside, must not be writable)."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    (d / "file.txt").write_text("read-only content\n")
+    return d
+
+
+@pytest.fixture
+def var_jail() -> Iterator[Path]:
+    """A jail outside /tmp (whose parent is not covered by the sandbox's private /tmp), so a
+    write beside it must fail inside the sandbox, not just land in a private tmpfs."""
+    base = Path(_mkdtemp_outside_tmp())
+    try:
+        (base / "jail").mkdir()
+        yield base / "jail"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def nobody_jail(var_jail: Path) -> Path:
+    """A jail `nobody` can reach and write (outside root's mode-700 pytest tmp dir)."""
+    if IS_ROOT:
+        import pwd
+        pw = pwd.getpwnam("nobody")
+        os.chown(var_jail, pw.pw_uid, pw.pw_gid)
+    return var_jail
+
+
+def as_nobody() -> list[str]:
+    """argv prefix that runs a command as `nobody`: empty when the test already runs
+    unprivileged; ``runuser -u nobody --`` as root (the test is skipped when nobody cannot
+    run this interpreter and tree, e.g. a checkout under a mode-700 directory)."""
+    if not IS_ROOT:
+        return []
+    prefix = ["runuser", "-u", "nobody", "--"]
+    check = subprocess.run(prefix + [sys.executable, "-c",
+                                     "import hcp_linux, landlock, seccomp_profiles, pyseccomp"],
+                           capture_output=True, timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL)
+    if check.returncode != 0:
+        pytest.skip("nobody cannot run this interpreter/tree: " + check.stderr.decode()[-300:])
+    return prefix
+
+
+def _mkdtemp_outside_tmp() -> str:
+    import tempfile
+    for d in ("/var/tmp", os.path.expanduser("~")):
+        if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
+            path = tempfile.mkdtemp(prefix="hcp-run-test-", dir=d)
+            os.chmod(path, 0o755)
+            return path
+    pytest.skip("no writable directory outside /tmp (/var/tmp, $HOME) for a jail")
+    raise AssertionError("unreachable")
+
+
+# --- running the CLI ----------------------------------------------------------------------
+
+
+def hcp_argv(jail: "Arg | None", *cmd: Arg, extra: Sequence[Arg] = ()) -> list:
+    """argv of ``python -m hcp_linux run [--jail JAIL] EXTRA... -- CMD...``."""
+    argv: list = [sys.executable, "-m", "hcp_linux", "run"]
+    if jail is not None:
+        argv += ["--jail", os.fspath(jail)]
+    argv += [os.fspath(a) if isinstance(a, os.PathLike) else a for a in extra]
+    if cmd:
+        argv += ["--", *(os.fspath(a) if isinstance(a, os.PathLike) else a for a in cmd)]
+    return argv
+
+
+def caller_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra or {})
+    return env
+
+
+def run_cli(jail: "Arg | None", *cmd: Arg, extra: Sequence[Arg] = (),
+            env: Mapping[str, str] | None = None, timeout: float = TIMEOUT,
+            input: bytes | None = None, pass_fds: Iterable[int] = (),
+            stdin: "int | None" = None, cwd: str = "/") -> subprocess.CompletedProcess:
+    """Run ``hcp-linux run`` as a separate process (the CLI of the README), capturing output.
+
+    ``cwd`` defaults to ``/``: ``python -m`` puts the cwd first on sys.path, and the jail is
+    writable by the sandboxed command, so it must never be the CLI's cwd.
+    """
+    return subprocess.run(hcp_argv(jail, *cmd, extra=extra), capture_output=True,
+                          timeout=timeout, input=input,
+                          stdin=(subprocess.DEVNULL if stdin is None else stdin)
+                          if input is None else None,
+                          env=caller_env() if env is None else dict(env),
+                          pass_fds=tuple(pass_fds), cwd=cwd)
+
+
+def sh(script: str, *, env: Mapping[str, str] | None = None, cwd: "Arg | None" = None,
+       timeout: float = TIMEOUT, **kw) -> subprocess.CompletedProcess:
+    """Negative control: the same shell snippet, unconfined."""
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run(["sh", "-c", script], capture_output=True, timeout=timeout,
+                          env=caller_env() if env is None else dict(env), cwd=cwd, **kw)
+
+
+def out(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout.decode(errors="replace")
+
+
+def err(proc: subprocess.CompletedProcess) -> str:
+    return proc.stderr.decode(errors="replace")
+
+
+def show(proc: subprocess.CompletedProcess) -> str:
+    """For assertion messages."""
+    return f"rc={proc.returncode}\n--- stdout\n{out(proc)}\n--- stderr\n{err(proc)}"
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, show(proc)
+
+
+def single_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one ``error: sandbox: ...`` line a refusal prints; fails if there is anything else."""
+    text = err(proc)
+    lines = text.splitlines()
+    assert len(lines) == 1 and text.endswith("\n"), f"expected exactly one line:\n{show(proc)}"
+    assert lines[0].startswith(ERROR_PREFIX), show(proc)
+    return lines[0]
+
+
+def read_receipt(path: "Arg") -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+# --- host-side observers ------------------------------------------------------------------
+
+
+class Listener:
+    """A TCP listener on a loopback address that records every accepted connection."""
+
+    def __init__(self, family: int = socket.AF_INET, host: str = "127.0.0.1") -> None:
+        assert host in ("127.0.0.1", "::1"), "loopback only"
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.bind((host, 0))
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        self.host = host
+        self.port = self.sock.getsockname()[1]
+
+    def accepted(self, wait: float = 0.3) -> int:
+        """How many connections were made since the last call (waits ``wait`` s for late ones)."""
+        n = 0
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+                conn.close()
+                n += 1
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return n
+                time.sleep(0.02)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def kill_by_pid(proc: subprocess.Popen) -> None:
+    """End a process this test started, by its pid, and reap it."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=TIMEOUT)
+
+
+# --- a degraded host, simulated honestly --------------------------------------------------
+
+_DENY_LAUNCHER = r"""
+import ctypes, os, sys
+import pyseccomp
+names, err = sys.argv[1].split(","), int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_NO_NEW_PRIVS = 38
+if libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+              ctypes.c_ulong(0)) != 0:
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+for name in names:
+    f.add_rule(pyseccomp.ERRNO(err), name)
+f.load()
+os.execv(sys.executable, [sys.executable] + sys.argv[3:])
+"""
+
+
+def deny_syscalls_launcher(syscalls: Sequence[str], errno_: int) -> list[str]:
+    """argv prefix that runs the rest of the command line (``-m hcp_linux run ...``) under a
+    seccomp filter: default allow, ``errno_`` for ``syscalls``, with no_new_privs set.
+
+    The launcher execs ``sys.executable`` with the arguments that follow these; see
+    :func:`deny_run_cli`.
+    """
+    return [sys.executable, "-c", _DENY_LAUNCHER, ",".join(syscalls), str(errno_)]
+
+
+def deny_run_cli(syscalls: Sequence[str], errno_: int, jail: "Arg", *cmd: Arg,
+                 extra: Sequence[Arg] = (), env: Mapping[str, str] | None = None,
+                 timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    argv = deny_syscalls_launcher(syscalls, errno_) + hcp_argv(jail, *cmd, extra=extra)[1:]
+    return subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          env=caller_env() if env is None else dict(env), cwd="/")
+
+
+def snapshot(path: "Arg") -> dict[str, tuple]:
+    """Every entry under ``path`` with its type, size, mode and mtime: "nothing written"."""
+    root = os.fspath(path)
+    result = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            result[os.path.relpath(p, root)] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return result
