@@ -29,10 +29,10 @@ from .environment import check_explicit
 from .errors import NotAllowlistedError, PolicyError
 from .fileref import FileRef, Staging, scan
 from .pack import WORKSPACE, Pack, load_pack
-from .policy import Policy
+from .policy import Policy, check_env_text
 from .sandbox import PIPE, Sandbox, SandboxProcess
-from .workspace import (DEFAULT_PRINCIPAL, Workspace, check_principal, diff_snapshots,
-                        open_workspace, snapshot)
+from .workspace import (DEFAULT_PRINCIPAL, Workspace, _Cancelled, check_principal,
+                        diff_snapshots, open_workspace, snapshot)
 
 __all__ = ["LinuxDriver", "Execution", "DriverResult", "WritebackReport"]
 
@@ -69,6 +69,7 @@ class DriverResult:
     writeback: WritebackReport
     jail: str
     mode: str
+    truncated: frozenset[str] = frozenset()  # captured streams cut at policy.limits.output
 
     def check_returncode(self) -> None:
         if self.returncode:
@@ -116,7 +117,8 @@ class LinuxDriver:
 
     name = "linux"
 
-    def __init__(self, policy: Policy | None = None, *, state_dir: str | os.PathLike[str] | None = None,
+    def __init__(self, policy: Policy | None = None, *,
+                 state_dir: str | os.PathLike[str] | None = None,
                  tmp_dir: str | os.PathLike[str] | None = None,
                  lock_timeout: float | None = None) -> None:
         # The base policy's jail is replaced per exec; the temp dir only makes it valid.
@@ -173,6 +175,8 @@ class LinuxDriver:
         (the engine adds only locale/terminal keys, PATH, TMPDIR and HCP_SANDBOX)."""
         creds = dict(credentials or {})
         check_explicit(creds, "credentials")
+        for key, value in creds.items():
+            check_env_text(key, value)
         for key in creds:
             if key in pack.workspace.home_env:
                 raise PolicyError(f"credentials: {key} is in wrap.workspace.home_env "
@@ -185,21 +189,24 @@ class LinuxDriver:
 
     def prepare(self, pack: Pack | str | os.PathLike[str], *,
                 principal: str = DEFAULT_PRINCIPAL,
-                credentials: Mapping[str, str] | None = None, cwd: str | None = None,
-                _cancel: threading.Event | None = None) -> Execution:
+                credentials: Mapping[str, str] | None = None,
+                cwd: str | None = None) -> Execution:
         """Stage 1: allocate the jail of the pack's workspace mode and build the policy.
 
         ``workspace`` mode takes the workspace's lock here and holds it until cleanup, so
         concurrent execs for one (pack, principal) run one after the other. ``cwd`` is where
         relative host file references are resolved (default: the current directory).
         """
-        pack = self.load_pack(pack)
+        return self._prepare(self.load_pack(pack), principal, credentials, cwd, None)
+
+    def _prepare(self, pack: Pack, principal: str, credentials: Mapping[str, str] | None,
+                 cwd: str | None, cancel: threading.Event | None) -> Execution:
         check_principal(principal)
         if not os.path.isdir(pack.root):
             raise PolicyError(f"pack root {pack.root} does not exist")
         self._child_env(pack, credentials, jail="/")  # refuse bad credentials before any I/O
         ws = open_workspace(pack, principal, state_dir=self.state_dir, tmp_dir=self.tmp_dir,
-                            lock_timeout=self.lock_timeout, cancel=_cancel)
+                            lock_timeout=self.lock_timeout, cancel=cancel)
         try:
             env = self._child_env(pack, credentials, jail=ws.jail)
             base = self.policy
@@ -221,6 +228,8 @@ class LinuxDriver:
         refs = scan(argv, ex.pack.workspace.file_flags, cwd=ex.cwd)
         staging = Staging(ex.jail)
         ex._staging = staging
+        if ex.mode == WORKSPACE:
+            staging.clear()
         ex.refs = refs
         ex.argv = staging.rewrite(argv, refs)
         if ex.mode == WORKSPACE:
@@ -337,19 +346,20 @@ class LinuxDriver:
             timeout = ex.policy.timeout if timeout is None else timeout
             proc = self.spawn(ex, stdin=stdin, stdout=stdout, stderr=stderr)
             timed_out = False
+            cap = ex.policy.limits.output
             try:
-                out, err = proc.communicate(input, timeout=timeout)
+                out, err = proc.communicate(input, timeout=timeout, max_bytes=cap)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 proc.kill()
-                out, err = proc.communicate()
-            return self._finish(ex, proc.returncode if proc.returncode is not None
-                                else proc.wait(), out, err, timed_out)
+                out, err = proc.communicate(max_bytes=cap)
+            return self._finish(ex, proc.wait(), out, err, timed_out,
+                                frozenset(proc.truncated))
         finally:
             self.cleanup(ex)
 
     def _finish(self, ex: Execution, returncode: int, out: bytes | None, err: bytes | None,
-                timed_out: bool) -> DriverResult:
+                timed_out: bool, truncated: frozenset[str]) -> DriverResult:
         report = self.writeback(ex, returncode, timed_out=timed_out)
         assert ex.process is not None and ex.argv is not None
         receipt = dict(ex.process.receipt)
@@ -357,7 +367,7 @@ class LinuxDriver:
                              "principal": ex.principal, "pack_root": ex.pack.root,
                              "written_back": list(report.written)}
         return DriverResult(list(ex.argv), returncode, out, err, receipt, timed_out, report,
-                            ex.jail, ex.mode)
+                            ex.jail, ex.mode, truncated)
 
     async def run_async(self, pack: Pack | str | os.PathLike[str], argv: Sequence[str], *,
                         principal: str = DEFAULT_PRINCIPAL,
@@ -394,41 +404,49 @@ class LinuxDriver:
             proc = self.spawn(ex, stdin=PIPE if input is not None else None,
                               stdout=PIPE if capture_output else None,
                               stderr=PIPE if capture_output else None)
-            out, err, timed_out = await _communicate(loop, proc, input, timeout)
+            out, err, timed_out = await _communicate(loop, proc, input, timeout,
+                                                     ex.policy.limits.output)
         except BaseException:
             # Shielded: a second cancellation cannot stop the cleanup thread half-way.
             await asyncio.shield(loop.run_in_executor(None, self.cleanup, ex))
             raise
         assert proc.returncode is not None
         return await asyncio.shield(loop.run_in_executor(
-            None, self._finish_and_cleanup, ex, proc.returncode, out, err, timed_out))
+            None, self._finish_and_cleanup, ex, proc.returncode, out, err, timed_out,
+            frozenset(proc.truncated)))
 
     def _prepare_and_rewrite(self, pack: Pack, argv: Sequence[str], principal: str,
                              credentials: Mapping[str, str] | None, cwd: str | None,
                              cancel: threading.Event) -> Execution:
-        ex = self.prepare(pack, principal=principal, credentials=credentials, cwd=cwd,
-                          _cancel=cancel)
+        ex = self._prepare(pack, principal, credentials, cwd, cancel)
         try:
             self.rewrite_argv(ex, argv)
+            if cancel.is_set():  # cancelled while we worked: nobody will take the result
+                raise _Cancelled()
         except BaseException:
             self.cleanup(ex)
             raise
         return ex
 
     def _finish_and_cleanup(self, ex: Execution, returncode: int, out: bytes | None,
-                            err: bytes | None, timed_out: bool) -> DriverResult:
+                            err: bytes | None, timed_out: bool,
+                            truncated: frozenset[str]) -> DriverResult:
         try:
-            return self._finish(ex, returncode, out, err, timed_out)
+            return self._finish(ex, returncode, out, err, timed_out, truncated)
         finally:
             self.cleanup(ex)
 
 
 async def _communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
-                       input: bytes | None, timeout: float | None
+                       input: bytes | None, timeout: float | None, max_bytes: int | None
                        ) -> tuple[bytes | None, bytes | None, bool]:
     """Feed stdin, drain stdout/stderr and wait for exit, all on the loop (pidfd), with a
-    timeout that kills the whole sandbox. Returns (out, err, timed_out)."""
+    timeout that kills the whole sandbox. Like the engine's ``communicate``, each stream keeps
+    at most ``max_bytes`` (the rest is read and dropped; ``proc.truncated`` names it).
+    Returns (out, err, timed_out)."""
     chunks: dict[int, list[bytes]] = {}
+    kept: dict[int, int] = {}
+    names: dict[int, str] = {}
     waiters: list[asyncio.Future[None]] = []
     registered: list[tuple[str, int]] = []
 
@@ -438,38 +456,43 @@ async def _communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
         except BlockingIOError:
             return
         if data:
-            chunks[fd].append(data)
+            take = len(data) if max_bytes is None else min(len(data), max(0, max_bytes - kept[fd]))
+            if take < len(data):
+                proc.truncated.add(names[fd])
+            if take:
+                chunks[fd].append(data[:take])
+                kept[fd] += take
         else:
             loop.remove_reader(fd)
             if not fut.done():
                 fut.set_result(None)
 
-    for stream in (proc.stdout, proc.stderr):
+    for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
         if stream is not None:
             fd = stream.fileno()
             os.set_blocking(fd, False)
-            chunks[fd] = []
+            chunks[fd], kept[fd], names[fd] = [], 0, name
             fut = loop.create_future()
             loop.add_reader(fd, reader, fd, fut)
             registered.append(("r", fd))
             waiters.append(fut)
     if proc.stdin is not None:
-        pending = memoryview(input or b"")
+        to_send = memoryview(input or b"")
         wfd = proc.stdin.fileno()
         wfut = loop.create_future()
-        if pending:
+        if to_send:
             os.set_blocking(wfd, False)
 
             def writer() -> None:
-                nonlocal pending
+                nonlocal to_send
                 try:
-                    n = os.write(wfd, pending[:65536])
+                    n = os.write(wfd, to_send[:65536])
                 except BlockingIOError:
                     return
                 except BrokenPipeError:
-                    n = len(pending)
-                pending = pending[n:]
-                if not pending:
+                    n = len(to_send)
+                to_send = to_send[n:]
+                if not to_send:
                     loop.remove_writer(wfd)
                     proc.stdin.close()  # type: ignore[union-attr]
                     if not wfut.done():
@@ -482,17 +505,21 @@ async def _communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
         waiters.append(wfut)
     pidfd = os.pidfd_open(proc.pid)
     exited = loop.create_future()
-    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+    loop.add_reader(pidfd, on_exit)
     waiters.append(exited)
     timed_out = False
     try:
-        _, pending = await asyncio.wait(waiters, timeout=timeout)
-        if pending:
+        _, unfinished = await asyncio.wait(waiters, timeout=timeout)
+        if unfinished:
             timed_out = True
             proc.kill()
             # The kill empties the sandbox (pid 1 dies, the kernel kills the rest): the pipes
             # reach EOF and the monitor exits promptly. Bound the wait for pipes anyway.
-            await asyncio.wait(pending, timeout=5.0)
+            await asyncio.wait(unfinished, timeout=5.0)
             if not exited.done():
                 await exited
     except BaseException:

@@ -46,6 +46,9 @@ _FILE_REF_PREFIXES: tuple[str, ...] = HOST_PREFIXES + ("/proc", "/sys", "/dev")
 _PROC_ESCAPE = re.compile(r"^/proc/(?:[^/]+/)+(?:root|cwd|fd|fdinfo|map_files|exe)(?:/|$)")
 
 JAIL, INPUT, OUTPUT = "jail", "input", "output"
+#: File-flag values left as they are: the tool's stdio conventions, which the child resolves in
+#: its own view (the sandbox has its own /dev/null and /dev/std*), never the driver.
+PASSTHROUGH = frozenset({"-", "/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr"})
 _COPY_CHUNK = 1 << 20
 
 
@@ -166,8 +169,8 @@ def _plain_token(index: int, tok: str) -> FileRef | None:
 def _file_value(index: int, head: str, flag: str, value: str, cwd: str) -> FileRef | None:
     if value == "":
         raise PolicyError(f"argv[{index}]: {flag}: empty file name")
-    if value == "-":
-        return None  # the tool's own stdin/stdout convention
+    if value in PASSTHROUGH:
+        return None
     if "\0" in value:
         raise PolicyError(f"argv[{index}]: {flag}: file name contains a NUL byte")
     if value.startswith(WORKSPACE_PREFIX):
@@ -274,6 +277,18 @@ class Staging:
         fd = os.open(path, flags | os.O_CLOEXEC, mode, dir_fd=dir_fd)
         self._fds.append(fd)
         return fd
+
+    def clear(self) -> None:
+        """Remove a ``.hcp-io`` left in a persistent jail (a crashed run, or the child)."""
+        path = os.path.join(self.jail, IO_DIR)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            remove_tree(path)
+        else:
+            os.unlink(path)
 
     def _io(self) -> int:
         """Create ``.hcp-io`` afresh (a leftover, or whatever the child put there, goes)."""
