@@ -13,7 +13,8 @@ CMD    ?= sh -c 'echo hello > in-jail.txt && echo "write in the jail: ok ($$(cat
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml scripts/install-system-deps
+# Editable installs map the packages that exist at install time: reinstall when one appears.
+$(VENV)/.installed: pyproject.toml scripts/install-system-deps $(wildcard */__init__.py)
 	./scripts/install-system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'

@@ -142,6 +142,9 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     # A graceful stop (terminate()) reaches the command through the init, which forwards it.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    # KILL_REQUEST: kill the init; its exit waits until the kernel has killed and reaped every
+    # process of the namespace, so when we exit (and the parent's wait() returns) all is gone.
+    signal.signal(KILL_REQUEST, lambda _s, _f: os.kill(pid, signal.SIGKILL))
     data = b""
     while chunk := os.read(status_r, 4):
         data += chunk
@@ -212,6 +215,9 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     L.close_range(status_w + 1, 0xFFFFFFFF, 0)
     _init(pid, status_w, plan.wait_for_tree)
 
+
+#: Sent to the monitor by SandboxProcess.kill(): "kill the whole sandbox, then exit".
+KILL_REQUEST = signal.SIGUSR1
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT)

@@ -43,6 +43,7 @@ class SandboxProcess:
         self._chunks: dict[str, list[bytes]] = {}  # communicate() state across calls
         self._pending_in: memoryview | None = None
         self._proxy: Any = None  # the egress proxy serving this run (network = "allow")
+        self._pidns = False  # set by spawn(): the run has a pid namespace and an init
 
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
@@ -87,13 +88,18 @@ class SandboxProcess:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """Kill the whole sandbox: the monitor, pid 1 of the sandbox and all it started."""
-        if self.returncode is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)  # the session made by setsid
-            except ProcessLookupError:
-                pass
-            self.send_signal(signal.SIGKILL)
+        """Kill the whole sandbox. With a pid namespace the monitor kills the sandbox's init
+        and exits only once the kernel has emptied the namespace, so ``wait()`` returning
+        means no process of the run is left. Without one, SIGKILL the run's session."""
+        if self.returncode is not None:
+            return
+        if self._pidns:
+            self.send_signal(child.KILL_REQUEST)
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)  # the session made by setsid
+        except ProcessLookupError:
+            pass
 
     def communicate(self, input: bytes | None = None, timeout: float | None = None,
                     max_bytes: int | None = None) -> tuple[bytes | None, bytes | None]:
@@ -231,6 +237,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     streams = [None if e is None else os.fdopen(e, "wb" if i == 0 else "rb", buffering=0)
                for i, e in enumerate(ends[:3])]
     proc = SandboxProcess(pid, *streams, receipt=receipt or {})  # type: ignore[arg-type]
+    proc._pidns = "pidns" in plan.layers
     if plan.proxy:
         try:
             proc._proxy = _start_proxy(plan, proxy_end, proc.receipt)
