@@ -345,14 +345,7 @@ class LinuxDriver:
             self.rewrite_argv(ex, argv)
             timeout = ex.policy.timeout if timeout is None else timeout
             proc = self.spawn(ex, stdin=stdin, stdout=stdout, stderr=stderr)
-            timed_out = False
-            cap = ex.policy.limits.output
-            try:
-                out, err = proc.communicate(input, timeout=timeout, max_bytes=cap)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                proc.kill()
-                out, err = proc.communicate(max_bytes=cap)
+            out, err, timed_out = proc.finish(input, timeout, ex.policy.limits.output)
             return self._finish(ex, proc.wait(), out, err, timed_out,
                                 frozenset(proc.truncated))
         finally:

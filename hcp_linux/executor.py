@@ -151,6 +151,23 @@ class SandboxProcess:
         return tuple(None if stream is None else b"".join(self._chunks.get(name, []))  # type: ignore[return-value]
                      for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr")))
 
+    def finish(self, input: bytes | None = None, timeout: float | None = None,
+               max_bytes: int | None = None) -> tuple[bytes | None, bytes | None, bool]:
+        """Run to the end: communicate, and kill the whole sandbox on timeout or on any
+        exception (a cancel), so no path leaves it running. Returns (stdout, stderr,
+        timed_out)."""
+        try:
+            out, err = self.communicate(input, timeout=timeout, max_bytes=max_bytes)
+            return out, err, False
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.communicate(max_bytes=max_bytes)
+            return out, err, True
+        except BaseException:
+            self.kill()
+            self.wait()
+            raise
+
     def _write_some(self, sel: selectors.BaseSelector) -> None:
         assert self.stdin is not None and self._pending_in is not None
         try:

@@ -149,18 +149,7 @@ class Sandbox:
             stdin = PIPE
         timeout = self.policy.timeout if timeout is None else timeout
         proc = self.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
-        timed_out = False
-        cap = self.policy.limits.output
-        try:
-            out, err = proc.communicate(input, timeout=timeout, max_bytes=cap)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.kill()
-            out, err = proc.communicate(max_bytes=cap)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
+        out, err, timed_out = proc.finish(input, timeout, self.policy.limits.output)
         return CompletedRun(list(argv), proc.wait(), out, err, proc.receipt, timed_out,
                             frozenset(proc.truncated))
 
