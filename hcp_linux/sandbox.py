@@ -111,6 +111,8 @@ class Sandbox:
                 plan = compile_plan(policy, argv, layers=wanted, caller_env=env,
                                     terminals=_terminals(stdin, stdout, stderr))
             except LayerUnavailableError as e:
+                if e.layer not in wanted:  # already gone, and the policy cannot do without it
+                    raise
                 self._give_up(e.layer, e.reason, degraded)
                 wanted -= {e.layer}
                 continue
