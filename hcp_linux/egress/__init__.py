@@ -1,0 +1,16 @@
+"""Allow-listed network egress for `--network allow`: host patterns, the policy, the proxy.
+
+The sandbox runs in a private network namespace with only ``lo``; the one way out is the proxy
+served here, outside the sandbox, on a listening socket created inside it. See `hosts` for the
+pattern syntax and port rule, `addresses` for what counts as non-public, `proxy` for the server.
+"""
+from __future__ import annotations
+
+from .addresses import Special, classify
+from .hosts import (DEFAULT_PORTS, Decision, EgressPolicy, Pattern, parse_authority, parse_host,
+                    parse_pattern, system_resolver)
+from .proxy import EgressProxy, ProxyThread, proxy_env
+
+__all__ = ["DEFAULT_PORTS", "Decision", "EgressPolicy", "EgressProxy", "Pattern", "ProxyThread",
+           "Special", "classify", "parse_authority", "parse_host", "parse_pattern", "proxy_env",
+           "system_resolver"]

@@ -1,0 +1,513 @@
+"""Egress allow/deny patterns, strict host parsing, and the policy decision.
+
+Pattern syntax (``--allow-host`` / ``--deny-host``, ``allow_hosts`` / ``deny_hosts`` in TOML)::
+
+    example.com            that host name exactly (not its subdomains)
+    *.example.com          any subdomain of example.com, at any depth -- NOT example.com itself
+                           (write both patterns to get both)
+    203.0.113.7            an IPv4 literal (strict dotted quad)
+    [2001:db8::7]          an IPv6 literal; brackets are needed only to add a port, so
+    2001:db8::7            is the same rule
+    10.0.0.0/8             a CIDR (host bits must be zero); fd00::/8 or [fd00::/8]:443 for IPv6
+
+each optionally followed by a port: ``:443`` (1..65535, no leading zeros) or ``:*`` (any port).
+
+Port rule -- the safe default for each list:
+
+* in the allow list, a pattern without a port allows ports 80 and 443 only; any other port
+  must be written (``:8080``) or opened explicitly with ``:*``;
+* in the deny list, a pattern without a port denies every port.
+
+The deny list wins over the allow list. Name patterns match names, never IP literals: a request
+for ``http://203.0.113.7/`` needs an IP/CIDR rule. IP/CIDR rules in the allow list also *unlock*
+non-public addresses (loopback, private, link-local, CGNAT, cloud metadata, ...) that a name
+resolves to: allowing ``db.internal`` is not enough to reach 10.1.2.3 -- ``10.1.2.3`` or
+``10.0.0.0/8`` (with a matching port) must be listed too; see `addresses` for the table.
+
+Host names are validated, in patterns and in requests alike, so that no alternative spelling of a
+host slips past a rule:
+
+* ASCII letters, digits, ``-`` and ``.`` only (LDH): NUL, ``%``, ``_``, ``\\``, spaces and any
+  other byte are refused; so is ``user@host``;
+* non-ASCII names are refused (IDN look-alikes such as a Cyrillic "а" in "аpple.com"); write the
+  punycode ``xn--`` form, which is matched exactly as written;
+* case is folded to lower case; ONE trailing dot is dropped (``example.com.`` is
+  ``example.com``), in patterns and in requests, so both spellings meet the same rules;
+* a name whose last label is all digits, or that libc's ``inet_aton`` would read as an address
+  (``0x7f.1``, ``0x7f000001``), is refused; IPv4 literals must be strict dotted quads
+  (``127.1``, ``0177.0.0.1`` and ``2130706433`` are refused);
+* IPv6 literals are parsed by the strict ``ipaddress`` module; zone indices (``%eth0``),
+  IPv4-mapped (``::ffff:127.0.0.1``) and IPv4-compatible (``::127.0.0.1``) forms are refused --
+  write the IPv4 form.
+
+`EgressPolicy.check` resolves a name once and returns every address it checked; the proxy dials
+only those, so the answer that was judged is the answer that is used.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ipaddress
+import re
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence, Union
+
+from ..errors import PolicyError
+from .addresses import IPAddress, IPNetwork, canonical, classify, unlocked_by
+
+#: The ports a port-less allow pattern opens.
+DEFAULT_PORTS: frozenset[int] = frozenset({80, 443})
+
+#: A resolver maps (name, port) to IP address strings; `system_resolver` by default. Tests
+#: inject one to make "evil.test resolves to 127.0.0.1" true without DNS.
+Resolver = Callable[[str, int], Sequence[str]]
+
+Host = Union[str, IPAddress]  # a normalised host name, or an address
+
+_LDH = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.")
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
+_DIGITS = re.compile(r"[0-9]+\Z")
+_DOTTED = frozenset("0123456789.")
+
+
+class HostError(PolicyError):
+    """A host or authority is malformed; the message says why (without the host itself)."""
+
+
+def system_resolver(name: str, port: int) -> list[str]:
+    """Resolve with the host's getaddrinfo (TCP only).
+
+    The name is passed as ASCII bytes so that Python's IDNA codec never gets to reinterpret it.
+    """
+    infos = socket.getaddrinfo(name.encode("ascii"), port, type=socket.SOCK_STREAM,
+                               proto=socket.IPPROTO_TCP)
+    return [str(info[4][0]) for info in infos]
+
+
+# -- hosts, ports, authorities ---------------------------------------------------------------
+
+def normalize_name(text: str) -> str:
+    """A validated, lower-case host name without a trailing dot; `HostError` if not one."""
+    if not text:
+        raise HostError("empty host name")
+    if not text.isascii():
+        raise HostError("non-ASCII host name (IDN look-alikes are refused; "
+                        "write the xn-- punycode form)")
+    for ch in text:
+        if ch not in _LDH:
+            raise HostError(f"character {ch!r} is not allowed in a host name "
+                            "(letters, digits, '-' and '.' only)")
+    name = text.lower()
+    if name.endswith("."):
+        name = name[:-1]
+    if not name:
+        raise HostError("empty host name")
+    if len(name) > 253:
+        raise HostError("host name longer than 253 characters")
+    labels = name.split(".")
+    for label in labels:
+        if not label:
+            raise HostError("empty label (leading, doubled or trailing dots)")
+        if not _LABEL.match(label):
+            raise HostError(f"label {label!r} must be 1..63 letters, digits or '-', "
+                            "not starting or ending with '-'")
+    if _DIGITS.match(labels[-1]):
+        raise HostError("all-numeric last label: neither a host name nor a strict "
+                        "dotted-quad IPv4 address (forms such as 127.1, 0x7f.1 or "
+                        "2130706433 are refused)")
+    try:
+        socket.inet_aton(name)
+    except OSError:
+        return name
+    raise HostError("libc would read this name as an IPv4 address in an odd encoding")
+
+
+def parse_ipv4(text: str) -> ipaddress.IPv4Address:
+    """A strict dotted quad: four decimal parts, no leading zeros."""
+    try:
+        return ipaddress.IPv4Address(text)
+    except ValueError:
+        raise HostError("not a strict dotted-quad IPv4 address (forms such as 127.1, "
+                        "0177.0.0.1 or 2130706433 are refused)") from None
+
+
+def parse_ipv6(text: str) -> ipaddress.IPv6Address:
+    """A strict IPv6 literal without zone; IPv4-mapped and -compatible forms refused."""
+    if "%" in text:
+        raise HostError("IPv6 zone index (%...) is not allowed")
+    try:
+        address = ipaddress.IPv6Address(text)
+    except ValueError:
+        raise HostError("not a valid IPv6 address") from None
+    if address.ipv4_mapped is not None:
+        raise HostError("IPv4-mapped IPv6 address; write the IPv4 form")
+    if int(address) >> 32 == 0 and int(address) > 1:
+        raise HostError("IPv4-compatible IPv6 address (deprecated); write the IPv4 form")
+    return address
+
+
+def parse_host(text: str) -> Host:
+    """A request's host part: a name, a strict IPv4 dotted quad, or an IPv6 literal
+    (bracketed or not -- a host part has no port to confuse it with)."""
+    if text.startswith("[") and text.endswith("]"):
+        return parse_ipv6(text[1:-1])
+    if ":" in text:
+        return parse_ipv6(text)
+    if text and set(text) <= _DOTTED:
+        return parse_ipv4(text)
+    return normalize_name(text)
+
+
+def parse_port(text: str) -> int:
+    """A decimal port 1..65535 without sign, spaces or leading zeros."""
+    if not _DIGITS.match(text) or (len(text) > 1 and text[0] == "0"):
+        raise HostError(f"port {text!r} is not a decimal number without leading zeros")
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise HostError(f"port {port} out of range 1..65535")
+    return port
+
+
+def parse_authority(text: str, default_port: int | None = None) -> tuple[Host, int]:
+    """``host[:port]`` as in a CONNECT target, a URL or a Host header.
+
+    IPv6 literals must be bracketed here (``[::1]:443``); userinfo (``user@host``) is refused
+    because proxies and origins have disagreed on which side of the ``@`` is the host.
+    """
+    if "@" in text:
+        raise HostError("user@host (userinfo) is not allowed")
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise HostError("unclosed '[' in IPv6 literal")
+        host: Host = parse_ipv6(text[1:end])
+        rest = text[end + 1:]
+        if rest and not rest.startswith(":"):
+            raise HostError("unexpected text after ']'")
+        port_text: str | None = rest[1:] if rest else None
+    else:
+        if text.count(":") > 1:
+            raise HostError("IPv6 literal must be in brackets, e.g. [::1]:443")
+        host_text, sep, after = text.partition(":")
+        if not host_text:
+            raise HostError("empty host")
+        host = parse_host(host_text)
+        port_text = after if sep else None
+    if port_text is None:
+        if default_port is None:
+            raise HostError("port required (host:port)")
+        return host, default_port
+    return host, parse_port(port_text)
+
+
+def format_host(host: Host) -> str:
+    """Host for messages and URLs: IPv6 in brackets."""
+    if isinstance(host, ipaddress.IPv6Address):
+        return f"[{host}]"
+    return str(host)
+
+
+# -- patterns --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pattern:
+    """One parsed allow or deny rule. ``ports`` None means any port."""
+
+    text: str                                   # as written, for messages
+    kind: Literal["name", "suffix", "net"]
+    name: str | None = None                     # "name": the host; "suffix": the parent domain
+    net: IPNetwork | None = None
+    ports: frozenset[int] | None = None
+
+    def port_ok(self, port: int) -> bool:
+        return self.ports is None or port in self.ports
+
+    def matches_name(self, name: str, port: int) -> bool:
+        if not self.port_ok(port):
+            return False
+        if self.kind == "name":
+            return name == self.name
+        if self.kind == "suffix":
+            return name.endswith("." + str(self.name))
+        return False
+
+    def matches_address(self, address: IPAddress, port: int) -> bool:
+        return (self.kind == "net" and self.net is not None and self.port_ok(port)
+                and self.net.version == address.version and address in self.net)
+
+    def canonical(self) -> str:
+        """Normalised spelling, ports spelled out (``example.com:80,443``)."""
+        if self.kind == "net":
+            assert self.net is not None
+            host = (str(self.net.network_address) if self.net.num_addresses == 1
+                    else str(self.net))
+            host = f"[{host}]" if self.net.version == 6 else host
+        else:
+            host = ("*." if self.kind == "suffix" else "") + str(self.name)
+        ports = "*" if self.ports is None else ",".join(str(p) for p in sorted(self.ports))
+        return f"{host}:{ports}"
+
+
+def parse_pattern(text: str, *, deny: bool = False) -> Pattern:
+    """Parse one rule; `PolicyError` naming the rule and the reason when it is malformed."""
+    which = "deny" if deny else "allow"
+    if not isinstance(text, str):
+        raise PolicyError(f"egress {which} pattern must be a string, not {type(text).__name__}")
+    try:
+        return _parse_pattern(text, deny)
+    except HostError as exc:
+        raise PolicyError(f"invalid egress {which} pattern {text!r}: {exc}") from None
+
+
+def _parse_pattern(text: str, deny: bool) -> Pattern:
+    if not text:
+        raise HostError("empty pattern")
+    if "@" in text:
+        raise HostError("user@host (userinfo) is not allowed")
+    is_v6 = False
+    port_spec: str | None = None
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise HostError("unclosed '['")
+        body, rest, is_v6 = text[1:end], text[end + 1:], True
+        if rest:
+            if not rest.startswith(":"):
+                raise HostError("unexpected text after ']'")
+            port_spec = rest[1:]
+    elif text.count(":") >= 2:
+        body, is_v6 = text, True  # an unbracketed IPv6 literal or CIDR carries no port
+    else:
+        body, sep, after = text.partition(":")
+        port_spec = after if sep else None
+    ports = _parse_port_spec(port_spec, deny)
+    if "/" in body:
+        return Pattern(text, "net", net=_parse_cidr(body), ports=ports)
+    if is_v6:
+        return Pattern(text, "net", net=ipaddress.ip_network(parse_ipv6(body)), ports=ports)
+    if body.startswith("*."):
+        return Pattern(text, "suffix", name=normalize_name(body[2:]), ports=ports)
+    if "*" in body:
+        raise HostError("'*' is allowed only as a whole leading label, as in *.example.com "
+                        "(a bare '*' is refused: list the hosts)")
+    host = parse_host(body)
+    if isinstance(host, str):
+        return Pattern(text, "name", name=host, ports=ports)
+    return Pattern(text, "net", net=ipaddress.ip_network(host), ports=ports)
+
+
+def _parse_port_spec(spec: str | None, deny: bool) -> frozenset[int] | None:
+    if spec is None:
+        return None if deny else DEFAULT_PORTS
+    if spec == "*":
+        return None
+    return frozenset({parse_port(spec)})
+
+
+def _parse_cidr(text: str) -> IPNetwork:
+    address_text, _, prefix = text.partition("/")
+    if not address_text or not set(address_text) <= _DOTTED | set("0123456789abcdefABCDEF:%"):
+        raise HostError("only an IP address may precede '/' (CIDR); host names take no path")
+    address: IPAddress = (parse_ipv6(address_text) if ":" in address_text
+                          else parse_ipv4(address_text))
+    if ":" in prefix:
+        raise HostError("to give an IPv6 CIDR a port, bracket it: [fd00::/8]:443")
+    if not _DIGITS.match(prefix) or (len(prefix) > 1 and prefix[0] == "0"):
+        raise HostError(f"prefix length {prefix!r} is not a decimal number")
+    if int(prefix) > address.max_prefixlen:
+        raise HostError(f"prefix length {prefix} exceeds {address.max_prefixlen}")
+    try:
+        return ipaddress.ip_network(f"{address}/{prefix}", strict=True)
+    except ValueError:
+        base = ipaddress.ip_network(f"{address}/{prefix}", strict=False)
+        raise HostError(f"host bits set (did you mean {base}?)") from None
+
+
+# -- decisions -------------------------------------------------------------------------------
+
+DecisionKind = Literal["allowed", "denied", "invalid", "unresolved", "timeout"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one (host, port) request.
+
+    ``addresses`` are the addresses checked (for an allowed request: exactly those the proxy
+    may dial, in resolver order). ``kind`` tells the proxy which error to answer: ``denied``
+    → 403, ``invalid`` → 400, ``unresolved`` → 502, ``timeout`` → 504.
+    """
+
+    allowed: bool
+    reason: str
+    addresses: tuple[str, ...] = ()
+    kind: DecisionKind = "denied"
+    rule: str | None = None  # the pattern (as written) that allowed or denied, if any
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A name that passed the name rules and must now be resolved and its addresses checked."""
+
+    name: str
+    port: int
+    rule: Pattern
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """Immutable allow/deny rules plus the resolver used to check names."""
+
+    allow: tuple[Pattern, ...]
+    deny: tuple[Pattern, ...] = ()
+    resolver: Resolver = field(default=system_resolver, compare=False, repr=False)
+    resolve_timeout: float = 5.0
+
+    @classmethod
+    def parse(cls, allow: Sequence[str], deny: Sequence[str] = (), *,
+              resolver: Resolver | None = None, resolve_timeout: float = 5.0) -> EgressPolicy:
+        """Parse every rule, reporting the first malformed one with `PolicyError`."""
+        for seq, which in ((allow, "allow"), (deny, "deny")):
+            if isinstance(seq, (str, bytes)):
+                raise PolicyError(f"egress {which} list must be a list of patterns, "
+                                  "not a single string")
+        if not resolve_timeout > 0:
+            raise PolicyError(f"resolve timeout must be positive, not {resolve_timeout!r}")
+        return cls(tuple(parse_pattern(p) for p in allow),
+                   tuple(parse_pattern(p, deny=True) for p in deny),
+                   resolver or system_resolver, float(resolve_timeout))
+
+    def describe(self) -> dict[str, list[str]]:
+        """The rules in canonical spelling, for a receipt."""
+        return {"allow": [p.canonical() for p in self.allow],
+                "deny": [p.canonical() for p in self.deny]}
+
+    # The check is split so that the sync and async callers share everything except how the
+    # resolver is waited for.
+
+    def check(self, host: str, port: int) -> Decision:
+        """Decide on ``host:port``, resolving a name at most once (bounded by resolve_timeout)."""
+        step = self._precheck(host, port)
+        if isinstance(step, Decision):
+            return step
+        box: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                box["ok"] = self.resolver(step.name, step.port)
+            except Exception as exc:  # noqa: BLE001 - reported in the decision
+                box["err"] = exc
+
+        worker = threading.Thread(target=run, name="egress-resolve", daemon=True)
+        worker.start()
+        worker.join(self.resolve_timeout)
+        if worker.is_alive():
+            return self._timed_out(step)
+        if "err" in box:
+            return self._unresolved(step, box["err"])
+        return self._postcheck(step, box["ok"])  # type: ignore[arg-type]
+
+    async def check_async(self, host: str, port: int,
+                          executor: concurrent.futures.Executor | None = None) -> Decision:
+        """`check` for an event loop: the resolver runs in ``executor`` (default: the loop's)."""
+        step = self._precheck(host, port)
+        if isinstance(step, Decision):
+            return step
+        loop = asyncio.get_running_loop()
+        try:
+            found = await asyncio.wait_for(
+                loop.run_in_executor(executor, self.resolver, step.name, step.port),
+                self.resolve_timeout)
+        except asyncio.TimeoutError:
+            return self._timed_out(step)
+        except Exception as exc:  # noqa: BLE001 - reported in the decision
+            return self._unresolved(step, exc)
+        return self._postcheck(step, found)
+
+    def _precheck(self, host: str, port: int) -> Decision | _Pending:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            return Decision(False, f"invalid port {port!r}", kind="invalid")
+        if not isinstance(host, str):
+            return Decision(False, f"invalid host {host!r}", kind="invalid")
+        try:
+            parsed = parse_host(host)
+        except HostError as exc:
+            return Decision(False, f"invalid host {_shown(host)}: {exc}", kind="invalid")
+        if isinstance(parsed, str):
+            for rule in self.deny:
+                if rule.matches_name(parsed, port):
+                    return _denied(f"{parsed}:{port} denied by rule {rule.text!r}", rule)
+            for rule in self.allow:
+                if rule.matches_name(parsed, port):
+                    return _Pending(parsed, port, rule)
+            return _denied(f"no allow rule matches {parsed}:{port}")
+        address = canonical(parsed)
+        target = f"{format_host(address)}:{port}"
+        for rule in self.deny:
+            if rule.matches_address(address, port):
+                return _denied(f"{target} denied by rule {rule.text!r}", rule, address)
+        for rule in self.allow:
+            if rule.matches_address(address, port):
+                refusal = self._special_refusal(address, port, target)
+                if refusal is not None:
+                    return refusal
+                return Decision(True, f"{target} allowed by rule {rule.text!r}", (str(address),),
+                                "allowed", rule.text)
+        return _denied(f"no allow rule matches {target}", address=address)
+
+    def _postcheck(self, step: _Pending, found: Sequence[str]) -> Decision:
+        addresses: list[IPAddress] = []
+        for text in found:
+            try:
+                address = canonical(ipaddress.ip_address(str(text).split("%", 1)[0]))
+            except ValueError:
+                return Decision(False, f"{step.name} resolves to an unparsable address "
+                                       f"{_shown(str(text))}", kind="unresolved")
+            if address not in addresses:
+                addresses.append(address)
+        if not addresses:
+            return Decision(False, f"{step.name} resolves to no address", kind="unresolved")
+        shown = tuple(str(a) for a in addresses)
+        for address in addresses:
+            where = f"{step.name} resolves to {address}"
+            for rule in self.deny:
+                if rule.matches_address(address, step.port):
+                    return Decision(False, f"{where}, denied by rule {rule.text!r}", shown,
+                                    "denied", rule.text)
+            refusal = self._special_refusal(address, step.port, where)
+            if refusal is not None:
+                return Decision(False, refusal.reason, shown, "denied")
+        return Decision(True, f"{step.name}:{step.port} allowed by rule {step.rule.text!r}",
+                        shown, "allowed", step.rule.text)
+
+    def _special_refusal(self, address: IPAddress, port: int, what: str) -> Decision | None:
+        special = classify(address)
+        if special is None:
+            return None
+        for rule in self.allow:
+            if rule.net is not None and rule.port_ok(port) and unlocked_by(address, special,
+                                                                           rule.net):
+                return None
+        return _denied(f"{what}: a {special.category} address ({special.block}), refused unless "
+                       f"the allow list names it as an IP or a CIDR inside {special.block} "
+                       f"with port {port}", address=address)
+
+    def _timed_out(self, step: _Pending) -> Decision:
+        return Decision(False, f"resolving {step.name} timed out after "
+                               f"{self.resolve_timeout:g} s", kind="timeout")
+
+    def _unresolved(self, step: _Pending, exc: object) -> Decision:
+        return Decision(False, f"cannot resolve {step.name}: {exc}", kind="unresolved")
+
+
+def _denied(reason: str, rule: Pattern | None = None,
+            address: IPAddress | None = None) -> Decision:
+    return Decision(False, reason, (str(address),) if address is not None else (), "denied",
+                    rule.text if rule else None)
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """A request-supplied string made safe for messages and logs: escaped and truncated."""
+    shown = repr(text[:limit])
+    return shown + "..." if len(text) > limit else shown
