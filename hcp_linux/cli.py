@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
+    c = sub.add_parser("conformance", help="check the HCP §10 rules on this host, with evidence")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
+    c.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER",
+                   help="let LAYER degrade in every run the checks make (repeatable)")
     r = sub.add_parser("run", help="run one command confined",
                        usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
     r.add_argument("--jail", help="working directory and first writable root (default: cwd)")
@@ -157,6 +162,9 @@ def _probe(a: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.cmd == "conformance":
+            from .conformance import main as conformance
+            return conformance(args.allow_degraded, json_out=args.json, junit=args.junit)
         return _run(args) if args.cmd == "run" else _probe(args)
     except SandboxError as e:
         print(f"error: sandbox: {e}", file=sys.stderr)

@@ -1,0 +1,461 @@
+"""What every conformance check needs: scratch directories, bounded runs of the sandbox through
+its public surfaces (Python API, the `hcp-linux` CLI, the HCP driver), unconfined controls,
+loopback listeners, and clean-up of everything a check started.
+
+Nothing here is mocked: every "run" is a real process on the real kernel. Every wait is bounded
+by :attr:`Harness.timeout`. Processes a check starts are ended by their pid when it finishes.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..allowlist import SANDBOX_PATH
+from ..policy import Policy, expand_layers
+
+#: Seconds any single run, control or wait of a check may take.
+DEFAULT_TIMEOUT = 30.0
+#: How much of a process's output an evidence line keeps.
+SHOW_LIMIT = 600
+
+PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not-applicable"
+
+
+class Fail(Exception):
+    """The rule is violated here (the evidence says how)."""
+
+
+class NotApplicable(Exception):
+    """The rule cannot be judged on this host (the evidence says why)."""
+
+
+@dataclass
+class Evidence:
+    """What a check tried, what happened, and what the unconfined control did.
+
+    ``require`` records a violation (the check fails); ``control_ok`` records a control that
+    did not behave (the check cannot be judged: not applicable, never pass). A violation
+    observed in the sandbox fails the check whatever the control did: it is proven.
+    """
+
+    tried: list[str] = field(default_factory=list)
+    observed: list[str] = field(default_factory=list)
+    control: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    control_failures: list[str] = field(default_factory=list)
+
+    def try_(self, text: str) -> None:
+        self.tried.append(text)
+
+    def saw(self, text: str) -> None:
+        self.observed.append(text)
+
+    def ctl(self, text: str) -> None:
+        self.control.append(text)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def require(self, ok: bool, problem: str) -> bool:
+        if not ok:
+            self.problems.append(problem)
+        return ok
+
+    def control_ok(self, ok: bool, problem: str) -> bool:
+        if not ok:
+            self.control_failures.append(problem)
+        return ok
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"tried": list(self.tried), "observed": list(self.observed),
+                "control": list(self.control), "notes": list(self.notes)}
+
+
+def shown(data: bytes | str | None, limit: int = SHOW_LIMIT) -> str:
+    """Process output for an evidence line: decoded, one line, bounded."""
+    if data is None:
+        return ""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else data
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[:limit] + f"...(+{len(text) - limit} chars)"
+
+
+def proc_summary(p: Any) -> str:
+    """``rc=.. stdout=.. stderr=..`` of a CompletedProcess or CompletedRun."""
+    return f"rc={p.returncode} stdout={shown(p.stdout)!r} stderr={shown(p.stderr)!r}"
+
+
+def layer_refusal(stderr: bytes | str | None) -> str | None:
+    """The CLI's one-line refusal for a layer this host cannot provide, if that is what
+    ``stderr`` holds (exit 125): the check cannot be judged then."""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else (stderr or "")
+    for line in text.splitlines():
+        if line.startswith("error: sandbox: ") and " unavailable: " in line \
+                and "--allow-degraded" in line:
+            return line
+    return None
+
+
+def _base_parent() -> str:
+    """Scratch space outside /tmp when possible: the sandbox's /tmp is a private tmpfs, so a
+    jail under /tmp has a parent that exists (empty) inside the sandbox; one under /var/tmp
+    has a parent on the view's read-only root, the stricter and more telling case."""
+    for d in ("/var/tmp", tempfile.gettempdir()):
+        if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
+            return d
+    return tempfile.gettempdir()
+
+
+def _package_parent() -> str:
+    import hcp_linux
+    return os.path.dirname(os.path.dirname(os.path.abspath(hcp_linux.__file__)))
+
+
+def system_python() -> str:
+    """The interpreter the checks' probe programs run under, inside and outside the sandbox:
+    the system's python3 on the sandbox's fixed PATH (readable by every user, inside the
+    read-only system roots), else this interpreter."""
+    for d in SANDBOX_PATH:
+        candidate = os.path.join(d, "python3")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return sys.executable
+
+
+def _rm_tree(path: str) -> None:
+    """Remove a scratch tree even where a check (or a sandboxed command) left a directory
+    without write or search permission."""
+    def onerror(_fn: Any, p: str, _exc: Any) -> None:
+        try:
+            parent = os.path.dirname(p)
+            os.chmod(parent, stat.S_IRWXU)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, stat.S_IRWXU)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+        except OSError:
+            pass
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=onerror)
+
+
+class Harness:
+    """Shared state of one conformance run. Use as a context manager; call :meth:`begin` and
+    :meth:`end` around each check (the runner does).
+
+    ``allow_degraded`` is the configuration under test: it goes into every Policy the checks
+    build, every CLI invocation (``--allow-degraded``) and every driver.
+    """
+
+    def __init__(self, allow_degraded: Iterable[str] = (), *, timeout: float = DEFAULT_TIMEOUT,
+                 base_dir: str | None = None) -> None:
+        self.allow_degraded: tuple[str, ...] = tuple(allow_degraded)
+        expand_layers(self.allow_degraded)  # unknown layer names: PolicyError, here
+        self.timeout = float(timeout)
+        self.python = system_python()
+        self.base = Path(tempfile.mkdtemp(prefix="hcp-conformance-",
+                                          dir=base_dir or _base_parent()))
+        os.chmod(self.base, 0o755)
+        self.dir = self.base
+        self.ev = Evidence()
+        self._procs: list[subprocess.Popen] = []
+        self._fds: list[int] = []
+        self._sockets: list[socket.socket] = []
+        self._cache: dict[str, Any] = {}
+        self.degraded_seen: dict[str, str] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> "Harness":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def begin(self, check_id: str) -> Evidence:
+        self.dir = self.base / check_id
+        self.dir.mkdir(mode=0o755)
+        self.ev = Evidence()
+        return self.ev
+
+    def end(self) -> None:
+        """End what the check started (by pid), close its fds and sockets, remove its files."""
+        for proc in self._procs:
+            self.stop(proc)
+        self._procs.clear()
+        for s in self._sockets:
+            s.close()
+        self._sockets.clear()
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+        _rm_tree(str(self.dir))
+        self.dir = self.base
+
+    def close(self) -> None:
+        self.end()
+        _rm_tree(str(self.base))
+
+    # --- scratch space --------------------------------------------------------------------
+
+    def mkdir(self, name: str, mode: int = 0o755) -> Path:
+        d = self.dir / name
+        d.mkdir(parents=True, mode=mode)
+        os.chmod(d, mode)
+        return d
+
+    def write(self, path: Path, text: str, mode: int | None = None) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if mode is not None:
+            os.chmod(path, mode)
+        return path
+
+    def fd(self, fd: int) -> int:
+        """Close ``fd`` when the check ends."""
+        self._fds.append(fd)
+        return fd
+
+    # --- the configuration under test -----------------------------------------------------
+
+    def policy(self, **fields: Any) -> Policy:
+        fields["allow_degraded"] = tuple(fields.get("allow_degraded", ())) + self.allow_degraded
+        return Policy(**fields)
+
+    def degraded_flags(self) -> list[str]:
+        out: list[str] = []
+        for layer in self.allow_degraded:
+            out += ["--allow-degraded", layer]
+        return out
+
+    def _note_receipt(self, receipt: Mapping[str, Any] | None) -> None:
+        if not receipt:
+            return
+        for name, entry in (receipt.get("layers") or {}).items():
+            if isinstance(entry, Mapping) and entry.get("status") == "degraded":
+                reason = str(entry.get("reason", ""))
+                self.degraded_seen[name] = reason
+                self.ev.note(f"ran with layer {name} degraded ({reason})")
+
+    # --- running the sandbox --------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, jail: "str | os.PathLike[str]",
+            env: Mapping[str, str] | None = None, stdin: Any = None,
+            timeout: float | None = None, **policy_fields: Any) -> Any:
+        """``Sandbox(policy).run(argv)`` through the Python API, output captured, bounded."""
+        from ..sandbox import DEVNULL, Sandbox
+        policy = self.policy(jail=os.fspath(jail), **policy_fields)
+        r = Sandbox(policy).run(list(argv), capture_output=True, env=env,
+                                stdin=DEVNULL if stdin is None else stdin,
+                                timeout=self.timeout if timeout is None else timeout)
+        self._note_receipt(r.receipt)
+        if r.timed_out and timeout is None:
+            raise Fail(f"{argv[0]}: the sandboxed command did not finish within "
+                       f"{self.timeout:g}s: {proc_summary(r)}")
+        return r
+
+    def cli(self, args: Sequence[Any], *, env: Mapping[str, str] | None = None,
+            cwd: str = "/", stdin: Any = subprocess.DEVNULL,
+            expect_run: bool = False) -> subprocess.CompletedProcess:
+        """``python -m hcp_linux ARGS`` as a separate process (the README's CLI), with the
+        configuration's ``--allow-degraded`` flags added to ``run``. ``cwd`` is ``/`` by
+        default: ``python -m`` puts the cwd first on sys.path. With ``expect_run``, a refusal
+        for a missing layer makes the check not applicable."""
+        args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+        if args and args[0] == "run":
+            args = ["run"] + self.degraded_flags() + args[1:]
+        argv = [sys.executable, "-m", "hcp_linux"] + args
+        full_env = dict(os.environ if env is None else env)
+        parent = _package_parent()
+        full_env["PYTHONPATH"] = parent + (os.pathsep + full_env["PYTHONPATH"]
+                                           if full_env.get("PYTHONPATH") else "")
+        p = subprocess.run(argv, capture_output=True, timeout=self.timeout, env=full_env,
+                           cwd=cwd, stdin=stdin)
+        if expect_run and p.returncode == 125:
+            refusal = layer_refusal(p.stderr)
+            if refusal:
+                raise NotApplicable(f"the sandbox refuses to run on this host: {refusal}")
+        return p
+
+    def cli_argv(self, args: Sequence[Any]) -> tuple[list[str], dict[str, str]]:
+        """argv and env of a CLI run, for a check that starts it itself (Popen)."""
+        args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+        if args and args[0] == "run":
+            args = ["run"] + self.degraded_flags() + args[1:]
+        env = dict(os.environ)
+        parent = _package_parent()
+        env["PYTHONPATH"] = parent + (os.pathsep + env["PYTHONPATH"]
+                                      if env.get("PYTHONPATH") else "")
+        return [sys.executable, "-m", "hcp_linux"] + args, env
+
+    def driver(self, **policy_fields: Any) -> Any:
+        """A LinuxDriver whose base policy is the configuration under test; its ephemeral
+        jails and persistent workspaces live in this check's directory."""
+        from ..driver import LinuxDriver
+        state, tmp = self.dir / "state", self.dir / "tmp"
+        state.mkdir(exist_ok=True)
+        tmp.mkdir(exist_ok=True)
+        policy_fields.setdefault("jail", str(self.dir))
+        return LinuxDriver(self.policy(**policy_fields), state_dir=str(state), tmp_dir=str(tmp))
+
+    def drive(self, driver: Any, pack: Any, argv: Sequence[str], **kw: Any) -> Any:
+        """``driver.run(pack, argv)`` with output captured, bounded."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("timeout", self.timeout)
+        r = driver.run(pack, list(argv), **kw)
+        self._note_receipt(r.receipt)
+        if r.timed_out and kw["timeout"] == self.timeout:
+            raise Fail(f"the driver's run did not finish within {self.timeout:g}s")
+        return r
+
+    def pack(self, name: str, bins: Sequence[str], *, mode: str | None = None,
+             files: Mapping[str, str] | None = None, extra: str = "") -> Path:
+        """Write a pack (manifest + files) in this check's directory; the manifest's path."""
+        root = self.dir / name
+        root.mkdir(exist_ok=True)
+        os.chmod(root, 0o755)
+        for rel, text in (files or {}).items():
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+            os.chmod(p, 0o755 if rel.startswith("bin/") else 0o644)
+        bin_list = ", ".join(f'"{b}"' for b in bins)
+        text = f'name = "{name}"\n[wrap]\nbin = [{bin_list}]\n{extra}\n'
+        if mode is not None:
+            text += f'[wrap.workspace]\nmode = "{mode}"\n'
+        manifest = root / "pack.toml"
+        manifest.write_text(text)
+        return manifest
+
+    # --- unconfined controls and outside processes ----------------------------------------
+
+    def unconfined(self, argv: Sequence[Any], **kw: Any) -> subprocess.CompletedProcess:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("capture_output", True)
+        kw.setdefault("timeout", self.timeout)
+        return subprocess.run([os.fspath(a) if isinstance(a, os.PathLike) else a for a in argv],
+                              **kw)
+
+    def start(self, argv: Sequence[str], **kw: Any) -> subprocess.Popen:
+        """Start an outside process; it is ended by its pid when the check finishes."""
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        kw.setdefault("stderr", subprocess.DEVNULL)
+        proc = subprocess.Popen(list(argv), **kw)
+        self._procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL'd processes exit
+            pass
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def listener(self, host: str) -> "Listener":
+        lst = Listener(host)
+        self._sockets.append(lst.sock)
+        return lst
+
+    # --- compiled probes ------------------------------------------------------------------
+
+    def c_program(self, name: str, source: str) -> str:
+        """Compile ``source`` with gcc into a directory every user can read; the binary's
+        path. Not applicable when there is no gcc or it cannot build the program."""
+        key = f"c:{name}"
+        if key in self._cache:
+            return self._cache[key]
+        gcc = shutil.which("gcc")
+        if gcc is None:
+            raise NotApplicable("gcc is not installed: cannot build the probe program "
+                                f"{name} (install gcc and libc6-dev)")
+        d = self.base / "cbin"
+        d.mkdir(exist_ok=True)
+        os.chmod(d, 0o755)
+        src = d / f"{name}.c"
+        src.write_text(source)
+        exe = d / name
+        p = subprocess.run([gcc, "-O1", "-Wall", "-o", str(exe), str(src)], capture_output=True,
+                           timeout=max(self.timeout, 120), stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise NotApplicable(f"gcc could not build the probe program {name}: "
+                                f"{shown(p.stderr, 300)}")
+        os.chmod(exe, 0o755)
+        self._cache[key] = str(exe)
+        return str(exe)
+
+
+class Listener:
+    """A TCP listener on a loopback address that counts the connections it accepts."""
+
+    def __init__(self, host: str) -> None:
+        if host not in ("127.0.0.1", "::1"):
+            raise ValueError("loopback only")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.sock.bind((host, 0))
+            self.sock.listen(16)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self.host = host
+        self.port = self.sock.getsockname()[1]
+
+    def accepted(self, wait: float = 0.3) -> int:
+        """Connections accepted since the last call (waiting ``wait`` s for late ones)."""
+        n = 0
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+                conn.close()
+                n += 1
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return n
+                time.sleep(0.02)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+__all__ = ["Harness", "Evidence", "Fail", "NotApplicable", "Listener", "PASS", "FAIL",
+           "NOT_APPLICABLE", "DEFAULT_TIMEOUT", "shown", "proc_summary", "layer_refusal",
+           "pid_alive", "system_python"]
