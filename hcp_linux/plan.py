@@ -326,6 +326,11 @@ def _plan_seccomp(plan: Plan, policy: Policy, layers: frozenset[str]) -> None:
         names += ("network-off",)
     try:
         bpf = seccomp_profiles.compile_profiles(names)
+    except seccomp_profiles.SeccompCompileError as e:
+        # libseccomp asks the kernel what it supports while compiling: a host (or a filter on
+        # this process) without seccomp fails here, before any child could try to install it.
+        raise LayerUnavailableError("seccomp", f"compiling the filter failed: {e}",
+                                    REMEDIES["seccomp"]) from None
     except seccomp_profiles.SeccompProfileError as e:
         raise PolicyError(f"seccomp: {e}") from None
     plan.seccomp = seccomp_profiles.PreparedFilter(bpf)

@@ -20,7 +20,7 @@ import pytest
 
 from sandboxing import (EXIT_REFUSED, IS_ROOT, TIMEOUT, Listener, assert_ok, deny_run_cli,  # noqa: F401
                         err, jail, kill_by_pid, out, outside, pid_alive, read_receipt, show,
-                        single_error_line, snapshot)
+                        single_error_line, snapshot, caller_env)
 
 NAMESPACES = ("userns", "mountns", "netns", "ipcns", "pidns")
 LANDLOCK_SYSCALLS = ("landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self")
@@ -230,3 +230,23 @@ def test_fully_enforced_host_allow_degraded_changes_nothing(jail: Path, tmp_path
     assert_ok(p)
     st = _statuses(read_receipt(receipt))
     assert set(st.values()) == {"enforced"}, st
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["strict", "allow-degraded"])
+def test_no_seccomp_with_a_cold_filter_cache(jail: Path, tmp_path: Path, allow: bool) -> None:
+    # libseccomp queries seccomp(2) while compiling: with the call denied and nothing cached,
+    # the failure happens at compile time, in the parent, and must still be the seccomp layer.
+    cache = tmp_path / "cold-cache"
+    cache.mkdir()
+    receipt = tmp_path / "receipt.json"
+    env = caller_env({"XDG_CACHE_HOME": str(cache)})
+    extra = ["--receipt", str(receipt)] + (["--allow-degraded", "seccomp"] if allow else [])
+    p = deny_run_cli(["seccomp"], errno.EPERM, jail, "touch", "ran", extra=extra, env=env)
+    if allow:
+        assert p.returncode == 0, show(p)
+        assert read_receipt(receipt)["layers"]["seccomp"]["status"] == "degraded"
+        assert (jail / "ran").exists()
+    else:
+        assert p.returncode == 125, show(p)
+        assert single_error_line(p).startswith("error: sandbox: seccomp unavailable")
+        assert not (jail / "ran").exists() and not receipt.exists()
