@@ -16,11 +16,29 @@ from .policy import LAYERS, NAMESPACE_LAYERS
 RECEIPT_VERSION = 1
 
 
+#: What a run loses with each layer gone (the receipt says it next to "degraded").
+LOST = {
+    "userns": "no private uid/gid view; without root the other namespaces go too",
+    "mountns": "no mount view: metadata writes (chmod, chown, utime, xattr) outside the "
+               "writable roots are not prevented, host paths stay nameable (pathname unix "
+               "sockets reachable), HOME and TMPDIR live in <jail>/.hcp-tmp",
+    "netns": "no private network: seccomp refuses non-AF_UNIX sockets and Landlock every TCP "
+             "bind and connect instead",
+    "ipcns": "System V IPC and POSIX message queues shared with the host",
+    "pidns": "outside processes visible; a setsid'd daemon can outlive the run (only the "
+             "process group is killed)",
+    "landlock": "no filesystem access control beyond the mount view and permissions; no "
+                "signal/abstract-socket scoping",
+    "seccomp": "no syscall blocklist: namespaces, mount API, ptrace, bpf, io_uring, TIOCSTI, "
+               "foreign-arch calls all reach the kernel",
+}
+
+
 def _status(layer: str, plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> dict:
     if layer in plan.layers:
         return {"status": "enforced"}
     if layer in degraded:
-        return {"status": "degraded", "reason": degraded[layer]}
+        return {"status": "degraded", "reason": degraded[layer], "lost": LOST[layer]}
     if not plan.confined:
         return {"status": "off", "reason": "native-local mode"}
     reason = "network=host" if layer == "netns" else "not requested"
