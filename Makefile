@@ -9,9 +9,14 @@ CMD    ?= sh -c 'echo hello > in-jail.txt && echo "write in the jail: ok ($$(cat
             echo "network interfaces: $$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " " | tr "\n" " ")"; \
             echo "HCP_SANDBOX=$$HCP_SANDBOX"'
 
-.PHONY: setup run test test-unprivileged bench probe clean
+.PHONY: setup native run test test-unprivileged bench probe clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed native
+
+# The native executor (hcp-exec): built when a C compiler is there, else the ctypes executor
+# is used and everything still works. Cheap when up to date.
+native: $(VENV)/.installed
+	@$(PY) -m hcp_linux.native.build --quiet
 
 # Editable installs map the packages that exist at install time: reinstall when one appears.
 $(VENV)/.installed: pyproject.toml scripts/install-system-deps $(wildcard */__init__.py)
@@ -39,4 +44,4 @@ bench: setup
 	$(PY) bench/spawn.py
 
 clean:
-	rm -rf $(VENV) jail build *.egg-info
+	rm -rf $(VENV) jail build *.egg-info hcp_linux/native/_build

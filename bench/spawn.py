@@ -1,14 +1,19 @@
-"""Spawn cost of a confined /bin/true, beside the alternatives, measured in one run.
+"""Spawn cost of confined commands, beside the alternatives, measured in one run.
 
-    python bench/spawn.py [--runs N] [--json FILE]
+    python bench/spawn.py [--runs N] [--quick] [--json FILE]
 
-Rows: plain subprocess.run, os.posix_spawn, `unshare -rn`, bubblewrap with isolation
-equivalent to our default policy (user/mount/net/ipc/pid namespaces, the same read-only
-roots, private /tmp, minimal /dev, fresh /proc, new session, die-with-parent, no
-capabilities, and our baseline seccomp program through --seccomp), hcp-linux through the
-Python API, and the `hcp-linux run` CLI beside `python -c pass` from the same venv.
-Reports median and p95 in milliseconds and the ratios that matter. Timing only: nothing
-here asserts a limit.
+For each command (/bin/true, `git --version`, this venv's `python -c pass`): plain
+subprocess.run, os.posix_spawn, `unshare -rn`, bubblewrap with isolation equivalent to our
+default policy (user/mount/net/ipc/pid namespaces, the same read-only roots, private /tmp,
+minimal /dev, fresh /proc, new session, die-with-parent, no capabilities, and our baseline
+seccomp program through --seccomp), and hcp-linux through the Python API (Sandbox.run, default
+policy) with each executor: native (hcp-exec, with its spares), native without spares, ctypes.
+Then: throughput with 8 concurrent callers; the same /bin/true rows from a runtime holding
+~500 MB of resident memory (fork's cost grows with it, vfork/posix_spawn's does not); and the
+`hcp-linux run` CLI beside `python -c pass` from the same venv.
+
+Reports median and p95 in milliseconds, and the ratios the goals are stated in, as a table and
+as JSON. Timing only: nothing here asserts a limit (tests/test_native.py does, loosely).
 """
 from __future__ import annotations
 
@@ -20,15 +25,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from hcp_linux import Policy, Sandbox  # noqa: E402
+from hcp_linux import Policy, Sandbox, native  # noqa: E402
 
 TRUE = "/bin/true"
+PY = sys.executable  # this venv's interpreter (not the pyenv shim)
+COMMANDS = {"/bin/true": [TRUE], "git --version": ["git", "--version"],
+            "python -c pass": [PY, "-c", "pass"]}
 
 
 def measure(fn: Callable[[], object], runs: int, warmup: int = 5) -> list[float]:
@@ -49,100 +58,211 @@ def summary(samples: list[float]) -> dict[str, float]:
             "runs": len(samples)}
 
 
-def posix_spawn_true() -> None:
-    pid = os.posix_spawn(TRUE, [TRUE], {})
-    os.waitpid(pid, 0)
+def posix_spawn(argv: list[str]) -> Callable[[], None]:
+    exe = shutil.which(argv[0]) or argv[0]
+
+    def run() -> None:
+        pid = os.posix_spawn(exe, argv, os.environ)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, status
+    return run
 
 
-def bwrap_argv(jail: str, seccomp_fd: int | None) -> list[str]:
-    argv = ["bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
-            "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+def checked(argv: list[str], **kw) -> Callable[[], None]:
+    def run() -> None:
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, **kw)
+    return run
+
+
+def bwrap_argv(jail: str, seccomp_fd: int | None, argv: list[str]) -> list[str]:
+    out = ["bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+           "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for root in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt"):
         if os.path.islink(root):
-            argv += ["--symlink", os.readlink(root), root]
+            out += ["--symlink", os.readlink(root), root]
         elif os.path.isdir(root):
-            argv += ["--ro-bind", root, root]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", jail, jail,
-             "--chdir", jail]
+            out += ["--ro-bind", root, root]
+    venv = os.path.dirname(os.path.dirname(PY))  # python -c pass needs its venv, as ours does
+    if argv[0] == PY and not venv.startswith(("/usr/", "/opt/")):
+        out += ["--ro-bind", venv, venv]
+    out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", jail, jail,
+            "--chdir", jail]
     if seccomp_fd is not None:
-        argv += ["--seccomp", str(seccomp_fd)]
-    return argv + ["--", TRUE]
+        out += ["--seccomp", str(seccomp_fd)]
+    return out + ["--", *argv]
+
+
+def bwrap(jail: str, bpf: bytes, argv: list[str]) -> Callable[[], None]:
+    def run() -> None:
+        r, w = os.pipe()
+        os.write(w, bpf)
+        os.close(w)
+        try:
+            subprocess.run(bwrap_argv(jail, r, argv), check=True, pass_fds=(r,),
+                           stdout=subprocess.DEVNULL)
+        finally:
+            os.close(r)
+    return run
+
+
+def confined(sandbox: Sandbox, argv: list[str], spares: str = "auto") -> Callable[[], None]:
+    def run() -> None:
+        native.set_spares(spares)
+        try:
+            r = sandbox.run(argv, stdout=subprocess.DEVNULL)
+        finally:
+            native.set_spares("auto")
+        assert r.returncode == 0, r
+    return run
+
+
+def throughput(fn: Callable[[], object], threads: int, seconds: float) -> float:
+    """Runs per second with ``threads`` callers looping on ``fn`` for ``seconds``."""
+    done = [0] * threads
+    stop = time.perf_counter() + seconds
+
+    def loop(i: int) -> None:
+        while time.perf_counter() < stop:
+            fn()
+            done[i] += 1
+    ts = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return round(sum(done) / (time.perf_counter() - t0), 1)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=200, help="samples per fast row")
+    ap.add_argument("--quick", action="store_true", help="fewer samples, /bin/true only")
+    ap.add_argument("--ballast-mb", type=int, default=500)
     ap.add_argument("--json", default=os.path.join(HERE, "results", "spawn.json"))
     args = ap.parse_args()
-    runs = args.runs
-    results: dict[str, dict] = {}
+    runs = 40 if args.quick else args.runs
+    commands = {"/bin/true": COMMANDS["/bin/true"]} if args.quick else COMMANDS
     jail = tempfile.mkdtemp(prefix="hcp-bench-")
+    results: dict[str, dict[str, dict]] = {}
+    extra: dict[str, object] = {"executor_default": native.selected(),
+                                "native_binary": native.binary()}
     try:
-        sandbox = Sandbox(Policy(jail=jail))
-        first = sandbox.run([TRUE])
-        if first.returncode != 0:
-            print(f"hcp-linux run of {TRUE} failed: {first.returncode}", file=sys.stderr)
-            return 1
-        rows: list[tuple[str, Callable[[], object]]] = [
-            ("subprocess.run", lambda: subprocess.run([TRUE], check=True)),
-            ("os.posix_spawn", posix_spawn_true),
-            ("hcp-linux (Sandbox.run, default policy)", lambda: sandbox.run([TRUE])),
-        ]
-        if shutil.which("unshare"):
-            rows.append(("unshare -rn", lambda: subprocess.run(["unshare", "-rn", TRUE],
-                                                               check=True)))
+        policy = Policy(jail=jail)
+        executors = {"native": Sandbox(policy, executor="native"),
+                     "ctypes": Sandbox(policy, executor="ctypes")}
+        if native.binary() is None:
+            print("note: the native executor is not built (make setup): its rows are skipped",
+                  file=sys.stderr)
+            del executors["native"]
+        bpf = None
         if shutil.which("bwrap"):
             import seccomp_profiles
             bpf = seccomp_profiles.compile_profiles(("baseline",))
 
-            def bwrap_run() -> None:
-                r, w = os.pipe()
-                os.write(w, bpf)
-                os.close(w)
-                subprocess.run(bwrap_argv(jail, r), check=True, pass_fds=(r,))
-                os.close(r)
-            rows.append(("bubblewrap (equivalent isolation + seccomp)", bwrap_run))
-        venv_bin = os.path.dirname(sys.executable)
-        cli = os.path.join(venv_bin, "hcp-linux")
+        def rows_for(argv: list[str], slow: bool) -> list[tuple[str, Callable[[], None], int]]:
+            n = max(20, runs // 4) if slow else runs
+            rows = [("subprocess.run", checked(argv), n),
+                    ("os.posix_spawn", posix_spawn(argv), n)]
+            if shutil.which("unshare"):
+                rows.append(("unshare -rn", checked(["unshare", "-rn", *argv]), n))
+            if bpf is not None:
+                rows.append(("bubblewrap (equivalent isolation + seccomp)",
+                             bwrap(jail, bpf, argv), n))
+            if "native" in executors:
+                rows.append(("hcp-linux native", confined(executors["native"], argv), n))
+                rows.append(("hcp-linux native, no spares",
+                             confined(executors["native"], argv, "never"), n))
+            rows.append(("hcp-linux ctypes", confined(executors["ctypes"], argv),
+                         max(20, n // 2)))
+            return rows
+
+        for label, argv in commands.items():
+            results[label] = {}
+            for name, fn, n in rows_for(argv, slow=label == "python -c pass"):
+                results[label][name] = summary(measure(fn, n))
+
+        # 8 concurrent callers, /bin/true
+        seconds = 2.0 if args.quick else 4.0
+        tp = {"subprocess.run": throughput(checked([TRUE]), 8, seconds)}
+        for name, sb in executors.items():
+            tp[f"hcp-linux {name}"] = throughput(confined(sb, [TRUE]), 8, seconds)
+        extra["throughput_8_callers_per_s"] = tp
+
+        # the same /bin/true rows from a large runtime
+        ballast = bytearray(b"\x01") * (args.ballast_mb << 20)  # touched: resident
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+        label = f"/bin/true, runtime RSS {rss} MB"
+        results[label] = {}
+        for name, fn, n in rows_for([TRUE], slow=False):
+            if name in ("unshare -rn",):
+                continue
+            results[label][name] = summary(measure(fn, n if "ctypes" not in name else 20))
+        del ballast
+
+        # the CLI, a fresh process each time, beside the interpreter alone
+        cli = os.path.join(os.path.dirname(PY), "hcp-linux")
         if os.path.exists(cli):
-            rows.append(("python -c pass (same venv)",
-                         lambda: subprocess.run([sys.executable, "-c", "pass"], check=True)))
-            rows.append(("hcp-linux run -- /bin/true (CLI)",
-                         lambda: subprocess.run([cli, "run", "--jail", jail, "--", TRUE],
-                                                check=True)))
-        for name, fn in rows:
-            n = runs if "CLI" not in name and "python -c" not in name else max(20, runs // 5)
-            results[name] = summary(measure(fn, n))
+            n = max(20, runs // 5)
+            label = "CLI (fresh process)"
+            results[label] = {
+                "python -c pass (same venv)": summary(measure(checked([PY, "-c", "pass"]), n)),
+                "hcp-linux run -- /bin/true": summary(measure(
+                    checked([cli, "run", "--jail", jail, "--", TRUE]), n)),
+            }
     finally:
         shutil.rmtree(jail, ignore_errors=True)
 
-    def med(key: str) -> float | None:
-        for name, r in results.items():
-            if name.startswith(key):
-                return r["median_ms"]
-        return None
-
-    hcp, plain, bw = med("hcp-linux (Sandbox"), med("subprocess.run"), med("bubblewrap")
-    cli, py = med("hcp-linux run"), med("python -c pass")
-    ratios = {}
-    if hcp and plain:
-        ratios["hcp_minus_subprocess_ms"] = round(hcp - plain, 3)
-    if hcp and bw:
-        ratios["hcp_over_bwrap"] = round(hcp / bw, 3)
-    if cli and py:
-        ratios["cli_over_python_c_pass"] = round(cli / py, 3)
-    w = max(len(n) for n in results)
-    print(f"{'spawn of /bin/true':<{w}}  {'median ms':>9}  {'p95 ms':>7}  runs")
-    for name, r in results.items():
-        print(f"{name:<{w}}  {r['median_ms']:>9.3f}  {r['p95_ms']:>7.3f}  {r['runs']}")
-    for k, v in ratios.items():
-        print(f"{k}: {v}")
+    extra["native_spawns"] = dict(native.stats)  # ready spare / started on the spot / direct
+    ratios = _ratios(results)
+    _print(results, extra, ratios)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"results": results, "ratios": ratios, "uname": os.uname().release,
-                   "euid": os.geteuid()}, f, indent=2)
+        json.dump({"results": results, "ratios": ratios, **extra, "uname": os.uname().release,
+                   "euid": os.geteuid(), "cpus": os.cpu_count()}, f, indent=2)
     print(f"(json: {args.json})")
     return 0
+
+
+def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+
+    def med(label: str, row: str) -> float | None:
+        return results.get(label, {}).get(row, {}).get("median_ms")
+
+    for label in results:
+        if not label.startswith("/bin/true"):
+            continue
+        tag = "" if label == "/bin/true" else "_large_runtime"
+        plain, bw = med(label, "subprocess.run"), med(label, "bubblewrap (equivalent isolation + seccomp)")
+        for ex in ("native", "ctypes"):
+            hcp = med(label, f"hcp-linux {ex}")
+            if hcp and bw:
+                out[f"{ex}_over_bwrap{tag}"] = round(hcp / bw, 3)
+            if hcp and plain:
+                out[f"{ex}_minus_subprocess_ms{tag}"] = round(hcp - plain, 3)
+    cli = med("CLI (fresh process)", "hcp-linux run -- /bin/true")
+    py = med("CLI (fresh process)", "python -c pass (same venv)")
+    if cli and py:
+        out["cli_over_python_c_pass"] = round(cli / py, 3)
+    return out
+
+
+def _print(results: dict[str, dict[str, dict]], extra: dict, ratios: dict[str, float]) -> None:
+    w = max(len(r) for rows in results.values() for r in rows) + 2
+    for label, rows in results.items():
+        print(f"\n{label:<{w}}  {'median ms':>9}  {'p95 ms':>8}  runs")
+        for name, r in rows.items():
+            print(f"  {name:<{w - 2}}  {r['median_ms']:>9.3f}  {r['p95_ms']:>8.3f}  {r['runs']}")
+    tp = extra.get("throughput_8_callers_per_s")
+    if tp:
+        print("\nthroughput, 8 concurrent callers of /bin/true (runs/s):")
+        for name, v in tp.items():
+            print(f"  {name:<{w - 2}}  {v:>9.1f}")
+    print()
+    for k, v in ratios.items():
+        print(f"{k}: {v}")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--receipt", metavar="FILE|-", help="write the receipt as JSON ('-': stderr)")
     r.add_argument("--pack", metavar="FILE", help="HCP pack manifest: run via the driver")
     r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack)")
+    r.add_argument("--executor", choices=("auto", "native", "ctypes"), help=argparse.SUPPRESS)
     r.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
@@ -118,6 +119,9 @@ def _run(a: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise SandboxError("run: no command given (hcp-linux run [OPTIONS] -- BIN [ARG...])")
+    if a.executor is not None:  # hidden: the test suite runs once per executor
+        from .native import set_default
+        set_default(a.executor)
     if a.pack is not None or a.principal is not None:  # HCP pack: docs/driver.md
         from .driver_cli import run_pack
         return run_pack(a, argv)

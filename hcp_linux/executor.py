@@ -17,7 +17,7 @@ import subprocess
 import time
 from typing import IO, Any
 
-from . import child
+from . import child, native
 from .errors import ChildSetupError
 from .plan import Plan
 from .receipt import record_landlock
@@ -203,8 +203,9 @@ def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | No
 
 
 def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
-          receipt: dict[str, Any] | None = None) -> SandboxProcess:
-    """Fork the confined command. Raises ChildSetupError when a setup step failed."""
+          receipt: dict[str, Any] | None = None, executor: str | None = None) -> SandboxProcess:
+    """Fork the confined command. Raises ChildSetupError when a setup step failed.
+    ``executor``: "native", "ctypes" or "auto" (None: the process default, see native)."""
     to_close: list[int] = []
     ends: list[int | None] = []
     fds: list[int] = []
@@ -227,7 +228,13 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             to_close.append(child_end)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         to_close.append(err_w)
-        pid = os.fork()
+        try:  # hcp-exec through posix_spawn; None: this process forks the ctypes executor
+            pid = native.spawn(executor, plan, err_w, fds, ruleset, child_end)
+        except BaseException:
+            os.close(err_r)
+            raise
+        if pid is None:
+            pid = os.fork()
         if pid == 0:
             os.close(err_r)
             child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end)
@@ -241,8 +248,12 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         os.close(fd)
     if ruleset is not None:
         ruleset.close()
-    with io.FileIO(err_r, "r") as f:
-        record = f.readall()
+    try:
+        with io.FileIO(err_r, "r") as f:
+            record = f.readall()
+    except BaseException:  # interrupted (^C) before exec was confirmed: leave no run behind
+        _kill_unowned(pid, ends)
+        raise
     if record:
         os.waitpid(pid, 0)
         for end in ends:
@@ -263,6 +274,19 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             proc.wait()
             raise
     return proc
+
+
+def _kill_unowned(pid: int, ends: list[int | None]) -> None:
+    """SIGKILL a run no SandboxProcess owns yet (its session: the monitor, the sandbox's init
+    and with it the namespace), reap it, close our ends of its pipes."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # not yet its own session
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    for end in ends:
+        if end is not None:
+            os.close(end)
 
 
 def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:

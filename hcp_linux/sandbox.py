@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from . import executor
+from . import executor, native
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                      LayerUnavailableError, PolicyError, SandboxError)
 from .executor import DEVNULL, PIPE, SandboxProcess
@@ -82,10 +82,14 @@ def _exec_error(bin_: str, e: ChildSetupError) -> SandboxError:
 class Sandbox:
     """Runs commands under one :class:`Policy`. Safe to share between threads."""
 
-    def __init__(self, policy: Policy | None = None, **policy_fields: Any) -> None:
+    def __init__(self, policy: Policy | None = None, *, executor: str | None = None,
+                 **policy_fields: Any) -> None:
         if policy is not None and policy_fields:
             raise TypeError("give a Policy or policy fields, not both")
         self.policy = policy if policy is not None else Policy(**policy_fields)
+        # "native" (hcp-exec), "ctypes" (fork), "auto" (native when built); None: the
+        # process default (hcp_linux.native.set_default)
+        self.executor = None if executor is None else native.check(executor)
 
     def _wanted_layers(self) -> frozenset[str]:
         wanted = set(LAYERS)
@@ -119,7 +123,7 @@ class Sandbox:
             try:
                 receipt = build_receipt(plan, self._wanted_layers(), degraded)
                 return executor.spawn(plan, stdin=stdin, stdout=stdout, stderr=stderr,
-                                      receipt=receipt)
+                                      receipt=receipt, executor=self.executor)
             except ChildSetupError as e:
                 if e.step == "execve":
                     raise _exec_error(argv[0], e) from None

@@ -8,6 +8,28 @@ sys.path.insert(0, os.path.dirname(__file__))
 IS_ROOT = os.geteuid() == 0
 
 
+def pytest_addoption(parser):
+    parser.addoption("--executor", choices=("auto", "native", "ctypes"), default="auto",
+                     help="hcp-linux executor for this run: the process default of the API, "
+                          "and --executor on every `hcp-linux run` built by sandboxing.hcp_argv "
+                          "(auto: native when built, else ctypes)")
+
+
+def pytest_configure(config):
+    name = config.getoption("--executor")
+    from hcp_linux import native
+    native.set_default(name)
+    if name == "native" and native.binary() is None:
+        raise pytest.UsageError("--executor native: not built (python -m hcp_linux.native.build)")
+    if name != "auto":
+        import sandboxing
+        plain = sandboxing.hcp_argv
+
+        def hcp_argv(jail, *cmd, extra=()):
+            return plain(jail, *cmd, extra=["--executor", name, *extra])
+        sandboxing.hcp_argv = hcp_argv
+
+
 def pytest_collection_modifyitems(config, items):
     if IS_ROOT:
         return

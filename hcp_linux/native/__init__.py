@@ -1,0 +1,602 @@
+"""The native executor: one Plan, run by a small C program instead of a forked Python.
+
+The parent serialises the Plan (``plan_bytes``) into a memfd and hands it to ``hcp-exec``,
+started with ``posix_spawn`` (vfork + exec: the cost does not grow with the runtime's RSS,
+nothing runs in Python after the fork, and it is safe in a multi-threaded runtime) either now
+or ahead of time (a *spare*, see below). ``hcp-exec`` performs the steps of
+:mod:`hcp_linux.child` and reports a failing step over the same close-on-exec error pipe, as
+(index in ``child.STEPS``, errno, detail): the parent's mapping to errors, and the
+degraded-host logic of :mod:`hcp_linux.sandbox`, are shared with the ctypes executor.
+
+The program is built by ``python -m hcp_linux.native.build`` (``make setup`` runs it when a C
+compiler is there) into ``_build/hcp-exec-<digest of the source>``: a binary built from
+another version of the source is never used. Without it, ``auto`` (the default) uses the
+ctypes executor; ``native`` refuses.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import struct
+import threading
+import time
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from landlock import CreatedRuleset
+
+    from ..plan import Plan
+
+#: Executors a Sandbox can be asked for; "auto" is native when built, else ctypes.
+EXECUTORS = ("auto", "native", "ctypes")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "hcp_exec.c")
+BUILD_DIR = os.path.join(HERE, "_build")
+
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 2
+
+#: The C program's steps, in the order of its ``enum step``; each travels as its index in
+#: ``child.STEPS`` (the plan carries the table), so the parent's mapping is the ctypes one.
+NATIVE_STEPS = (
+    "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
+    "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
+    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary",
+    "pivot-root", "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits",
+    "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
+    "close-fds", "fork-command", "verify", "execve",
+)
+
+# plan flags (hcp_exec.c: F_*)
+F_USERNS, F_MOUNTNS, F_NETNS, F_IPCNS, F_PIDNS = 1, 2, 4, 8, 16
+F_CONFINED, F_PROXY, F_HOLDS_SETPCAP, F_PROC_FRESH, F_WAIT_FOR_TREE = 32, 64, 128, 256, 512
+F_LANDLOCK, F_CANARY, F_SECCOMP, F_PID_MAX = 1024, 2048, 4096, 8192
+_LAYER_FLAGS = (("userns", F_USERNS), ("mountns", F_MOUNTNS), ("netns", F_NETNS),
+                ("ipcns", F_IPCNS), ("pidns", F_PIDNS))
+
+_U64 = struct.Struct("<Q").pack
+_MASK = (1 << 64) - 1
+
+_default = "auto"
+_lock = threading.Lock()
+_binary: "str | None | bool" = False  # False: not looked up yet
+_broken: str | None = None  # why auto stopped using the native executor in this process
+_step_table: bytes | None = None
+#: How native spawns went in this process: a ready spare, one started on the spot, or hcp-exec
+#: with the plan on its command line (native-local plans, set_spares("never")).
+stats = {"ready": 0, "on_the_spot": 0, "direct": 0}
+
+
+def set_default(name: str) -> None:
+    """Process-wide default executor for Sandboxes that do not name one (tests, the CLI)."""
+    global _default
+    _default = check(name)
+
+
+def get_default() -> str:
+    return _default
+
+
+def check(name: str) -> str:
+    if name not in EXECUTORS:
+        from ..errors import PolicyError
+        raise PolicyError(f"executor: expected one of {', '.join(EXECUTORS)}, got {name!r}")
+    return name
+
+
+def source_digest() -> str:
+    import hashlib
+    with open(SOURCE, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def artifact_path() -> str:
+    """Where the build puts the binary for the current source."""
+    return os.path.join(BUILD_DIR, "hcp-exec-" + source_digest())
+
+
+def _trusted(path: str) -> bool:
+    """A regular, executable file, owned by root or by us, writable by nobody else."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and os.access(path, os.X_OK))
+
+
+def binary() -> str | None:
+    """The built hcp-exec for this source, or None (looked up once per process)."""
+    global _binary
+    if _binary is False:
+        with _lock:
+            if _binary is False:
+                try:
+                    path = artifact_path()
+                except OSError:
+                    path = None
+                _binary = path if path is not None and _trusted(path) else None
+    return _binary  # type: ignore[return-value]
+
+
+def available() -> bool:
+    return binary() is not None and _broken is None
+
+
+def selected(name: str | None = None) -> str:
+    """The executor a spawn asking for ``name`` (None: the default) uses: native or ctypes."""
+    name = check(name or _default)
+    if name == "ctypes":
+        return "ctypes"
+    if name == "native":
+        return "native"
+    return "native" if available() else "ctypes"
+
+
+def _unavailable() -> Exception:
+    from ..errors import SandboxError
+    why = _broken or ("not built for this source (run `make setup` or "
+                      "`python -m hcp_linux.native.build`; it needs a C compiler)")
+    return SandboxError(f"native executor unavailable: {why}")
+
+
+def _steps() -> bytes:
+    global _step_table
+    if _step_table is None:
+        from ..child import STEP_INDEX
+        _step_table = b"".join([_U64(len(NATIVE_STEPS))]
+                               + [_U64(STEP_INDEX.get(n, 0)) for n in NATIVE_STEPS])
+    return _step_table
+
+
+def _str(parts: list[bytes], s: bytes) -> None:
+    parts.append(_U64(len(s) + 1))
+    parts.append(s)
+    parts.append(b"\0")
+
+
+def view_bytes(plan: "Plan") -> bytes:
+    """The plan's mount view section: all that building the view reads, and only that. Two
+    plans with the same section get the same view (inodes included), which is what lets a
+    spare build it ahead of time."""
+    vf = (F_MOUNTNS * ("mountns" in plan.layers) | F_PROC_FRESH * plan.proc_fresh
+          | F_PID_MAX * (plan.pid_max is not None))
+    parts = [_U64(vf), _U64(plan.pid_max or 0)]
+    _str(parts, plan.tmp_options)
+    _str(parts, plan.shm_options)
+    parts.append(_U64(len(plan.binds)))
+    for bd in plan.binds:
+        _str(parts, bd.source)
+        _str(parts, bd.target)
+        parts += [_U64(int(bd.is_dir)), _U64(bd.dev & _MASK), _U64(bd.ino & _MASK),
+                  _U64(bd.attrs)]
+    parts.append(_U64(len(plan.masks)))
+    for path, is_dir in plan.masks:
+        _str(parts, path)
+        parts.append(_U64(int(is_dir)))
+    parts.append(_U64(len(plan.symlinks)))
+    for link, dest in plan.symlinks:
+        _str(parts, link)
+        _str(parts, dest)
+    return b"".join(parts)
+
+
+def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | None",
+               proxy_fd: int, umask: int = -1, view: bytes | None = None) -> bytes:
+    """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings)."""
+    from ..child import PROXY_ADDRESS
+
+    flags = 0
+    for layer, bit in _LAYER_FLAGS:
+        if layer in plan.layers:
+            flags |= bit
+    flags |= (F_CONFINED * plan.confined | F_PROXY * plan.proxy
+              | F_HOLDS_SETPCAP * plan.holds_setpcap | F_PROC_FRESH * plan.proc_fresh
+              | F_WAIT_FOR_TREE * plan.wait_for_tree | F_LANDLOCK * (ruleset is not None)
+              | F_CANARY * (plan.canary is not None) | F_SECCOMP * (plan.seccomp is not None)
+              | F_PID_MAX * (plan.pid_max is not None))
+    host, port = PROXY_ADDRESS
+    a, b, c, d = (int(x) for x in host.split("."))
+    dir_only = 0
+    rules: list[tuple[bytes, int]] = []
+    if ruleset is not None:
+        import landlock
+        dir_only = int(landlock.DIR_ONLY_RIGHTS)
+        requested, handled = int(ruleset.requested_fs), int(ruleset.handled_fs)
+        for path, access in plan.late_rules:
+            if not access or access & ~requested:  # what CreatedRuleset.add_path_fd refuses
+                from ..errors import ChildSetupError
+                raise ChildSetupError("internal", errno.EINVAL,
+                                      f"late rule {path!r}: rights not in handled_fs")
+            rules.append((path, access & handled))
+    parts = [_U64(PLAN_VERSION << 32 | PLAN_MAGIC), _steps()]
+    parts += [_U64(v & _MASK) for v in (
+        flags, plan.parent_pid, plan.uid, plan.gid, plan.cap_last_cap,
+        stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
+        dir_only, a << 24 | b << 16 | c << 8 | d, port, umask)]
+    for s in (plan.cwd, plan.exe, os.fsencode(plan.canary) if plan.canary is not None else b"/"):
+        _str(parts, s)
+    bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
+    if view is None:
+        view = view_bytes(plan)
+    parts += [_U64(len(bpf)), bpf, _U64(len(view)), view, _U64(len(plan.rlimits))]
+    for res, value in plan.rlimits:
+        parts += [_U64(res), _U64(value & _MASK)]
+    parts.append(_U64(len(rules)))
+    for path, access in rules:
+        _str(parts, path)
+        parts.append(_U64(access))
+    parts.append(_U64(len(plan.argv)))
+    for arg in plan.argv:
+        _str(parts, arg)
+    parts.append(_U64(len(plan.env)))
+    for key, value in plan.env.items():
+        if not key or b"=" in key:  # what os.execve refuses
+            from ..errors import ChildSetupError
+            raise ChildSetupError("internal", errno.EINVAL,
+                                  f"illegal environment variable name {key!r}")
+        _str(parts, key + b"=" + value)
+    return b"".join(parts)
+
+
+def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
+          ruleset: "CreatedRuleset | None", proxy_fd: int) -> int | None:
+    """Start the monitor through hcp-exec and return its pid; None: use the ctypes executor.
+
+    A confined plan goes to a spare: a ready one when the pool has it, else one started now
+    (see "spares" below). A native-local plan (or any, with ``set_spares("never")``) is
+    handed to a fresh hcp-exec on its command line, its fds inherited by number.
+    """
+    if selected(executor) == "ctypes":
+        return None
+    exe = binary()
+    if exe is None or _broken is not None:
+        raise _unavailable()
+    if not plan.confined or _spares == "never":
+        stats["direct"] += 1
+        return _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd)
+    view = view_bytes(plan)
+    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, _umask(), view))
+    try:
+        key = _spare_key(plan, exe)
+        pool = _pool()
+        spare = pool.take(key, view if "mountns" in plan.layers else None)
+        if spare is not None:
+            if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd):
+                stats["ready"] += 1
+                return spare.pid
+            pool.discard(spare)  # it died idle (killed?): start one now instead
+        try:
+            spare = _make_spare(key + (None,))
+        except OSError as e:
+            return _cannot_exec(executor, exe, e)
+        if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd):
+            stats["on_the_spot"] += 1
+            return spare.pid
+        pool.discard(spare)
+        from ..errors import ChildSetupError
+        raise ChildSetupError("internal", errno.EPIPE, "native executor: hcp-exec exited early")
+    finally:
+        os.close(fd)
+
+
+def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
+                  stdio: Sequence[int], ruleset: "CreatedRuleset | None",
+                  proxy_fd: int) -> int | None:
+    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd))
+    try:
+        keep = {fd, err_w, proxy_fd, ruleset.fd if ruleset is not None else -1, *stdio}
+        actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
+        try:
+            return os.posix_spawn(exe, ["hcp-exec", str(fd), str(err_w)], {},
+                                  file_actions=actions)
+        except OSError as e:
+            return _cannot_exec(executor, exe, e)
+    finally:
+        os.close(fd)
+
+
+def _cannot_exec(executor: str | None, exe: str, e: OSError) -> None:
+    """posix_spawn of hcp-exec failed: "auto" goes on with ctypes (for good), else raise."""
+    global _broken
+    if e.errno not in (errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.EPERM):
+        raise e  # EAGAIN, ENOMEM...: as os.fork() would
+    if (executor or _default) != "auto":
+        from ..errors import SandboxError
+        raise SandboxError(f"native executor {exe}: {os.strerror(e.errno)}") from None
+    _broken = f"{exe}: {os.strerror(e.errno)}"  # e.g. a noexec mount
+    return None
+
+
+def _memfd(blob: bytes) -> int:
+    fd = os.memfd_create("hcp-plan", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# --- spares -----------------------------------------------------------------------------------
+#
+# Most of a confined spawn's cost that does not depend on the plan (exec of hcp-exec, the user,
+# network and IPC namespaces, uid/gid maps, the pid namespace's init, loopback) can be paid
+# before the plan exists; so can the mount view, when the next plan's view section is the same
+# as the last one's (same grants, same inodes, same masks). A spare is an hcp-exec started with
+# ``--spare``: it does those steps of child.py, then waits on a socket for one plan and the
+# run's fds, refuses a plan it was not prepared for, and reports a step that failed meanwhile on
+# that run's error pipe as if it had just failed. Each spare serves one run: no namespace is
+# ever shared. Every confined spawn goes through a spare (started on the spot when none is
+# ready); ready ones are made by one thread that lives as long as the process (PDEATHSIG
+# follows the thread that spawned a process), once a kind of plan repeats. An idle spare holds
+# no fd of the runtime's (stdio /dev/null, cwd "/").
+
+_spares = "auto"  # "auto": ready spares once a kind of plan repeats; "never": no spares
+SPARES = ("auto", "never")
+SPARE_TARGET = 2  # idle spares per kind
+SPARE_KINDS = 2  # kinds kept warm at once (least recently used goes)
+SPARE_MAX_AGE = 5.0  # seconds: an older idle spare is replaced (bounds how stale it can be:
+#                      umask, rlimits, mounts made under a granted tree since it was built)
+KIND_IDLE = 60.0  # seconds without a spawn of a kind: stop keeping spares for it
+_MSG_RULESET, _MSG_PROXY = 1, 2
+
+
+def set_spares(mode: str) -> None:
+    """Process-wide: "auto" (default: confined plans always go through a spare, made ahead of
+    time once a kind of plan repeats, else on the spot), or "never" (hcp-exec gets the plan
+    on its command line: slower, the same steps)."""
+    global _spares
+    if mode not in SPARES:
+        from ..errors import PolicyError
+        raise PolicyError(f"spares: expected one of {', '.join(SPARES)}, got {mode!r}")
+    _spares = mode
+
+
+def _spare_key(plan: "Plan", exe: str) -> tuple:
+    flags = 0
+    for layer, bit in _LAYER_FLAGS:
+        if layer in plan.layers:
+            flags |= bit
+    return flags, plan.uid, plan.gid, exe
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
+class _Spare:
+    __slots__ = ("pid", "sock", "born")
+
+    def __init__(self, pid: int, sock: int) -> None:
+        self.pid, self.sock, self.born = pid, sock, time.monotonic()
+
+
+def _hand_over(spare: _Spare, plan_fd: int, err_w: int, stdio: Sequence[int],
+               ruleset: "CreatedRuleset | None", proxy_fd: int) -> bool:
+    """Send the plan and the run's fds to a spare; False if it is gone."""
+    import array
+    import socket
+    bits = 0
+    fds = [plan_fd, err_w, *stdio]
+    if ruleset is not None and ruleset.fd >= 0:
+        fds.append(ruleset.fd)
+        bits |= _MSG_RULESET
+    if proxy_fd >= 0:
+        fds.append(proxy_fd)
+        bits |= _MSG_PROXY
+    msg = _U64(PLAN_VERSION << 32 | PLAN_MAGIC) + _U64(bits)
+    try:
+        with socket.socket(fileno=os.dup(spare.sock)) as sock:
+            sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    except OSError:
+        return False
+    os.close(spare.sock)  # it has all it needs: from now on it is this run's monitor
+    return True
+
+
+def _make_spare(kind: tuple, sigmask: "set[int] | None" = None) -> _Spare:
+    """A spare for ``kind``: (namespace flags, uid, gid, binary, view section or None).
+    ``sigmask``: its signal mask (default: the calling thread's, as for any spawn)."""
+    import socket
+    flags, uid, gid, exe, view = kind
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    ours, theirs = a.detach(), b.detach()
+    devnull = view_fd = -1
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        argv = ["hcp-exec", "--spare", str(theirs), str(flags), str(uid), str(gid),
+                str(os.getpid())]
+        actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1),
+                   (os.POSIX_SPAWN_DUP2, devnull, 2), (os.POSIX_SPAWN_DUP2, theirs, theirs)]
+        if view is not None:
+            view_fd = _memfd(view)
+            argv.append(str(view_fd))
+            actions.append((os.POSIX_SPAWN_DUP2, view_fd, view_fd))
+        if min(theirs, devnull, 3 if view_fd < 0 else view_fd) < 3:
+            raise OSError(errno.EBADF, "fds 0-2 are not open")
+        if sigmask is None:
+            pid = os.posix_spawn(exe, argv, {}, file_actions=actions)
+        else:
+            pid = os.posix_spawn(exe, argv, {}, file_actions=actions, setsigmask=sigmask)
+    except OSError:
+        os.close(ours)
+        raise
+    finally:
+        for fd in (theirs, devnull, view_fd):
+            if fd >= 0:
+                os.close(fd)
+    return _Spare(pid, ours)
+
+
+def _retire(spare: _Spare) -> None:
+    """An unused spare: EOF on its socket makes it exit; reap it."""
+    os.close(spare.sock)
+    try:
+        os.waitpid(spare.pid, 0)
+    except ChildProcessError:
+        pass
+
+
+class _Pool:
+    """Idle spares per kind (namespace layers, uid, gid, binary, view section or None), kept
+    by one thread. The kind made is a guess at the next plan: the same view as this one when
+    the last two plans (of these namespaces, uid, gid) had the same, else namespaces only."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.cond = threading.Condition()
+        self.idle: dict[tuple, list[_Spare]] = {}
+        self.wanted: dict[tuple, float] = {}  # kinds to keep warm (last wanted), LRU first
+        self.seen: dict[tuple, int] = {}
+        self.last_view: dict[tuple, bytes | None] = {}
+        self.doomed: list[_Spare] = []
+        self.thread: threading.Thread | None = None
+        self.sigmask: set[int] = set()  # of the thread that started the keeper
+
+    def take(self, key: tuple, view: bytes | None) -> _Spare | None:
+        """A ready spare for this plan (its view built, else namespaces only), or None."""
+        full, bare = key + (view,), key + (None,)
+        with self.cond:
+            seen = self.seen[key] = self.seen.get(key, 0) + 1
+            same = view is not None and self.last_view.get(key) == view
+            self.last_view[key] = view
+            if len(self.seen) > 64:  # forget rare kinds
+                self.seen, self.last_view = {key: seen}, {key: view}
+            spare = None
+            for kind in (full, bare) if view is not None else (bare,):
+                if self.idle.get(kind):
+                    spare = self.idle[kind].pop(0)
+                    break
+            if _spares == "auto" and seen >= 2:
+                kind = full if same else bare
+                self.wanted.pop(kind, None)
+                self.wanted[kind] = time.monotonic()
+                while len(self.wanted) > SPARE_KINDS:
+                    old = next(iter(self.wanted))
+                    del self.wanted[old]
+                    self.doomed += self.idle.pop(old, [])
+                if self.thread is None:
+                    import signal
+                    self.sigmask = set(signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+                    self.thread = threading.Thread(target=self._keep, name="hcp-linux spares",
+                                                   daemon=True)
+                    self.thread.start()
+                self.cond.notify()
+            return spare
+
+    def clear(self) -> None:
+        """Forget every kind and retire every idle spare."""
+        with self.cond:
+            spares = [s for kind in self.idle.values() for s in kind]
+            self.idle.clear()
+            self.wanted.clear()
+            self.seen.clear()
+            self.last_view.clear()
+        for spare in spares:
+            _retire(spare)
+
+    def discard(self, spare: _Spare) -> None:
+        with self.cond:
+            if self.thread is not None:  # the keeper reaps it
+                self.doomed.append(spare)
+                self.cond.notify()
+                return
+        _retire(spare)
+
+    def _short(self) -> tuple | None:
+        for key in self.wanted:
+            if len(self.idle.get(key, ())) < SPARE_TARGET:
+                return key
+        return None
+
+    def _expire(self) -> float | None:
+        """Doom spares past their age and kinds no longer asked for; seconds to the next."""
+        now = time.monotonic()
+        for kind, last in list(self.wanted.items()):
+            if now - last > KIND_IDLE:
+                del self.wanted[kind]
+        nxt = None
+        for kind in list(self.idle):
+            keep = []
+            for spare in self.idle[kind]:
+                age = now - spare.born
+                if kind in self.wanted and age < SPARE_MAX_AGE:
+                    keep.append(spare)
+                    left = SPARE_MAX_AGE - age
+                    nxt = left if nxt is None else min(nxt, left)
+                else:
+                    self.doomed.append(spare)
+            if keep:
+                self.idle[kind] = keep
+            else:
+                del self.idle[kind]
+        for last in self.wanted.values():
+            left = KIND_IDLE - (now - last)
+            nxt = left if nxt is None else min(nxt, left)
+        return nxt
+
+    def _keep(self) -> None:
+        """The keeper thread: make spares where short, retire the doomed and the stale.
+        Never exits. It blocks every signal, so that a signal meant for the runtime (SIGINT:
+        KeyboardInterrupt) reaches a thread of the runtime's and interrupts what it waits on;
+        the spares it makes get the mask of the thread that started it."""
+        import signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        while True:
+            with self.cond:
+                while True:
+                    timeout = self._expire()
+                    if self.doomed or self._short() is not None:
+                        break
+                    self.cond.wait(None if timeout is None else timeout + 0.01)
+                doomed, self.doomed = self.doomed, []
+                key = self._short()
+            for spare in doomed:
+                _retire(spare)
+            if key is None:
+                continue
+            try:
+                spare: _Spare | None = _make_spare(key, self.sigmask)
+            except OSError:
+                spare = None
+            with self.cond:
+                if spare is None:
+                    self.wanted.pop(key, None)  # cannot make one: stop trying for this kind
+                elif key in self.wanted:
+                    self.idle.setdefault(key, []).append(spare)
+                else:
+                    self.doomed.append(spare)
+
+
+_the_pool: _Pool | None = None
+_pool_lock = threading.Lock()
+
+
+def _pool() -> _Pool:
+    """This process's pool (a forked child starts an empty one: the spares are not its own)."""
+    global _the_pool, _pool_lock
+    pool = _the_pool
+    if pool is not None and pool.owner == os.getpid():
+        return pool
+    if pool is not None:  # forked: the lock may have been held by a thread that is gone
+        _pool_lock = threading.Lock()
+    with _pool_lock:
+        if _the_pool is None or _the_pool.owner != os.getpid():
+            _the_pool = _Pool()
+        return _the_pool
+
+
+__all__ = ["EXECUTORS", "NATIVE_STEPS", "SPARES", "available", "binary", "get_default",
+           "plan_bytes", "selected", "set_default", "set_spares", "spawn"]

@@ -1,0 +1,1228 @@
+/*
+ * hcp-exec: the native executor of hcp-linux.
+ *
+ * The parent (hcp_linux/native/__init__.py) compiles a Plan in Python, serialises it and
+ * posix_spawn()s this program (vfork + exec: the cost does not grow with the runtime's RSS,
+ * and no Python runs in the child), or hands the plan to a copy of it started earlier (a
+ * spare, below). This program performs the steps of hcp_linux/child.py under the same step
+ * names, and reports a failure as (step index, errno, detail) on the close-on-exec error pipe,
+ * then exits 125. The order is child.py's, except that a spare brings lo up (and builds the
+ * mount view, given a template) before the plan comes; the result is the same.
+ *
+ *     argv: hcp-exec PLAN_FD ERR_FD                      (cold: the plan is there now)
+ *           hcp-exec --spare SOCK FLAGS UID GID PPID [VIEW_FD]  (warm: ahead of the plan)
+ *
+ * A spare does the plan-independent steps at once (session, namespaces, uid/gid maps, pid 1,
+ * loopback; with VIEW_FD, the mount view of a template: a plan whose view section is not that
+ * template byte for byte is refused) and then waits on SOCK for one message: the plan and fds
+ * (error pipe, stdio, Landlock ruleset, proxy channel), passed with SCM_RIGHTS. A step that
+ * failed early is reported then, on the error pipe that came with the plan. EOF instead of a
+ * message: the spare was not needed; it exits 0.
+ *
+ * Process shape, as in child.py:
+ *     this process = the monitor (C1): session, namespaces, uid/gid maps, mirror of the status
+ *       fork -> pid 1 of the new pid namespace (C2): mount view, loopback, confinement
+ *               vfork -> the command (C3): verify, execve
+ *
+ * The plan format is private to this file and hcp_linux/native/__init__.py (PLAN_VERSION);
+ * the build embeds a digest of this source in the file name, so a stale binary is never used.
+ * Every syscall's result is checked. Memory is allocated only while reading the plan (and one
+ * array of fds for the mount view); the command runs on a stack of its own until execve.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <sched.h>
+#include <setjmp.h>
+
+#define PLAN_MAGIC 0x58504348u /* "HCPX" little-endian */
+#define PLAN_VERSION 2
+
+/* Steps, in the order of NATIVE_STEPS in __init__.py; the plan maps each to child.STEPS. */
+enum step {
+    S_INTERNAL, S_STDIO, S_SETSID, S_PDEATHSIG, S_UNSHARE_USER, S_UID_MAP, S_UNSHARE_MOUNT,
+    S_UNSHARE_NET, S_UNSHARE_IPC, S_UNSHARE_PID, S_MOUNT_PRIVATE, S_FORK_PID1, S_BIND_CLONE,
+    S_ROOT_TMPFS, S_BIND_ATTACH, S_MASK, S_SYMLINK, S_DEV, S_PROC, S_PID_MAX, S_TMP, S_CANARY,
+    S_PIVOT_ROOT, S_ROOT_READONLY, S_LOOPBACK_UP, S_PROXY_LISTEN, S_CHDIR, S_RLIMITS,
+    S_NO_NEW_PRIVS, S_DROP_CAPABILITIES, S_LANDLOCK_RULES, S_LANDLOCK_RESTRICT, S_SECCOMP,
+    S_CLOSE_FDS, S_FORK_COMMAND, S_VERIFY, S_EXECVE,
+    N_STEPS
+};
+
+/* plan flags */
+#define F_USERNS (1u << 0)
+#define F_MOUNTNS (1u << 1)
+#define F_NETNS (1u << 2)
+#define F_IPCNS (1u << 3)
+#define F_PIDNS (1u << 4)
+#define F_CONFINED (1u << 5)
+#define F_PROXY (1u << 6)
+#define F_HOLDS_SETPCAP (1u << 7)
+#define F_PROC_FRESH (1u << 8)
+#define F_WAIT_FOR_TREE (1u << 9)
+#define F_LANDLOCK (1u << 10)
+#define F_CANARY (1u << 11)
+#define F_SECCOMP (1u << 12)
+#define F_PID_MAX (1u << 13)
+#define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX)
+
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef SYS_landlock_add_rule
+#define SYS_landlock_add_rule 445
+#endif
+#ifndef SYS_landlock_restrict_self
+#define SYS_landlock_restrict_self 446
+#endif
+#define OPEN_TREE_CLONE_ 1
+#define AT_RECURSIVE_ 0x8000
+#define MOVE_MOUNT_F_EMPTY_PATH_ 0x4
+#define CLOSE_RANGE_CLOEXEC_ (1u << 2)
+#define LANDLOCK_RULE_PATH_BENEATH_ 1
+#define PR_CAP_AMBIENT_ 47
+#define PR_CAP_AMBIENT_CLEAR_ALL_ 4
+#define PR_SET_SECUREBITS_ 28
+#define SECURE_ALL_LOCKED_ 0xef /* NOROOT|NO_SETUID_FIXUP|KEEP_CAPS_LOCKED|NO_CAP_AMBIENT_RAISE, locked */
+
+#define NEWROOT "/tmp"
+#define DETAIL_MAX 512
+
+struct mount_attr_ {
+    uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+
+struct landlock_path_beneath_attr_ {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+
+struct bind {
+    const char *source, *target;
+    uint64_t dev, ino, attrs;
+    int is_dir;
+};
+struct mask {
+    const char *path;
+    int is_dir;
+};
+struct symlink_ {
+    const char *link, *dest;
+};
+struct rlim {
+    uint64_t resource, value;
+};
+struct rule {
+    const char *path;
+    uint64_t access;
+};
+
+static struct plan {
+    uint32_t flags;
+    int64_t parent_pid, uid, gid, cap_last_cap, pid_max;
+    int stdio[3], ruleset_fd, proxy_fd;
+    uint64_t dir_only;
+    uint32_t proxy_addr; /* host byte order */
+    uint16_t proxy_port;
+    uint64_t umask; /* ~0: leave it */
+    const char *cwd, *exe, *tmp_options, *shm_options, *canary;
+    const unsigned char *bpf, *view;
+    size_t bpf_len, view_len;
+    uint32_t view_flags;
+    size_t n_binds, n_masks, n_symlinks, n_rlimits, n_rules, n_argv, n_env;
+    struct bind *binds;
+    struct mask *masks;
+    struct symlink_ *symlinks;
+    struct rlim *rlimits;
+    struct rule *rules;
+    char **argv, **env;
+} P;
+
+static int errfd = -1;
+static uint16_t step_map[N_STEPS]; /* our step -> index in child.STEPS (0 = "internal") */
+
+/* A spare defers a failing step until the plan (and with it the error pipe) arrives. */
+static jmp_buf defer_jmp;
+static volatile int deferring;
+static int pend_step = -1, pend_err;
+static char pend_detail[DETAIL_MAX];
+static int lo_done; /* the spare brought lo up already */
+static int view_done; /* the spare built the mount view already, from this template: */
+static const unsigned char *view_template;
+static size_t view_template_len;
+
+/* ---- reporting ------------------------------------------------------------------------ */
+
+static void __attribute__((noreturn)) report(enum step step, int err, const char *detail) {
+    unsigned char rec[4 + DETAIL_MAX];
+    if (deferring) {
+        deferring = 0;
+        pend_step = (int)step;
+        pend_err = err;
+        snprintf(pend_detail, sizeof pend_detail, "%s", detail ? detail : "");
+        longjmp(defer_jmp, 1);
+    }
+    uint16_t idx = step < N_STEPS ? step_map[step] : 0;
+    uint16_t e = (uint16_t)(err & 0xffff);
+    size_t n = detail ? strnlen(detail, DETAIL_MAX) : 0;
+    rec[0] = idx & 0xff;
+    rec[1] = idx >> 8;
+    rec[2] = e & 0xff;
+    rec[3] = e >> 8;
+    if (n)
+        memcpy(rec + 4, detail, n);
+    if (errfd >= 0) {
+        ssize_t r;
+        do
+            r = write(errfd, rec, 4 + n);
+        while (r < 0 && errno == EINTR);
+    }
+    _exit(125);
+}
+
+#define TRY(step, expr, detail)                                                              \
+    do {                                                                                     \
+        if ((expr) < 0)                                                                      \
+            report((step), errno, (detail));                                                 \
+    } while (0)
+
+/* ---- the plan ------------------------------------------------------------------------- */
+
+static unsigned char *buf;
+static size_t buf_len, pos;
+
+static void __attribute__((noreturn)) malformed(const char *what) {
+    char d[128];
+    snprintf(d, sizeof d, "native executor: malformed plan (%s)", what);
+    report(S_INTERNAL, EINVAL, d);
+}
+
+static uint64_t get_u64(void) {
+    uint64_t v = 0;
+    if (buf_len - pos < 8)
+        malformed("truncated");
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | buf[pos + i];
+    pos += 8;
+    return v;
+}
+
+static size_t get_count(size_t elem_min) {
+    uint64_t n = get_u64();
+    if (n > (buf_len - pos) / (elem_min ? elem_min : 1))
+        malformed("count");
+    return (size_t)n;
+}
+
+static const unsigned char *get_bytes(size_t *len) {
+    uint64_t n = get_u64();
+    const unsigned char *p;
+    if (n > buf_len - pos)
+        malformed("length");
+    p = buf + pos;
+    pos += n;
+    *len = (size_t)n;
+    return p;
+}
+
+/* A NUL-terminated string without interior NULs (the serialiser appends the NUL). */
+static const char *get_str(void) {
+    size_t n;
+    const unsigned char *p = get_bytes(&n);
+    if (n == 0 || p[n - 1] != 0 || memchr(p, 0, n - 1) != NULL)
+        malformed("string");
+    return (const char *)p;
+}
+
+static void *alloc(size_t n, size_t size) {
+    void *p = calloc(n + 1, size);
+    if (!p)
+        report(S_INTERNAL, ENOMEM, "native executor: out of memory");
+    return p;
+}
+
+static void read_plan(int fd) {
+    size_t cap = 16384;
+    buf = malloc(cap);
+    if (!buf)
+        report(S_INTERNAL, ENOMEM, "native executor: out of memory");
+    for (;;) {
+        ssize_t r;
+        if (buf_len == cap) {
+            unsigned char *nb = realloc(buf, cap *= 2);
+            if (!nb)
+                report(S_INTERNAL, ENOMEM, "native executor: out of memory");
+            buf = nb;
+        }
+        r = pread(fd, buf + buf_len, cap - buf_len, (off_t)buf_len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            report(S_INTERNAL, errno, "native executor: reading the plan");
+        if (r == 0)
+            break;
+        buf_len += (size_t)r;
+    }
+    close(fd);
+}
+
+/* The mount view: everything build_mount_view() reads, in a section of its own, so that a spare
+ * can build it ahead of time from a template, and a plan be checked against that template. */
+static void parse_view(void) {
+    size_t i;
+    P.view_flags = (uint32_t)get_u64();
+    P.pid_max = (int64_t)get_u64();
+    P.tmp_options = get_str();
+    P.shm_options = get_str();
+    P.n_binds = get_count(48);
+    P.binds = alloc(P.n_binds, sizeof *P.binds);
+    for (i = 0; i < P.n_binds; i++) {
+        struct bind *b = &P.binds[i];
+        b->source = get_str();
+        b->target = get_str();
+        b->is_dir = (int)get_u64();
+        b->dev = get_u64();
+        b->ino = get_u64();
+        b->attrs = get_u64();
+    }
+    P.n_masks = get_count(16);
+    P.masks = alloc(P.n_masks, sizeof *P.masks);
+    for (i = 0; i < P.n_masks; i++) {
+        P.masks[i].path = get_str();
+        P.masks[i].is_dir = (int)get_u64();
+    }
+    P.n_symlinks = get_count(16);
+    P.symlinks = alloc(P.n_symlinks, sizeof *P.symlinks);
+    for (i = 0; i < P.n_symlinks; i++) {
+        P.symlinks[i].link = get_str();
+        P.symlinks[i].dest = get_str();
+    }
+    if (pos != buf_len)
+        malformed("view");
+}
+
+static void parse_plan(void) {
+    size_t n, i;
+    if (get_u64() != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC))
+        malformed("version");
+    n = get_count(8);
+    for (i = 0; i < n; i++) {
+        uint64_t idx = get_u64();
+        if (i < N_STEPS)
+            step_map[i] = (uint16_t)idx;
+    }
+    if (n != N_STEPS)
+        malformed("step table");
+    P.flags = (uint32_t)get_u64();
+    P.parent_pid = (int64_t)get_u64();
+    P.uid = (int64_t)get_u64();
+    P.gid = (int64_t)get_u64();
+    P.cap_last_cap = (int64_t)get_u64();
+    for (i = 0; i < 3; i++)
+        P.stdio[i] = (int)(int64_t)get_u64();
+    P.ruleset_fd = (int)(int64_t)get_u64();
+    P.proxy_fd = (int)(int64_t)get_u64();
+    P.dir_only = get_u64();
+    P.proxy_addr = (uint32_t)get_u64();
+    P.proxy_port = (uint16_t)get_u64();
+    P.umask = get_u64();
+    P.cwd = get_str();
+    P.exe = get_str();
+    P.canary = get_str();
+    P.bpf = get_bytes(&P.bpf_len);
+    P.view = get_bytes(&P.view_len);
+    {
+        unsigned char *outer = buf;
+        size_t outer_len = buf_len, outer_pos = pos;
+        buf = (unsigned char *)P.view;
+        buf_len = P.view_len;
+        pos = 0;
+        parse_view();
+        buf = outer;
+        buf_len = outer_len;
+        pos = outer_pos;
+    }
+    if ((P.flags & VIEW_FLAGS) != P.view_flags)
+        malformed("view flags");
+    P.n_rlimits = get_count(16);
+    P.rlimits = alloc(P.n_rlimits, sizeof *P.rlimits);
+    for (i = 0; i < P.n_rlimits; i++) {
+        P.rlimits[i].resource = get_u64();
+        P.rlimits[i].value = get_u64();
+    }
+    P.n_rules = get_count(16);
+    P.rules = alloc(P.n_rules, sizeof *P.rules);
+    for (i = 0; i < P.n_rules; i++) {
+        P.rules[i].path = get_str();
+        P.rules[i].access = get_u64();
+    }
+    P.n_argv = get_count(8);
+    P.argv = alloc(P.n_argv, sizeof *P.argv); /* NULL-terminated: alloc gives n + 1 */
+    for (i = 0; i < P.n_argv; i++)
+        P.argv[i] = (char *)get_str();
+    P.n_env = get_count(8);
+    P.env = alloc(P.n_env, sizeof *P.env);
+    for (i = 0; i < P.n_env; i++)
+        P.env[i] = (char *)get_str();
+    if (pos != buf_len)
+        malformed("trailing bytes");
+    if (P.n_argv == 0)
+        malformed("empty argv");
+    if ((P.flags & F_SECCOMP) && (P.bpf_len == 0 || P.bpf_len % 8 || P.bpf_len / 8 > BPF_MAXINSNS))
+        malformed("seccomp program");
+}
+
+/* ---- helpers (each mirrors its Python twin in child.py) -------------------------------- */
+
+static char pathbuf[2][PATH_MAX + 64];
+
+static const char *join(int slot, const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la + lb >= sizeof pathbuf[slot]) {
+        errno = ENAMETOOLONG;
+        return NULL;
+    }
+    memcpy(pathbuf[slot], a, la);
+    memcpy(pathbuf[slot] + la, b, lb + 1);
+    return pathbuf[slot];
+}
+
+/* os.makedirs(path, mode, exist_ok=True): parents with 0777, the leaf with mode. */
+static int makedirs(const char *path, mode_t mode) {
+    char tmp[PATH_MAX + 64];
+    size_t len = strlen(path);
+    struct stat st;
+    if (len >= sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(tmp, path, len + 1);
+    while (len > 1 && tmp[len - 1] == '/')
+        tmp[--len] = 0;
+    if (mkdir(tmp, mode) == 0)
+        return 0;
+    if (errno == EEXIST)
+        goto exists;
+    if (errno != ENOENT)
+        return -1;
+    /* create the parents, then the leaf */
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(tmp, 0777) < 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -1;
+exists:
+    if (stat(tmp, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    errno = EEXIST;
+    return -1;
+}
+
+static int dirname_of(const char *path, char *out, size_t size) {
+    const char *slash = strrchr(path, '/');
+    size_t n;
+    if (!slash) {
+        out[0] = 0;
+        return 0;
+    }
+    n = (size_t)(slash - path);
+    while (n > 0 && path[n - 1] == '/') /* os.path.dirname strips trailing slashes of the head */
+        n--;
+    if (n == 0)
+        n = 1; /* "/" */
+    if (n >= size) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(out, path, n);
+    out[n] = 0;
+    return 0;
+}
+
+/* _make_file: os.makedirs(dirname, 0o755, exist_ok=True); open(O_WRONLY|O_CREAT, 0o644) */
+static int make_file(const char *path) {
+    char dir[PATH_MAX + 64];
+    int fd;
+    if (dirname_of(path, dir, sizeof dir) < 0)
+        return -1;
+    if (dir[0] && makedirs(dir, 0755) < 0)
+        return -1;
+    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+static int write_file(const char *path, const char *data) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    ssize_t r;
+    int saved;
+    if (fd < 0)
+        return -1;
+    do
+        r = write(fd, data, strlen(data));
+    while (r < 0 && errno == EINTR);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return r < 0 ? -1 : 0;
+}
+
+static int mount_tmpfs(const char *path, const char *options) {
+    if (makedirs(path, 0755) < 0)
+        return -1;
+    return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options);
+}
+
+static int write_id_maps(void) {
+    char text[64];
+    if (write_file("/proc/self/setgroups", "deny") < 0)
+        return -1;
+    snprintf(text, sizeof text, "%lld %lld 1", (long long)P.uid, (long long)P.uid);
+    if (write_file("/proc/self/uid_map", text) < 0)
+        return -1;
+    snprintf(text, sizeof text, "%lld %lld 1", (long long)P.gid, (long long)P.gid);
+    return write_file("/proc/self/gid_map", text);
+}
+
+/* ---- the mount view ------------------------------------------------------------------- */
+
+static void build_mount_view(void) {
+    int *fds = alloc(P.n_binds, sizeof *fds);
+    size_t i;
+    const char *t;
+    /* 1. clone every granted tree; it must be the very object the parent checked */
+    for (i = 0; i < P.n_binds; i++) {
+        struct bind *b = &P.binds[i];
+        struct stat st;
+        struct mount_attr_ attr = {b->attrs, 0, 0, 0};
+        int fd = (int)syscall(SYS_open_tree, AT_FDCWD, b->source,
+                              OPEN_TREE_CLONE_ | O_CLOEXEC | AT_RECURSIVE_ | AT_SYMLINK_NOFOLLOW);
+        TRY(S_BIND_CLONE, fd, b->source);
+        TRY(S_BIND_CLONE, fstat(fd, &st), b->source);
+        if ((uint64_t)st.st_dev != b->dev || (uint64_t)st.st_ino != b->ino) {
+            char d[DETAIL_MAX];
+            snprintf(d, sizeof d, "%s changed since it was checked", b->source);
+            report(S_BIND_CLONE, ESTALE, d);
+        }
+        TRY(S_BIND_CLONE,
+            syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE_, &attr, sizeof attr),
+            b->source);
+        fds[i] = fd;
+    }
+    /* 2. the new root: an empty tmpfs, read-only once assembled */
+    TRY(S_ROOT_TMPFS, mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m"),
+        NULL);
+    TRY(S_TMP, (t = join(0, NEWROOT, "/tmp")) ? mount_tmpfs(t, P.tmp_options) : -1, NULL);
+    TRY(S_DEV, (t = join(0, NEWROOT, "/dev/shm")) ? mount_tmpfs(t, P.shm_options) : -1, NULL);
+    for (i = 0; i < P.n_binds; i++) {
+        struct bind *b = &P.binds[i];
+        t = join(0, NEWROOT, b->target);
+        TRY(S_BIND_ATTACH, t ? 0 : -1, b->target);
+        TRY(S_BIND_ATTACH, b->is_dir ? makedirs(t, 0755) : make_file(t), b->target);
+        TRY(S_BIND_ATTACH,
+            syscall(SYS_move_mount, fds[i], "", AT_FDCWD, t, MOVE_MOUNT_F_EMPTY_PATH_), b->target);
+        close(fds[i]);
+    }
+    if (P.n_masks) {
+        const char *empty_file = NEWROOT "/.hcp-masked", *empty_dir = NEWROOT "/.hcp-masked.d";
+        int fd = open(empty_file, O_WRONLY | O_CREAT | O_CLOEXEC, 0);
+        TRY(S_MASK, fd, NULL);
+        close(fd);
+        TRY(S_MASK, mkdir(empty_dir, 0), NULL);
+        for (i = 0; i < P.n_masks; i++) {
+            t = join(0, NEWROOT, P.masks[i].path);
+            TRY(S_MASK, t ? 0 : -1, NULL);
+            TRY(S_MASK, mount(P.masks[i].is_dir ? empty_dir : empty_file, t, NULL, MS_BIND, NULL),
+                NULL);
+            TRY(S_MASK,
+                mount(NULL, t, NULL,
+                      MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+                NULL);
+        }
+    }
+    for (i = 0; i < P.n_symlinks; i++) {
+        t = join(0, NEWROOT, P.symlinks[i].link);
+        TRY(S_SYMLINK, t ? symlink(P.symlinks[i].dest, t) : -1, P.symlinks[i].link);
+    }
+    {
+        static const char *const links[][2] = {{"/fd", "/proc/self/fd"},
+                                               {"/stdin", "/proc/self/fd/0"},
+                                               {"/stdout", "/proc/self/fd/1"},
+                                               {"/stderr", "/proc/self/fd/2"}};
+        TRY(S_DEV, makedirs(NEWROOT "/dev", 0755), NULL);
+        for (i = 0; i < 4; i++) {
+            t = join(0, NEWROOT "/dev", links[i][0]);
+            TRY(S_DEV, symlink(links[i][1], t), NULL);
+        }
+    }
+    if (P.flags & F_PROC_FRESH) {
+        TRY(S_PROC, makedirs(NEWROOT "/proc", 0555), NULL);
+        TRY(S_PROC, mount("proc", NEWROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+            NULL);
+    }
+    if (P.flags & F_PID_MAX) {
+        char text[32];
+        snprintf(text, sizeof text, "%lld", (long long)P.pid_max);
+        TRY(S_PID_MAX, write_file(NEWROOT "/proc/sys/kernel/pid_max", text), NULL);
+    }
+    TRY(S_CANARY, make_file(NEWROOT "/.hcp-canary"), NULL);
+    /* 3. switch roots and drop the old one */
+    TRY(S_PIVOT_ROOT, chdir(NEWROOT), NULL);
+    TRY(S_PIVOT_ROOT, syscall(SYS_pivot_root, ".", "."), NULL);
+    TRY(S_PIVOT_ROOT, umount2(".", MNT_DETACH), NULL);
+    TRY(S_PIVOT_ROOT, chdir("/"), NULL);
+    TRY(S_ROOT_READONLY,
+        mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL),
+        NULL);
+    free(fds);
+}
+
+/* ---- network -------------------------------------------------------------------------- */
+
+static int loopback_up(void) {
+    struct ifreq ifr;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), saved;
+    if (s < 0)
+        return -1;
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo", 3);
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+        goto fail;
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+        goto fail;
+    close(s);
+    return 0;
+fail:
+    saved = errno;
+    close(s);
+    errno = saved;
+    return -1;
+}
+
+/* Listen inside this network namespace; hand the socket to the parent's egress proxy. */
+static int proxy_listen(int channel) {
+    struct sockaddr_in a;
+    char data = 'L';
+    struct iovec iov = {&data, 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg;
+    struct cmsghdr *cm;
+    int s, saved, r = -1;
+    if (channel < 0) {
+        errno = EBADF;
+        return -1;
+    }
+    s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+        saved = errno;
+        close(channel);
+        errno = saved;
+        return -1;
+    }
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(P.proxy_port);
+    a.sin_addr.s_addr = htonl(P.proxy_addr);
+    memset(&msg, 0, sizeof msg);
+    memset(&u, 0, sizeof u);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &s, sizeof s);
+    if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 128) == 0) {
+        ssize_t n;
+        do
+            n = sendmsg(channel, &msg, 0);
+        while (n < 0 && errno == EINTR);
+        r = n < 0 ? -1 : 0;
+    }
+    saved = errno;
+    close(s);
+    close(channel);
+    errno = saved;
+    return r;
+}
+
+/* ---- confinement ---------------------------------------------------------------------- */
+
+static int drop_capabilities(void) {
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    if (P.flags & F_HOLDS_SETPCAP) {
+        if (prctl(PR_SET_SECUREBITS_, SECURE_ALL_LOCKED_, 0, 0, 0) < 0)
+            return -1;
+        for (int64_t cap = 0; cap <= P.cap_last_cap; cap++)
+            if (prctl(PR_CAPBSET_DROP, (unsigned long)cap, 0, 0, 0) < 0)
+                return -1;
+    }
+    if (prctl(PR_CAP_AMBIENT_, PR_CAP_AMBIENT_CLEAR_ALL_, 0, 0, 0) < 0)
+        return -1;
+    memset(data, 0, sizeof data);
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+/* Rules for mounts that only exist here (the new root, /proc, /tmp, /dev/shm). The parent
+ * masked each access by what the ruleset handles; dir-only rights go for a non-directory. */
+static void add_late_rules(void) {
+    for (size_t i = 0; i < P.n_rules; i++) {
+        struct stat st;
+        struct landlock_path_beneath_attr_ attr;
+        uint64_t access = P.rules[i].access;
+        int fd = open(P.rules[i].path, O_PATH | O_CLOEXEC);
+        TRY(S_LANDLOCK_RULES, fd, P.rules[i].path);
+        TRY(S_LANDLOCK_RULES, fstat(fd, &st), P.rules[i].path);
+        if (!S_ISDIR(st.st_mode))
+            access &= ~P.dir_only;
+        if (access && P.ruleset_fd >= 0) {
+            attr.allowed_access = access;
+            attr.parent_fd = fd;
+            TRY(S_LANDLOCK_RULES,
+                syscall(SYS_landlock_add_rule, P.ruleset_fd, LANDLOCK_RULE_PATH_BENEATH_, &attr, 0),
+                P.rules[i].path);
+        }
+        close(fd);
+    }
+}
+
+static int install_seccomp(void) {
+    struct sock_fprog prog = {(unsigned short)(P.bpf_len / 8),
+                              (struct sock_filter *)(uintptr_t)P.bpf};
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
+/* Prove the confinement is in force before exec; refuse otherwise. */
+static void verify(void) {
+    char status[8192], d[DETAIL_MAX];
+    size_t len = 0;
+    int fd;
+    if (P.flags & F_CANARY) {
+        fd = open(P.canary, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            snprintf(d, sizeof d, "Landlock canary %s was readable", P.canary);
+            report(S_VERIFY, EPERM, d);
+        }
+        if (errno != EACCES && errno != EPERM) {
+            snprintf(d, sizeof d, "Landlock canary %s: %s", P.canary, strerror(errno));
+            report(S_VERIFY, errno, d);
+        }
+    }
+    fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    TRY(S_VERIFY, fd, "/proc/self/status");
+    for (;;) {
+        ssize_t r = read(fd, status + len, sizeof status - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        TRY(S_VERIFY, r, "/proc/self/status");
+        if (r == 0 || (len += (size_t)r) == sizeof status - 1)
+            break;
+    }
+    close(fd);
+    status[len] = 0;
+    {
+        /* the line as child.py shows it: repr() of the stripped text */
+        static const char *const lines[][2] = {
+            {"NoNewPrivs:\t1\n", "'NoNewPrivs:\\t1'"},
+            {"CapEff:\t0000000000000000\n", "'CapEff:\\t0000000000000000'"},
+            {"CapPrm:\t0000000000000000\n", "'CapPrm:\\t0000000000000000'"},
+            {"CapAmb:\t0000000000000000\n", "'CapAmb:\\t0000000000000000'"},
+            {"CapBnd:\t0000000000000000\n", "'CapBnd:\\t0000000000000000'"},
+            {"Seccomp:\t2\n", "'Seccomp:\\t2'"},
+        };
+        for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+            if (i == 4 && !(P.flags & F_HOLDS_SETPCAP))
+                continue;
+            if (i == 5 && !(P.flags & F_SECCOMP))
+                continue;
+            if (!strstr(status, lines[i][0])) {
+                snprintf(d, sizeof d, "/proc/self/status lacks %s", lines[i][1]);
+                report(S_VERIFY, EPERM, d);
+            }
+        }
+    }
+}
+
+static void __attribute__((noreturn)) do_exec(void) {
+    execve(P.exe, P.argv, P.env);
+    report(S_EXECVE, errno, P.exe);
+}
+
+/* ---- init (pid 1 of the sandbox) and monitor ------------------------------------------ */
+
+static volatile pid_t forward_to;
+
+static void forward(int sig) {
+    int saved = errno;
+    kill(forward_to, sig);
+    errno = saved;
+}
+
+static volatile pid_t kill_target;
+
+static void kill_request(int sig) {
+    int saved = errno;
+    (void)sig;
+    kill(kill_target, SIGKILL);
+    errno = saved;
+}
+
+static void on(int sig, void (*handler)(int)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    if (sigaction(sig, &sa, NULL) < 0)
+        _exit(125);
+}
+
+static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, SIGCONT};
+
+static void close_all_but(int keep) {
+    if (keep > 0)
+        syscall(SYS_close_range, 0, keep - 1, 0);
+    syscall(SYS_close_range, keep + 1, ~0U, 0);
+}
+
+/* pid 1: forward signals to the command, reap orphans, report the command's wait status;
+ * then exit at once (the kernel kills what is left) or, with wait_for_tree, when all is gone */
+static void __attribute__((noreturn)) init(pid_t command, int status_w) {
+    int command_status = 0, have = 0;
+    unsigned char out[4];
+    ssize_t r;
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        _exit(125);
+    forward_to = command;
+    for (size_t i = 0; i < sizeof FORWARDED / sizeof FORWARDED[0]; i++)
+        on(FORWARDED[i], forward);
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            break; /* ECHILD: nothing left to wait for */
+        }
+        if (pid == command) {
+            command_status = status;
+            have = 1;
+            if (!(P.flags & F_WAIT_FOR_TREE))
+                break;
+            forward_to = -1; /* to all that remain */
+        }
+    }
+    if (!have)
+        _exit(125);
+    out[0] = command_status & 0xff;
+    out[1] = (command_status >> 8) & 0xff;
+    out[2] = (command_status >> 16) & 0xff;
+    out[3] = (command_status >> 24) & 0xff;
+    do
+        r = write(status_w, out, 4);
+    while (r < 0 && errno == EINTR);
+    _exit(r == 4 ? 0 : 125);
+}
+
+/* The monitor: hold nothing of the run's, wait for the init, exit as the command did. */
+static void __attribute__((noreturn)) mirror(pid_t pid, int status_r) {
+    unsigned char data[4];
+    size_t got = 0;
+    int status = 0;
+    close_all_but(status_r);
+    forward_to = pid;
+    kill_target = pid;
+    on(SIGTERM, forward);
+    on(SIGINT, forward);
+    on(SIGHUP, forward);
+    on(SIGUSR1, kill_request); /* KILL_REQUEST */
+    for (;;) {
+        ssize_t r = read(status_r, got < 4 ? data + got : data, got < 4 ? 4 - got : 4);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+        if (got > 4)
+            got = 5; /* more than a status: ignore it */
+    }
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            _exit(125);
+    if (got == 4)
+        status = (int)((uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16
+                       | (uint32_t)data[3] << 24);
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        struct rlimit zero = {0, 0};
+        sigset_t set;
+        setrlimit(RLIMIT_CORE, &zero);
+        if (sig != SIGKILL) {
+            signal(sig, SIG_DFL);
+            sigemptyset(&set);
+            sigaddset(&set, sig);
+            sigprocmask(SIG_UNBLOCK, &set, NULL);
+        }
+        kill(getpid(), sig);
+        _exit(128 + sig); /* signals whose default action is not to terminate */
+    }
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 125);
+}
+
+/* ---- the payload: pid 1 of the sandbox (or the monitor itself without a pid namespace) -- */
+
+static char command_stack[64 * 1024] __attribute__((aligned(64)));
+
+/* The command (C3), in the init's memory until execve: only syscalls and our own stack. */
+static int command(void *arg) {
+    (void)arg;
+    TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+    verify();
+    do_exec();
+}
+
+static void __attribute__((noreturn)) payload(int status_w) {
+    pid_t pid;
+    if (P.flags & F_PIDNS)
+        TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+    if ((P.flags & F_MOUNTNS) && !view_done)
+        build_mount_view();
+    if ((P.flags & F_NETNS) && !lo_done)
+        TRY(S_LOOPBACK_UP, loopback_up(), NULL);
+    if (P.flags & F_PROXY)
+        TRY(S_PROXY_LISTEN, proxy_listen(P.proxy_fd), NULL);
+    TRY(S_CHDIR, chdir(P.cwd), NULL);
+    if (!(P.flags & F_CONFINED)) /* native-local (HCP §10.3): a trust decision */
+        do_exec();
+    for (size_t i = 0; i < P.n_rlimits; i++) {
+        struct rlimit rl = {(rlim_t)P.rlimits[i].value, (rlim_t)P.rlimits[i].value};
+        char d[24];
+        snprintf(d, sizeof d, "%llu", (unsigned long long)P.rlimits[i].resource);
+        TRY(S_RLIMITS, setrlimit((int)P.rlimits[i].resource, &rl), d);
+    }
+    TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
+    TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
+    if (P.flags & F_LANDLOCK) {
+        add_late_rules();
+        if (P.ruleset_fd >= 0)
+            TRY(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, P.ruleset_fd, 0), NULL);
+    }
+    if (P.flags & F_SECCOMP)
+        TRY(S_SECCOMP, install_seccomp(), NULL);
+    TRY(S_CLOSE_FDS, syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC_), NULL);
+    if (status_w < 0) {
+        verify();
+        do_exec();
+    }
+    /* vfork-like: the command shares our memory until it execs (we wait, suspended), on a
+     * stack of its own; no page tables are copied */
+    pid = clone(command, command_stack + sizeof command_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                NULL);
+    TRY(S_FORK_COMMAND, pid, NULL);
+    close_all_but(status_w);
+    init(pid, status_w);
+}
+
+/* ---- main: the monitor ------------------------------------------------------------------ */
+
+static int parse_fd(const char *s) {
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < 0 || v > INT_MAX)
+        return -1;
+    return (int)v;
+}
+
+/* An fd we were given must not sit on 0-2 (the stdio step would clobber it). */
+static int above_stdio(int fd) {
+    int nfd;
+    if (fd < 0 || fd > 2)
+        return fd;
+    nfd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (nfd < 0)
+        report(S_STDIO, errno, NULL);
+    return nfd;
+}
+
+/* Standard streams first, so every later step sees the final fds 0-2. A source that sits on
+ * a lower target would be overwritten before use: move it up first. */
+static void setup_stdio(void) {
+    if (P.stdio[1] == 0)
+        P.stdio[1] = above_stdio(P.stdio[1]);
+    if (P.stdio[2] == 0 || P.stdio[2] == 1)
+        P.stdio[2] = above_stdio(P.stdio[2]);
+    for (int target = 0; target < 3; target++) {
+        int fd = P.stdio[target];
+        if (fd != target) {
+            TRY(S_STDIO, dup2(fd, target), NULL);
+            if (fd > 2)
+                fcntl(fd, F_SETFD, FD_CLOEXEC);
+        }
+    }
+}
+
+/* The monitor's steps: session, parent check, namespaces, uid/gid maps, private mounts. */
+static void monitor_steps(void) {
+    TRY(S_SETSID, setsid(), NULL);
+    TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+    if (getppid() != (pid_t)P.parent_pid)
+        _exit(125);
+    if (P.flags & F_USERNS) {
+        TRY(S_UNSHARE_USER, unshare(CLONE_NEWUSER), NULL);
+        /* setgroups must be denied before an unprivileged process may write its gid_map */
+        TRY(S_UID_MAP, write_id_maps(), NULL);
+    }
+    if (P.flags & F_MOUNTNS)
+        TRY(S_UNSHARE_MOUNT, unshare(CLONE_NEWNS), NULL);
+    if (P.flags & F_NETNS)
+        TRY(S_UNSHARE_NET, unshare(CLONE_NEWNET), NULL);
+    if (P.flags & F_IPCNS)
+        TRY(S_UNSHARE_IPC, unshare(CLONE_NEWIPC), NULL);
+    if (P.flags & F_PIDNS)
+        TRY(S_UNSHARE_PID, unshare(CLONE_NEWPID), NULL);
+    if (P.flags & F_MOUNTNS) /* nothing we mount may propagate back to the host */
+        TRY(S_MOUNT_PRIVATE, mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), NULL);
+}
+
+/* ---- a spare ------------------------------------------------------------------------------ */
+
+#define NS_FLAGS (F_USERNS | F_MOUNTNS | F_NETNS | F_IPCNS | F_PIDNS)
+#define M_RULESET 1u
+#define M_PROXY 2u
+
+/* One message: [plan memfd, error pipe, stdin, stdout, stderr, (ruleset), (proxy)]. */
+static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
+    unsigned char hdr[16];
+    struct iovec iov = {hdr, sizeof hdr};
+    union {
+        char buf[CMSG_SPACE(8 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr m;
+    struct cmsghdr *cm;
+    int fds[8], n = 0, want;
+    uint64_t magic = 0, bits = 0;
+    ssize_t r;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = u.buf;
+    m.msg_controllen = sizeof u.buf;
+    do
+        r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    if (r == 0)
+        _exit(0); /* not needed after all */
+    if (r < 0)
+        _exit(125); /* nowhere to report to */
+    close(sock);
+    for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k && n < 8; i++)
+                memcpy(&fds[n++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        }
+    }
+    if (n < 2)
+        _exit(125);
+    errfd = above_stdio(fds[1]);
+    if (r == sizeof hdr) {
+        for (int i = 7; i >= 0; i--) {
+            magic = magic << 8 | hdr[i];
+            bits = bits << 8 | hdr[8 + i];
+        }
+    }
+    want = 5 + !!(bits & M_RULESET) + !!(bits & M_PROXY);
+    if (magic != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC) || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC))
+        || n != want)
+        report(S_INTERNAL, EPROTO, "native executor: malformed message to a spare");
+    read_plan(fds[0]);
+    parse_plan();
+    if (pend_step >= 0) /* a step failed before the plan came: report it now */
+        report((enum step)pend_step, pend_err, pend_detail[0] ? pend_detail : NULL);
+    if ((P.flags & NS_FLAGS) != (spare_flags & NS_FLAGS) || P.uid != uid || P.gid != gid
+        || (view_template && (P.view_len != view_template_len
+                              || memcmp(P.view, view_template, P.view_len) != 0)))
+        report(S_INTERNAL, EPROTO, "native executor: the spare was prepared for another plan");
+    P.stdio[0] = fds[2];
+    P.stdio[1] = fds[3];
+    P.stdio[2] = fds[4];
+    n = 5;
+    P.ruleset_fd = (bits & M_RULESET) ? fds[n++] : -1;
+    P.proxy_fd = (bits & M_PROXY) ? fds[n++] : -1;
+    if (((bits & M_RULESET) && !(P.flags & F_LANDLOCK))
+        || (!!(P.flags & F_PROXY) != !!(bits & M_PROXY)))
+        report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
+    P.ruleset_fd = above_stdio(P.ruleset_fd);
+    P.proxy_fd = above_stdio(P.proxy_fd);
+    if (P.umask != ~(uint64_t)0)
+        umask((mode_t)P.umask);
+}
+
+static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t uid, int64_t gid,
+                                             int64_t ppid, int view_fd) {
+    static int status_pipe[2] = {-1, -1};
+    static pid_t pid;
+    /* Hold nothing of the runtime's while idle: fds it let us inherit (a pipe whose reader
+     * waits for EOF, say) would stay open for as long as we wait. */
+    {
+        unsigned int lo = (unsigned int)(sock < view_fd || view_fd < 0 ? sock : view_fd);
+        unsigned int hi = (unsigned int)(sock < view_fd ? view_fd : sock);
+        syscall(SYS_close_range, 3, lo - 1, 0);
+        if (view_fd >= 0 && hi > lo + 1)
+            syscall(SYS_close_range, lo + 1, hi - 1, 0);
+        syscall(SYS_close_range, hi + 1, ~0U, 0);
+    }
+    if (view_fd >= 0) { /* a template of the mount view: build it now, check the plan later */
+        read_plan(view_fd);
+        parse_view();
+        view_template = buf;
+        view_template_len = buf_len;
+        buf = NULL;
+        buf_len = pos = 0;
+        if ((P.view_flags & F_MOUNTNS) != (flags & F_MOUNTNS))
+            malformed("view template");
+    }
+    P.flags = flags;
+    P.uid = uid;
+    P.gid = gid;
+    P.parent_pid = ppid;
+    if (chdir("/") < 0) { /* pin no directory of the runtime's while idle; harmless if not */
+    }
+    deferring = 1;
+    if (setjmp(defer_jmp) == 0) {
+        monitor_steps();
+        if (flags & F_PIDNS) {
+            TRY(S_FORK_PID1, pipe2(status_pipe, O_CLOEXEC), NULL);
+            pid = fork();
+            TRY(S_FORK_PID1, pid, NULL);
+            if (pid > 0) {
+                deferring = 0;
+                close(sock);
+                mirror(pid, status_pipe[0]);
+            }
+            close(status_pipe[0]);
+            status_pipe[0] = -1;
+            TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+        }
+        if (flags & F_NETNS) {
+            TRY(S_LOOPBACK_UP, loopback_up(), NULL);
+            lo_done = 1;
+        }
+        if (view_template && (flags & F_MOUNTNS)) {
+            P.flags |= P.view_flags;
+            build_mount_view();
+            view_done = 1;
+        }
+        deferring = 0;
+    }
+    receive(sock, flags, uid, gid);
+    setup_stdio();
+    payload((P.flags & F_PIDNS) ? status_pipe[1] : -1);
+}
+
+static int64_t parse_i64(const char *s) {
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || *end || end == s)
+        _exit(2);
+    return (int64_t)v;
+}
+
+static void __attribute__((noreturn)) usage(void) {
+    static const char msg[] = "hcp-exec: the native executor of hcp-linux; not for direct use\n";
+    if (write(2, msg, sizeof msg - 1) < 0)
+        _exit(2);
+    _exit(2);
+}
+
+int main(int argc, char **argv) {
+    int plan_fd, status_pipe[2];
+    pid_t pid;
+    if ((argc == 7 || argc == 8) && strcmp(argv[1], "--spare") == 0) {
+        int sock = parse_fd(argv[2]), view_fd = argc == 8 ? parse_fd(argv[7]) : -1;
+        if (sock < 3 || (argc == 8 && view_fd < 3))
+            usage();
+        spare(sock, (uint32_t)parse_i64(argv[3]), parse_i64(argv[4]), parse_i64(argv[5]),
+              parse_i64(argv[6]), view_fd);
+    }
+    if (argc != 3 || (plan_fd = parse_fd(argv[1])) < 0 || (errfd = parse_fd(argv[2])) < 0)
+        usage();
+    /* What the parent made inheritable for this spawn goes back to close-on-exec at once. */
+    fcntl(errfd, F_SETFD, FD_CLOEXEC);
+    errfd = above_stdio(errfd);
+    read_plan(plan_fd);
+    parse_plan();
+    P.ruleset_fd = above_stdio(P.ruleset_fd);
+    P.proxy_fd = above_stdio(P.proxy_fd);
+    if (P.ruleset_fd >= 0)
+        fcntl(P.ruleset_fd, F_SETFD, FD_CLOEXEC);
+    if (P.proxy_fd >= 0)
+        fcntl(P.proxy_fd, F_SETFD, FD_CLOEXEC);
+    if (P.umask != ~(uint64_t)0)
+        umask((mode_t)P.umask);
+    setup_stdio();
+    monitor_steps();
+    if (!(P.flags & F_PIDNS))
+        payload(-1);
+    TRY(S_FORK_PID1, pipe2(status_pipe, O_CLOEXEC), NULL);
+    pid = fork();
+    TRY(S_FORK_PID1, pid, NULL);
+    if (pid == 0) {
+        close(status_pipe[0]);
+        payload(status_pipe[1]);
+    }
+    mirror(pid, status_pipe[0]);
+}

@@ -1,0 +1,495 @@
+"""The native executor (hcp-exec): it is what runs when selected, it fails exactly like the ctypes
+executor (same steps, errnos and details), it falls back cleanly when absent, and its cost does
+not grow with the runtime's RSS.
+
+The rest of the suite runs once per executor (``pytest --executor native|ctypes``); these tests
+cover what is specific to the native path. Nothing is mocked below the Python/C boundary: every
+test runs real processes.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxing import TIMEOUT, jail  # noqa: F401
+
+from hcp_linux import Policy, Sandbox, child, executor, native
+from hcp_linux.errors import ChildSetupError, PolicyError, SandboxError
+from hcp_linux.plan import compile_plan
+from hcp_linux.policy import LAYERS
+
+built = pytest.mark.skipif(native.binary() is None,
+                           reason="native executor not built (python -m hcp_linux.native.build)")
+EXECUTORS = ("native", "ctypes")
+
+
+def _sleeping(jail: Path, ex: str):
+    return Sandbox(Policy(jail=str(jail)), executor=ex).spawn(["sleep", "30"])
+
+
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+# --- the C program and the Python side agree -----------------------------------------------
+
+
+def test_native_steps_are_the_c_enum_and_known_to_child():
+    with open(native.SOURCE) as f:
+        src = f.read()
+    body = re.search(r"enum step \{(.*?)N_STEPS", src, re.S).group(1)
+    names = tuple(n.strip()[2:].lower().replace("_", "-") for n in body.split(",") if n.strip())
+    assert names == native.NATIVE_STEPS
+    assert set(native.NATIVE_STEPS) <= set(child.STEPS), set(native.NATIVE_STEPS) - set(child.STEPS)
+    # every step child.py can report, the native executor can report too
+    assert set(child.STEPS) <= set(native.NATIVE_STEPS)
+
+
+def test_c_constants_match_the_python_ones():
+    from hcp_linux import _libc as L
+    with open(native.SOURCE) as f:
+        src = f.read()
+    assert f"#define SECURE_ALL_LOCKED_ 0x{L.SECURE_ALL_LOCKED:x} " in src
+    assert f"#define PLAN_VERSION {native.PLAN_VERSION}\n" in src
+    assert f"#define PLAN_MAGIC 0x{native.PLAN_MAGIC:08X}u" in src
+    for name, bit in (("USERNS", native.F_USERNS), ("PID_MAX", native.F_PID_MAX),
+                      ("SECCOMP", native.F_SECCOMP), ("WAIT_FOR_TREE", native.F_WAIT_FOR_TREE)):
+        assert f"#define F_{name} (1u << {bit.bit_length() - 1})" in src
+
+
+def test_executor_names_are_checked():
+    with pytest.raises(PolicyError):
+        Sandbox(Policy(), executor="fastest")
+    with pytest.raises(PolicyError):
+        native.set_default("fork")
+    assert native.get_default() in native.EXECUTORS
+
+
+# --- it is really what runs ------------------------------------------------------------------
+
+
+@built
+def test_native_executor_is_what_runs(jail: Path) -> None:
+    """The monitor is hcp-exec itself (no Python was forked), and it confines."""
+    proc = _sleeping(jail, "native")
+    try:
+        assert _comm(proc.pid).startswith("hcp-exec"), _comm(proc.pid)
+        assert os.path.realpath(f"/proc/{proc.pid}/exe") == os.path.realpath(native.binary())
+    finally:
+        proc.kill()
+        proc.wait(TIMEOUT)
+    run = Sandbox(Policy(jail=str(jail)), executor="native").run(
+        ["sh", "-c", "grep -E '^(NoNewPrivs|Seccomp|CapEff):' /proc/self/status; "
+                     "echo x > ../beside 2>/dev/null; cat /proc/1/comm"],
+        capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run
+    out = run.stdout.decode()
+    assert "NoNewPrivs:\t1" in out and "Seccomp:\t2" in out and "CapEff:\t0000000000000000" in out
+    assert not (jail.parent / "beside").exists()  # at most in the sandbox's private /tmp
+    assert out.splitlines()[-1].startswith("hcp-exec")  # the sandbox's init is hcp-exec too
+
+
+def test_ctypes_executor_is_what_runs(jail: Path) -> None:
+    proc = _sleeping(jail, "ctypes")
+    try:
+        assert not _comm(proc.pid).startswith("hcp-exec")
+        assert os.readlink(f"/proc/{proc.pid}/exe") == os.readlink(f"/proc/{os.getpid()}/exe")
+    finally:
+        proc.kill()
+        proc.wait(TIMEOUT)
+
+
+@built
+def test_cli_takes_a_hidden_executor_flag(jail: Path) -> None:
+    base = [sys.executable, "-m", "hcp_linux", "run", "--jail", str(jail)]
+    for ex in native.EXECUTORS:
+        p = subprocess.run(base + ["--executor", ex, "--", "sh", "-c", "cat /proc/1/comm"],
+                           capture_output=True, timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p
+        assert p.stdout.decode().startswith("hcp-exec") == (ex != "ctypes"), (ex, p.stdout)
+    p = subprocess.run(base + ["--executor", "bogus", "--", "true"], capture_output=True,
+                       timeout=TIMEOUT, cwd="/")
+    assert p.returncode == 2 and b"error: sandbox:" in p.stderr
+    help_text = subprocess.run(base[:4] + ["--help"], capture_output=True, timeout=TIMEOUT).stdout
+    assert b"--executor" not in help_text  # hidden
+
+
+# --- same failures, same reports --------------------------------------------------------------
+
+
+def _plan(jail: Path):
+    return compile_plan(Policy(jail=str(jail)), ["true"], layers=frozenset(LAYERS))
+
+
+def _failure(plan, ex: str) -> tuple[str, int, str]:
+    try:
+        proc = executor.spawn(plan, executor=ex)
+    except ChildSetupError as e:
+        return e.step, e.errno, e.detail
+    finally:
+        plan.close()
+    proc.wait(TIMEOUT)
+    raise AssertionError(f"{ex}: the spawn did not fail")
+
+
+def _swapped_inode(plan):
+    import dataclasses
+    b = plan.binds[-1]
+    plan.binds[-1] = dataclasses.replace(b, ino=b.ino + 1)
+    return b.source.decode()
+
+
+def _missing_cwd(plan):
+    plan.cwd = b"/nonexistent-hcp-cwd"
+    return None
+
+
+def _missing_exe(plan):
+    plan.exe = b"/nonexistent-hcp-bin"
+    return None
+
+
+@built
+@pytest.mark.parametrize("mutate, step, err", [
+    (_swapped_inode, "bind-clone", errno.ESTALE),
+    (_missing_cwd, "chdir", errno.ENOENT),
+    (_missing_exe, "execve", errno.ENOENT),
+])
+def test_failures_are_reported_identically(jail: Path, mutate, step: str, err: int) -> None:
+    """A failing step reaches the parent as the same (step, errno, detail) from either
+    executor, so the error mapping and the degraded-host logic are shared."""
+    seen = {}
+    for ex in EXECUTORS:
+        plan = _plan(jail)
+        mutate(plan)
+        seen[ex] = _failure(plan, ex)
+    assert seen["native"] == seen["ctypes"], seen
+    assert seen["native"][:2] == (step, err), seen
+
+
+@built
+def test_rlimit_failure_is_the_rlimits_step(jail: Path) -> None:
+    """The ctypes executor reports this one as "internal" (CPython's resource.setrlimit raises
+    ValueError, not OSError, for EPERM/EINVAL); the native one names the step."""
+    import resource
+    plan = _plan(jail)
+    plan.rlimits.append((resource.RLIMIT_NOFILE, 1 << 40))  # above fs.nr_open: EPERM
+    assert _failure(plan, "native") == ("rlimits", errno.EPERM, str(resource.RLIMIT_NOFILE))
+
+
+@built
+def test_malformed_plan_fails_closed(jail: Path, monkeypatch) -> None:
+    good = native.plan_bytes
+    monkeypatch.setattr(native, "plan_bytes", lambda *a: good(*a)[:-5])
+    step, err, detail = _failure(_plan(jail), "native")
+    assert (step, err) == ("internal", errno.EINVAL) and "malformed plan" in detail, detail
+
+
+# --- absent, broken, or unbuildable: the ctypes executor carries on ---------------------------
+
+
+def test_fallback_when_not_built(jail: Path, monkeypatch) -> None:
+    monkeypatch.setattr(native, "_binary", None)
+    assert native.selected("auto") == "ctypes" and not native.available()
+    run = Sandbox(Policy(jail=str(jail)), executor="auto").run(["true"], timeout=TIMEOUT)
+    assert run.returncode == 0
+    with pytest.raises(SandboxError, match="native executor unavailable"):
+        Sandbox(Policy(jail=str(jail)), executor="native").run(["true"], timeout=TIMEOUT)
+
+
+def test_fallback_when_it_cannot_be_executed(jail: Path, tmp_path: Path, monkeypatch) -> None:
+    """A binary that cannot be executed (a noexec mount, say): auto falls back for good."""
+    fake = tmp_path / "hcp-exec-fake"
+    fake.write_bytes(b"\0not an executable")
+    fake.chmod(0o644)  # EACCES at exec
+    monkeypatch.setattr(native, "_binary", str(fake))
+    monkeypatch.setattr(native, "_broken", None)
+    with pytest.raises(SandboxError, match="native executor .*Permission denied"):
+        Sandbox(Policy(jail=str(jail)), executor="native").run(["true"], timeout=TIMEOUT)
+    assert Sandbox(Policy(jail=str(jail)), executor="auto").run(["true"],
+                                                                timeout=TIMEOUT).returncode == 0
+    assert native._broken and native.selected("auto") == "ctypes"
+
+
+def test_build_without_a_compiler_is_not_an_error(monkeypatch, capsys) -> None:
+    from hcp_linux.native import build
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    monkeypatch.setattr(build, "_trusted", lambda path: False)
+    assert build.main([]) == 0
+    assert "no C compiler" in capsys.readouterr().err
+    assert build.main(["--check", "--quiet"]) == 1
+
+
+def test_untrusted_binary_is_ignored(tmp_path: Path) -> None:
+    exe = tmp_path / "hcp-exec"
+    exe.write_bytes(b"#!/bin/sh\n")
+    exe.chmod(0o777)  # writable by others: never run it
+    assert not native._trusted(str(exe))
+    exe.chmod(0o755)
+    assert native._trusted(str(exe))
+
+
+# --- cost independent of the runtime's size; safe with threads --------------------------------
+
+
+def _median_ms(sandbox: Sandbox, runs: int) -> float:
+    sandbox.run(["true"], timeout=TIMEOUT)
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        assert sandbox.run(["true"], timeout=TIMEOUT).returncode == 0
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples)
+
+
+@built
+def test_cost_does_not_grow_with_rss(jail: Path) -> None:
+    """Negative control: the ctypes executor forks the runtime, whose page tables grow with
+    its RSS; the native one is posix_spawn()ed (vfork + exec) and does not."""
+    native_sb = Sandbox(Policy(jail=str(jail)), executor="native")
+    ctypes_sb = Sandbox(Policy(jail=str(jail)), executor="ctypes")
+    small = _median_ms(native_sb, 15), _median_ms(ctypes_sb, 5)
+    ballast = bytearray(b"\x01") * (384 << 20)  # touched: really resident
+    try:
+        large = _median_ms(native_sb, 15), _median_ms(ctypes_sb, 5)
+    finally:
+        del ballast
+    assert large[0] < small[0] * 1.5 + 1.5, (small, large)
+    assert large[1] > small[1] + 5, ("control: fork should grow with RSS", small, large)
+
+
+@built
+def test_concurrent_callers(jail: Path) -> None:
+    sandbox = Sandbox(Policy(jail=str(jail)), executor="native")
+    failures: list[object] = []
+
+    def worker(i: int) -> None:
+        for j in range(10):
+            run = sandbox.run(["sh", "-c", f"echo {i}-{j}"], capture_output=True, timeout=TIMEOUT)
+            if run.returncode != 0 or run.stdout != f"{i}-{j}\n".encode():
+                failures.append((i, j, run.returncode, run.stdout, run.stderr))
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not failures, failures[:3]
+
+
+@built
+def test_no_fd_of_the_runtime_or_the_plan_reaches_the_command(jail: Path) -> None:
+    r, w = os.pipe()  # inheritable in the runtime: must still not reach the command
+    os.set_inheritable(r, True)
+    os.set_inheritable(w, True)
+    try:
+        run = Sandbox(Policy(jail=str(jail)), executor="native").run(
+            ["sh", "-c", "ls /proc/self/fd"], capture_output=True, timeout=TIMEOUT)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert run.returncode == 0, run
+    assert sorted(run.stdout.split()) == [b"0", b"1", b"2", b"3"], run.stdout  # 3: ls's own
+
+
+# --- spares: the same run, prepared ahead ---------------------------------------------------
+
+_PROBE = ("umask; id -u; id -g; pwd; ls -a /; ls -a /dev /tmp; cat /proc/self/uid_map; "
+          "grep -E '^(NoNewPrivs|Seccomp|Cap(Eff|Prm|Bnd|Amb)):' /proc/self/status; "
+          "ls /proc/self/fd; cat /proc/sys/kernel/pid_max; echo $HOME $TMPDIR $PATH; "
+          "cut -d' ' -f4- /proc/self/mountinfo; cat /proc/net/dev | cut -d: -f1; ls /proc | "
+          "grep -c '^[0-9]'")
+
+
+def _probe(sandbox: Sandbox) -> tuple[int, bytes, bytes]:
+    run = sandbox.run(["sh", "-c", _PROBE], capture_output=True, timeout=TIMEOUT)
+    return run.returncode, run.stdout, run.stderr
+
+
+@pytest.fixture
+def spares_auto():
+    """Spares on, and a pool with nothing from earlier tests in it."""
+    native.set_spares("auto")
+    native._pool().clear()
+    yield
+    native.set_spares("auto")
+    native._pool().clear()
+
+
+@built
+def test_a_ready_spare_runs_exactly_like_a_direct_spawn(jail: Path, spares_auto) -> None:
+    """The probe's view of the sandbox (mounts, ids, fds, capabilities, env, umask...) is the
+    same through hcp-exec with the plan on its command line, a spare started on the spot,
+    and a ready spare whose namespaces and mount view were built before the plan existed."""
+    sandbox = Sandbox(Policy(jail=str(jail)), executor="native")
+    native.set_spares("never")
+    direct = _probe(sandbox)
+    assert direct[0] == 0, direct
+    native.set_spares("auto")
+    before = dict(native.stats)
+    results = []
+    for _ in range(6):
+        results.append(_probe(sandbox))
+        time.sleep(0.05)  # let the keeper have one ready
+    assert native.stats["on_the_spot"] > before["on_the_spot"]
+    assert native.stats["ready"] > before["ready"], native.stats
+    for r in results:
+        assert r == direct
+
+
+@built
+def test_a_ready_spare_takes_the_umask_of_the_moment(jail: Path, spares_auto) -> None:
+    sandbox = Sandbox(Policy(jail=str(jail)), executor="native")
+    for _ in range(4):
+        sandbox.run(["true"], timeout=TIMEOUT)
+    time.sleep(0.1)
+    ready = native.stats["ready"]
+    old = os.umask(0o077)
+    try:
+        run = sandbox.run(["sh", "-c", "umask"], capture_output=True, timeout=TIMEOUT)
+    finally:
+        os.umask(old)
+    assert native.stats["ready"] == ready + 1  # it was a spare made under the old umask
+    assert run.stdout == b"0077\n", run
+
+
+def _inject(plan, spare) -> None:
+    """Put ``spare`` where the pool will hand it to ``plan``."""
+    key = native._spare_key(plan, native.binary())
+    kind = key + (native.view_bytes(plan),)
+    pool = native._pool()
+    with pool.cond:
+        pool.idle.setdefault(kind, []).insert(0, spare)
+
+
+@built
+def test_a_spare_refuses_a_plan_it_was_not_prepared_for(jail: Path, tmp_path: Path,
+                                                       spares_auto) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    prepared = _plan(other)
+    spare = native._make_spare(native._spare_key(prepared, native.binary())
+                               + (native.view_bytes(prepared),))
+    prepared.close()
+    plan = _plan(jail)
+    _inject(plan, spare)  # a lie: the pool thinks it was made for this plan's view
+    step, err, detail = _failure(plan, "native")
+    assert (step, err) == ("internal", errno.EPROTO) and "another plan" in detail, detail
+
+
+@built
+def test_a_spare_reports_a_step_that_failed_before_the_plan_came(jail: Path,
+                                                                spares_auto) -> None:
+    """A view built ahead of time from a template whose inode is stale fails at bind-clone;
+    the spare says so on the error pipe of the run it is given, like a direct spawn would."""
+    plan = _plan(jail)
+    src = _swapped_inode(plan)
+    spare = native._make_spare(native._spare_key(plan, native.binary())
+                               + (native.view_bytes(plan),))
+    _inject(plan, spare)
+    step, err, detail = _failure(plan, "native")
+    assert (step, err, detail) == ("bind-clone", errno.ESTALE, f"{src} changed since it was checked")
+
+
+@built
+def test_an_idle_spare_holds_no_fd_of_the_runtime(jail: Path) -> None:
+    r, w = os.pipe()
+    os.set_inheritable(w, True)  # a pipe whose reader waits for EOF
+    plan = _plan(jail)
+    try:
+        spare = native._make_spare(native._spare_key(plan, native.binary()) + (None,))
+    finally:
+        os.close(w)
+        plan.close()
+    try:
+        time.sleep(0.1)
+        ours = f"pipe:[{os.fstat(r).st_ino}]"
+        with open(f"/proc/{spare.pid}/task/{spare.pid}/children") as f:
+            pid1 = [int(c) for c in f.read().split()]
+        assert pid1, "the spare has no init yet"
+        for pid in [spare.pid] + pid1:
+            targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            assert ours not in targets, targets
+        os.set_blocking(r, False)
+        assert os.read(r, 1) == b""  # EOF: nobody else holds the write end
+    finally:
+        os.close(r)
+        native._retire(spare)
+
+
+@built
+def test_idle_spares_are_replaced_when_stale(jail: Path, spares_auto, monkeypatch) -> None:
+    monkeypatch.setattr(native, "SPARE_MAX_AGE", 0.3)
+    sandbox = Sandbox(Policy(jail=str(jail)), executor="native")
+    for _ in range(3):
+        sandbox.run(["true"], timeout=TIMEOUT)
+    time.sleep(0.2)
+    pool = native._pool()
+
+    def idle() -> set[int]:
+        with pool.cond:
+            return {s.pid for spares in pool.idle.values() for s in spares}
+    first = idle()
+    assert first
+    time.sleep(1.0)
+    assert first.isdisjoint(idle()), "stale spares were kept"
+    for pid in first:  # retired and reaped by the keeper
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_forked_runtime_starts_its_own_pool() -> None:
+    parent_pool = native._pool()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            pool = native._pool()
+            ok = pool is not parent_pool and pool.owner == os.getpid() and not pool.idle
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"1"
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+
+
+@built
+def test_spares_die_with_the_runtime(jail: Path) -> None:
+    code = ("import sys, time, os\n"
+            "from hcp_linux import Policy, Sandbox, native\n"
+            "sb = Sandbox(Policy(jail=sys.argv[1]), executor='native')\n"
+            "for _ in range(3): sb.run(['true'])\n"
+            "time.sleep(0.3)\n"
+            "p = native._pool()\n"
+            "print(' '.join(str(s.pid) for v in p.idle.values() for s in v), flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(jail)], stdout=subprocess.PIPE,
+                            cwd="/")
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids, "no spare was made"
+        kids = []
+        for pid in pids:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                kids += [int(c) for c in f.read().split()]
+    finally:
+        proc.kill()
+        proc.wait(TIMEOUT)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids + kids):
+        time.sleep(0.05)
+    alive = [p for p in pids + kids if os.path.exists(f"/proc/{p}")
+             and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not alive, alive
