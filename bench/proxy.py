@@ -27,6 +27,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from hcp_linux.egress import EgressPolicy, ProxyThread  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import measure, summary  # noqa: E402
+
 MIB = 1 << 20
 
 
@@ -143,31 +146,13 @@ def _nodelay(s: socket.socket) -> socket.socket:
     return s
 
 
-def measure(fn: Callable[[], object], runs: int, warmup: int = 10) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1000.0)
-    return out
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
-    return {"median_ms": round(statistics.median(ordered), 4), "p95_ms": round(p95, 4),
-            "runs": len(ordered)}
-
-
 def bench_setup(open_: Callable[[int], socket.socket], echo_port: int, runs: int) -> list[float]:
     """Connection setup until the first byte has made a round trip to the upstream."""
     def once() -> None:
         with _nodelay(open_(echo_port)) as s:
             s.sendall(b"x")
             _recv_exact(s, 1)
-    return measure(once, runs)
+    return measure(once, runs, warmup=10)
 
 
 def bench_rtt(open_: Callable[[int], socket.socket], echo_port: int, runs: int) -> list[float]:
@@ -208,7 +193,7 @@ def bench_http(proxy: tuple[str, int] | None, http_port: int, runs: int) -> list
             s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{http_port}\r\n\r\n".encode())
             while s.recv(65536):
                 pass
-    return measure(once, runs)
+    return measure(once, runs, warmup=10)
 
 
 def main() -> int:
@@ -236,12 +221,12 @@ def main() -> int:
         _wait_ready(client.proxy)
         paths = {"direct": client.direct, "connect": client.connect, "socks5": client.socks5}
         for name, open_ in paths.items():
-            results[f"setup/{name}"] = summary(bench_setup(open_, ports["echo"], args.runs))
-            results[f"rtt64/{name}"] = summary(bench_rtt(open_, ports["echo"], args.runs * 5))
+            results[f"setup/{name}"] = summary(bench_setup(open_, ports["echo"], args.runs), 4)
+            results[f"rtt64/{name}"] = summary(bench_rtt(open_, ports["echo"], args.runs * 5), 4)
             ms = bench_throughput(open_, ports["sink"], args.mib, args.transfers)
             results[f"throughput/{name}"] = _throughput(ms, args.mib)
-        results["http_get/direct"] = summary(bench_http(None, ports["http"], args.runs))
-        results["http_get/proxy"] = summary(bench_http(client.proxy, ports["http"], args.runs))
+        results["http_get/direct"] = summary(bench_http(None, ports["http"], args.runs), 4)
+        results["http_get/proxy"] = summary(bench_http(client.proxy, ports["http"], args.runs), 4)
     finally:
         for p in procs:
             p.terminate()
@@ -271,7 +256,7 @@ def _wait_ready(address: tuple[str, int]) -> None:
 
 
 def _throughput(ms: list[float], mib: int) -> dict[str, float]:
-    s = summary(ms)
+    s = summary(ms, 4)
     return {**s, "median_mib_s": round(mib / (s["median_ms"] / 1000.0), 1),
             "p95_mib_s": round(mib / (s["p95_ms"] / 1000.0), 1)}
 

@@ -34,35 +34,21 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from hcp_linux import Policy, Sandbox, native  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import measure, summary  # noqa: E402
+
 TRUE = "/bin/true"
 PY = sys.executable  # this venv's interpreter (not the pyenv shim)
 COMMANDS = {"/bin/true": [TRUE], "git --version": ["git", "--version"],
             "python -c pass": [PY, "-c", "pass"]}
 
 
-def measure(fn: Callable[[], object], runs: int, warmup: int = 5) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1000.0)
-    return out
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    samples = sorted(samples)
-    p95 = samples[min(len(samples) - 1, int(round(0.95 * (len(samples) - 1))))]
-    return {"median_ms": round(statistics.median(samples), 3), "p95_ms": round(p95, 3),
-            "runs": len(samples)}
-
-
 def posix_spawn(argv: list[str]) -> Callable[[], None]:
     exe = shutil.which(argv[0]) or argv[0]
 
     def run() -> None:
-        pid = os.posix_spawn(exe, argv, os.environ)
+        pid = os.posix_spawn(exe, argv, os.environ, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
         _, status = os.waitpid(pid, 0)
         assert status == 0, status
     return run

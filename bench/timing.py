@@ -1,0 +1,25 @@
+"""Timing helpers shared by the benchmarks: samples in milliseconds, median and p95."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def measure(fn: Callable[[], object], runs: int, warmup: int = 5) -> list[float]:
+    """``runs`` timings of ``fn`` in ms, after ``warmup`` untimed calls (caches filled)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000.0)
+    return out
+
+
+def summary(samples: list[float], digits: int = 3) -> dict[str, float]:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return {"median_ms": round(statistics.median(ordered), digits),
+            "p95_ms": round(p95, digits), "runs": len(ordered)}
