@@ -9,9 +9,15 @@ CMD    ?= sh -c 'echo hello > in-jail.txt && echo "write in the jail: ok ($$(cat
             echo "network interfaces: $$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " " | tr "\n" " ")"; \
             echo "HCP_SANDBOX=$$HCP_SANDBOX"'
 
-.PHONY: setup native run test test-unprivileged bench probe clean
+.PHONY: setup native bytecode run test test-unprivileged bench probe clean
 
-setup: $(VENV)/.installed native
+setup: $(VENV)/.installed native bytecode
+
+# An editable install does not compile the sources, as a wheel install does: without .pyc
+# files (and with PYTHONDONTWRITEBYTECODE set, they are never written) every `hcp-linux run`
+# compiles some 40 modules first (+15 ms). Cheap when up to date.
+bytecode: $(VENV)/.installed
+	@$(PY) -m compileall -q hcp_linux landlock seccomp_profiles >/dev/null
 
 # The native executor (hcp-exec): built when a C compiler is there, else the ctypes executor
 # is used and everything still works. Cheap when up to date.

@@ -2,16 +2,43 @@
 
     from hcp_linux import Policy, Sandbox
     run = Sandbox(Policy(jail="/path/to/jail")).run(["git", "status"], capture_output=True)
-"""
-from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError, HostPathError,
-                     LayerUnavailableError, NotAllowlistedError, PolicyError, SandboxError)
-from .policy import Policy
-from .probe import ProbeReport, probe
-from .sandbox import DEVNULL, PIPE, CompletedRun, Sandbox, SandboxProcess, confine
 
-__all__ = [
-    "Policy", "Sandbox", "CompletedRun", "SandboxProcess", "confine", "probe", "ProbeReport", "PIPE", "DEVNULL",
-    "SandboxError", "PolicyError", "NotAllowlistedError", "BinNotFoundError",
-    "BinNotExecutableError", "HostPathError", "LayerUnavailableError", "ChildSetupError",
-]
+The names below are imported on first use (PEP 562), so that ``hcp-linux run`` and a runtime
+that needs only the engine do not pay for the probe or the driver at start-up.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
+                         HostPathError, LayerUnavailableError, NotAllowlistedError,
+                         PolicyError, SandboxError)
+    from .policy import Policy
+    from .probe import ProbeReport, probe
+    from .sandbox import DEVNULL, PIPE, CompletedRun, Sandbox, SandboxProcess, confine
+
+_WHERE = {
+    "Policy": "policy", "Sandbox": "sandbox", "CompletedRun": "sandbox",
+    "SandboxProcess": "sandbox", "confine": "sandbox", "PIPE": "sandbox", "DEVNULL": "sandbox",
+    "probe": "probe", "ProbeReport": "probe",
+    "SandboxError": "errors", "PolicyError": "errors", "NotAllowlistedError": "errors",
+    "BinNotFoundError": "errors", "BinNotExecutableError": "errors", "HostPathError": "errors",
+    "LayerUnavailableError": "errors", "ChildSetupError": "errors",
+}
+__all__ = list(_WHERE)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hcp_linux' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -72,11 +72,17 @@ def _home_dirs() -> set[str]:
 
 
 def _pw_home() -> str | None:
-    import pwd
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return None
+    uid = os.getuid()
+    if uid not in _pw_homes:  # the passwd database is read once per uid, not per spawn
+        import pwd
+        try:
+            _pw_homes[uid] = pwd.getpwuid(uid).pw_dir
+        except KeyError:
+            _pw_homes[uid] = None
+    return _pw_homes[uid]
+
+
+_pw_homes: dict[int, str | None] = {}
 
 
 def _is_install_prefix(prefix: str) -> bool:

@@ -250,6 +250,10 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
 
 
 def _exec(plan: "Plan") -> NoReturn:
+    # The runtime (Python) ignores SIGPIPE and SIGXFSZ, and ignored stays ignored across
+    # execve: give the command their default action, as subprocess does (restore_signals).
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        _step("execve", signal.signal, sig, signal.SIG_DFL)
     try:
         os.execve(plan.exe, plan.argv, plan.env)
     except OSError as e:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -35,6 +37,17 @@ MASKED_PATHS = (
     "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets", "/etc/ssl/private", "/etc/wireguard",
     "/etc/NetworkManager/system-connections", "/etc/letsencrypt", "/etc/ssh/ssh_host_*_key",
 )
+
+
+def _ancestors(path: str) -> list[str]:
+    """``/a/b/c`` -> ``/a``, ``/a/b``, ``/a/b/c``."""
+    parts = path.strip("/").split("/")
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+#: The directories whose listings decide which MASKED_PATHS exist (each pattern's parent and
+#: that parent's ancestors): a cached confinement is remade when one of them changes.
+_MASK_DIRS = tuple(dict.fromkeys(d for p in MASKED_PATHS for d in _ancestors(os.path.dirname(p))))
 
 _FS = landlock.AccessFs
 _RO_ACCESS = _FS.EXECUTE | _FS.READ_FILE | _FS.READ_DIR
@@ -107,6 +120,7 @@ class Plan:
     env_replaced: tuple[str, ...] = ()
     facts: dict = field(default_factory=dict)
     _fds: list[int] = field(default_factory=list)
+    _shared: "_Confinement | None" = None  # holds the fds the binds and Landlock rules name
 
     @property
     def confined(self) -> bool:
@@ -116,12 +130,11 @@ class Plan:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.release()
 
 
-def _open_path(path: str, plan: Plan) -> tuple[int, os.stat_result]:
-    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    plan._fds.append(fd)
-    return fd, os.fstat(fd)
 
 
 def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
@@ -147,9 +160,15 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     if native:
         layers = frozenset()
     view = "mountns" in layers
-    prefixes = [p for p in install_prefixes(exe) if not _covered(p, policy)]
-    path_dirs = [os.path.join(p, "bin") for p in prefixes if os.path.isdir(os.path.join(p, "bin"))]
-    search_path = ":".join(path_dirs + list(SANDBOX_PATH))
+    shared = None
+    if native:
+        prefixes = [p for p in install_prefixes(exe) if not _covered(p, policy)]
+        search_path = _search_path(prefixes)
+    else:
+        # Everything that depends on the policy's roots and the host's paths, not on argv or
+        # the environment: made once, reused while those paths are unchanged.
+        shared = _confinement(policy, install_prefixes(exe), layers, tuple(terminals))
+        search_path = shared.search_path
     if view:
         home = tmpdir = "/tmp"
     else:
@@ -177,15 +196,25 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         holds_setpcap="userns" in layers or L.has_capability(L.CAP_SETPCAP),
         pid_max=pid_fence(policy.limits.nproc) if "pidns" in layers else None,
     )
-    if native:
+    if shared is None:
         return plan
+    plan._shared = shared
+    plan.binds, plan.symlinks, plan.masks = list(shared.binds), list(shared.symlinks), \
+        list(shared.masks)
+    plan.late_rules, plan.canary = list(shared.late_rules), shared.canary
+    plan.landlock = shared.ruleset.copy() if shared.ruleset is not None else None
+    plan.facts["absent_system_roots"] = list(shared.absent)
     try:
-        _plan_view_and_rules(plan, policy, prefixes, layers, terminals)
         _plan_seccomp(plan, policy, layers)
     except BaseException:
         plan.close()
         raise
     return plan
+
+
+def _search_path(prefixes: Sequence[str]) -> str:
+    path_dirs = [os.path.join(p, "bin") for p in prefixes if os.path.isdir(os.path.join(p, "bin"))]
+    return ":".join(path_dirs + list(SANDBOX_PATH))
 
 
 def proxy_env() -> dict[str, str]:
@@ -216,9 +245,165 @@ def _private_tmp_in_jail(jail: str) -> str:
     return tmp
 
 
-def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
+class _Confinement:
+    """The part of a plan that depends on the policy's roots and the host's paths: the mount
+    view (binds with their inodes, symlinks, masks), the Landlock rules (on O_PATH fds it
+    owns) and the sandbox PATH. Building it costs ~0.5 ms of stats, realpaths and globs, so it
+    is made once per key and reused while a cheap re-stat of every path it was made from (the
+    *stamp*) is unchanged; any change (a root swapped, a secret file added under /etc) makes a
+    new one. Plans share it; its fds close when it is replaced and no plan uses it."""
+
+    def __init__(self) -> None:
+        self.binds: list[Bind] = []
+        self.symlinks: list[tuple[bytes, bytes]] = []
+        self.masks: list[tuple[bytes, bool]] = []
+        self.late_rules: list[tuple[bytes, int]] = []
+        self.canary: str | None = None
+        self.ruleset: landlock.Ruleset | None = None  # a template, never created: copied
+        self.absent: list[str] = []
+        self.search_path = ""
+        self.fds: list[int] = []
+        self.watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] = ((), (), ())
+        self.stamp: tuple | None = None  # None: made while its paths changed; not reused
+        self.users = 0
+        self.retired = False
+
+    def open_path(self, path: str) -> tuple[int, os.stat_result]:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        self.fds.append(fd)
+        return fd, os.fstat(fd)
+
+    def current(self) -> bool:
+        """True while every path it was made from is as it was."""
+        return _stamp(self.watched) == self.stamp
+
+    def release(self) -> None:
+        with _confinements_lock:
+            self.users -= 1
+            done = self.retired and self.users == 0
+        if done:
+            self.close()
+
+    def close(self) -> None:
+        if self.ruleset is not None:
+            self.ruleset.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+
+_CONFINEMENTS_MAX = 16
+_confinements: dict[tuple, _Confinement] = {}  # insertion order: least recently made first
+_confinements_lock = threading.Lock()
+#: How old a watched directory's mtime must be before a confinement made from it is kept: a
+#: change within the same tick of the file system's coarse clock could keep the same mtime.
+_RACY_NS = 50_000_000
+#: Where this process's confinements came from (tests, bench): reused, made, made but not kept.
+cache_stats = {"reused": 0, "made": 0, "not_kept": 0}
+
+
+def _confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
+                 terminals: tuple[str, ...]) -> _Confinement:
+    """The confinement for this policy, layers, terminals and install prefixes, reused while
+    current. The caller holds one use of it (Plan.close releases it)."""
+    key = (policy.system_roots, policy.read_only_roots, policy.writable_roots, policy.network,
+           layers, terminals, candidates)
+    with _confinements_lock:
+        conf = _confinements.get(key)
+        if conf is not None:
+            conf.users += 1
+    if conf is not None:
+        if conf.current():
+            cache_stats["reused"] += 1
+            return conf
+        conf.release()
+        with _confinements_lock:
+            if _confinements.get(key) is conf:  # stale: forget it
+                _drop(_confinements.pop(key))
+    conf = _make_confinement(policy, candidates, layers, terminals)
+    conf.users = 1
+    with _confinements_lock:
+        if conf.stamp is None:  # its paths changed while it was made: this plan's alone
+            cache_stats["not_kept"] += 1
+            conf.retired = True
+            return conf
+        cache_stats["made"] += 1
+        old = _confinements.pop(key, None)
+        if old is not None:  # another thread made one meanwhile
+            _drop(old)
+        _confinements[key] = conf
+        conf.users += 1  # the cache's own use
+        while len(_confinements) > _CONFINEMENTS_MAX:
+            _drop(_confinements.pop(next(iter(_confinements))))
+    return conf
+
+
+def _drop(conf: _Confinement) -> None:
+    """The cache lets go of ``conf`` (lock held): closed now, or by its last plan."""
+    conf.retired = True
+    conf.users -= 1
+    if conf.users == 0:
+        conf.close()
+
+
+def clear_cache() -> None:
+    """Forget every cached confinement (their fds close when no plan uses them)."""
+    with _confinements_lock:
+        while _confinements:
+            _drop(_confinements.pop(next(iter(_confinements))))
+
+
+def _stamp(watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]) -> tuple:
+    """Identity of what a confinement was made from: (dev, ino, mode) of each path, followed
+    (what open() reaches) or not (a symlink itself), and (dev, ino, mtime) of each directory
+    whose listing was read; None for a path that is absent."""
+    followed, unfollowed, listed = watched
+    out: list = []
+    for paths, fn in ((followed, os.stat), (unfollowed, os.lstat)):
+        for path in paths:
+            try:
+                st = fn(path)
+                out.append((st.st_dev, st.st_ino, st.st_mode))
+            except OSError:
+                out.append(None)
+    for path in listed:
+        try:
+            st = os.stat(path)
+            out.append((st.st_dev, st.st_ino, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
+                      terminals: Sequence[str]) -> _Confinement:
+    conf = _Confinement()
+    prefixes = [p for p in candidates if not _covered(p, policy)]
+    view = "mountns" in layers
+    bins = [os.path.join(p, "bin") for p in prefixes]
+    grant_paths = (*policy.read_only_roots, *prefixes, *policy.writable_roots, *DEVICES,
+                   *terminals, "/proc")
+    conf.watched = (tuple(dict.fromkeys((*grant_paths, *bins))), tuple(policy.system_roots),
+                    _MASK_DIRS if view else ())
+    before = _stamp(conf.watched)  # before looking: a change while we look shows as a miss
+    try:
+        conf.search_path = _search_path(prefixes)
+        _plan_view_and_rules(conf, policy, prefixes, layers, terminals)
+    except BaseException:
+        conf.close()
+        raise
+    after = _stamp(conf.watched)
+    listings = after[len(after) - len(conf.watched[2]):]
+    racy = time.time_ns() - _RACY_NS
+    if after == before and not any(st is not None and st[2] > racy for st in listings):
+        conf.stamp = after
+    return conf
+
+
+def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str],
                          layers: frozenset[str], terminals: Sequence[str]) -> None:
     view = "mountns" in layers
+    proc_fresh = "pidns" in layers
     ro_attrs = L.MOUNT_ATTR_RDONLY | L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
     rw_attrs = L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
     grants: list[tuple[str, int, int, bool]] = []  # (path, landlock access, mount attrs, writable)
@@ -229,7 +414,7 @@ def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
             real = os.path.realpath(root)
             if any(_is_within(real, r) for r in policy.system_roots
                    if os.path.isdir(r) and not os.path.islink(r)):
-                plan.symlinks.append((os.fsencode(root), os.fsencode(os.readlink(root))))
+                conf.symlinks.append((os.fsencode(root), os.fsencode(os.readlink(root))))
             else:
                 absent.append(root)
             continue
@@ -250,33 +435,33 @@ def _plan_view_and_rules(plan: Plan, policy: Policy, prefixes: list[str],
         # Only the terminal the command was given, so ttyname() works; never all of
         # /dev/pts, which holds the user's other terminals.
         grants.append((tty, _DEV_ACCESS | _FS.IOCTL_DEV, L.MOUNT_ATTR_NOSUID, True))
-    if view and not plan.proc_fresh:
+    if view and not proc_fresh:
         grants.append(("/proc", _PROC_ACCESS,
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
 
     ruleset = None
     if "landlock" in layers:
-        ruleset = _landlock_ruleset(plan, layers)
+        ruleset = _landlock_ruleset(policy, layers)
     for path, access, attrs, writable in grants:
-        fd, st = _open_path(path, plan)
+        fd, st = conf.open_path(path)
         if view:
-            plan.binds.append(Bind(os.fsencode(path), os.fsencode(path), os.path.isdir(path),
+            conf.binds.append(Bind(os.fsencode(path), os.fsencode(path), os.path.isdir(path),
                                    st.st_dev, st.st_ino, attrs, writable))
         if ruleset is not None:
             ruleset.add_path(fd, landlock.AccessFs(access))
-    plan.binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
+    conf.binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
     if view:
-        plan.masks = _masks(policy)
+        conf.masks = _masks(policy)
     if ruleset is not None:
         if view:
-            plan.late_rules = [(b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
+            conf.late_rules = [(b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
                                (b"/tmp", full), (b"/dev/shm", full)]
-            plan.canary = CANARY
+            conf.canary = CANARY
         else:
-            plan.late_rules = [(b"/proc", int(_PROC_ACCESS))]
-            plan.canary = "/"  # no rule grants the host root itself
-        plan.landlock = ruleset
-    plan.facts["absent_system_roots"] = absent
+            conf.late_rules = [(b"/proc", int(_PROC_ACCESS))]
+            conf.canary = "/"  # no rule grants the host root itself
+        conf.ruleset = ruleset
+    conf.absent = absent
 
 
 def _masks(policy: Policy) -> list[tuple[bytes, bool]]:
@@ -289,7 +474,7 @@ def _masks(policy: Policy) -> list[tuple[bytes, bool]]:
     return out
 
 
-def _landlock_ruleset(plan: Plan, layers: frozenset[str]) -> "landlock.Ruleset":
+def _landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Ruleset":
     latest = landlock.LATEST_ABI
     try:
         abi = landlock.abi_version()
@@ -300,7 +485,7 @@ def _landlock_ruleset(plan: Plan, layers: frozenset[str]) -> "landlock.Ruleset":
         raise LayerUnavailableError("landlock", "the kernel has no Landlock (ABI 0)",
                                     REMEDIES["landlock"])
     handled_net = landlock.AccessNet(0)
-    if "netns" not in layers and plan.policy.network == "none":
+    if "netns" not in layers and policy.network == "none":
         # No private network namespace: refuse every TCP bind and connect instead.
         handled_net = landlock.AccessNet.from_abi(latest)
     required: list = [_REQUIRED_FS]

@@ -159,6 +159,20 @@ class Ruleset:
             os.close(fd)
         return self
 
+    def copy(self) -> Ruleset:
+        """A new, uncreated Ruleset with the same handled rights, facts and rules, for making
+        the same kernel ruleset again. Path fds are borrowed, never owned, by the copy: only a
+        ruleset whose paths were given as fds (which the caller keeps open) can be copied."""
+        self._check_open()
+        if any(isinstance(r, PathRule) and r.owned for r in self._rules):
+            raise RulesetError("copy: a rule holds an fd this Ruleset opened; add paths as fds")
+        twin = object.__new__(Ruleset)
+        twin._requested, twin._handled = self._requested, self._handled
+        twin._compat, twin._abi = self._compat, self._abi
+        twin._facts, twin._rules = list(self._facts), list(self._rules)
+        twin._done = False
+        return twin
+
     def add_port(self, port: int, access: AccessNet) -> Ruleset:
         """Allow ``access`` (BIND_TCP / CONNECT_TCP) on TCP ``port``, any address."""
         self._check_open()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from .errors import SeccompCompileError, SeccompProfileError
 from .machines import Machine, native_machine
@@ -26,6 +26,9 @@ _MAGIC = b"hcp-linux seccomp bpf v1\n"
 _CODE_FILES = ("bpf.py", "compiler.py", "conditions.py", "machines.py", "model.py", "registry.py", "syscalls.py")
 
 _memory: dict[tuple[str, ...], bytes] = {}
+# The digest of the very texts each in-memory program was compiled from: a receipt must name
+# the text that rules, even when a profile file was edited after the program was cached.
+_memory_digests: dict[tuple[str, ...], str] = {}
 _code_digest: Optional[str] = None
 
 
@@ -70,14 +73,23 @@ def compile_profiles(names: Sequence[ProfileRef]) -> bytes:
         stats.compiles += 1
         _disk_store(disk_key, program)
     _memory[key] = program
+    _memory_digests[key] = _digest(data for _, _, data in sources)
     return program
 
 
 def profile_digest(names: Sequence[ProfileRef]) -> str:
-    """'sha256:…' of the profiles' file contents, in order: says in a receipt which text ruled."""
+    """'sha256:…' of the profiles' file contents, in order: says in a receipt which text ruled.
+    For names whose program this process holds, the texts it was compiled from."""
+    key = tuple(os.fspath(n) for n in names)
+    known = _memory_digests.get(key)
+    if known is not None:
+        return known
+    return _digest(read_source(ref)[2] for ref in dict.fromkeys(key))
+
+
+def _digest(contents: Iterable[bytes]) -> str:
     h = hashlib.sha256(b"hcp-linux seccomp profiles\n")
-    for ref in dict.fromkeys(os.fspath(n) for n in names):
-        data = read_source(ref)[2]
+    for data in contents:
         h.update(len(data).to_bytes(8, "big") + data)
     return "sha256:" + h.hexdigest()
 
@@ -85,6 +97,7 @@ def profile_digest(names: Sequence[ProfileRef]) -> str:
 def clear_memory_cache() -> None:
     """Forget compiled programs held in this process (the disk cache stays)."""
     _memory.clear()
+    _memory_digests.clear()
 
 
 def cache_dir() -> Optional[str]:

@@ -265,3 +265,29 @@ def test_symlinked_path_rule_follows_target(tmp_path: os.PathLike[str]) -> None:
         got = enforced(created, lambda: (err(lambda: append(os.path.join(allowed, "f"))),
                                          err(lambda: append(os.path.join(denied, "f")))))
     assert got == (OK, errno.EACCES)
+
+
+def test_a_copy_makes_the_same_ruleset_again(tmp_path: os.PathLike[str]) -> None:
+    """Ruleset.copy() (how a cached plan makes a fresh kernel ruleset per run): each copy
+    creates and enforces the same rules, the fds stay the caller's, the original stays usable."""
+    allowed, denied = make_tree(tmp_path)
+    fd = os.open(allowed, os.O_PATH | os.O_CLOEXEC)
+    try:
+        template = Ruleset(handled_fs=landlock.ACCESS_FS_READ).add_path(fd, landlock.ACCESS_FS_READ)
+        actions = lambda: {  # noqa: E731
+            "read allowed": lambda: read(os.path.join(allowed, "f")),
+            "read denied": lambda: read(os.path.join(denied, "f")),
+        }
+        for _ in range(2):
+            with template.copy().create() as created:
+                free, jailed = both(created, actions)
+            assert free == dict.fromkeys(free, OK)
+            assert jailed == {"read allowed": OK, "read denied": errno.EACCES}
+        os.fstat(fd)  # still open: a copy borrows
+        owning = Ruleset(handled_fs=landlock.ACCESS_FS_READ).add_path(allowed,
+                                                                       landlock.ACCESS_FS_READ)
+        with pytest.raises(landlock.RulesetError):
+            owning.copy()
+        owning.close()
+    finally:
+        os.close(fd)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -122,6 +123,33 @@ def test_cli_takes_a_hidden_executor_flag(jail: Path) -> None:
     assert p.returncode == 2 and b"error: sandbox:" in p.stderr
     help_text = subprocess.run(base[:4] + ["--help"], capture_output=True, timeout=TIMEOUT).stdout
     assert b"--executor" not in help_text  # hidden
+
+
+@built
+def test_the_command_gets_the_same_signal_dispositions(jail: Path) -> None:
+    """Ignored and blocked signals reach the command as subprocess gives them: SIGPIPE and
+    SIGXFSZ (ignored by Python) back to default, and not glibc posix_spawn's internal 32/33."""
+    script = ["sh", "-c", "grep -E '^Sig(Ign|Blk):' /proc/self/status"]
+    plain = subprocess.run(script, capture_output=True, check=True).stdout
+    ignored = int(plain.split(b"SigIgn:")[1].split()[0], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1)), plain
+    for ex in EXECUTORS:
+        run = Sandbox(Policy(jail=str(jail)), executor=ex).run(script, capture_output=True,
+                                                              timeout=TIMEOUT)
+        assert run.returncode == 0, run
+        assert run.stdout == plain, (ex, run.stdout, plain)
+
+
+@built
+def test_sigpipe_ends_a_confined_writer_as_it_ends_a_plain_one(jail: Path) -> None:
+    """`yes | head -1` ends because yes dies of SIGPIPE; ignored, yes would get EPIPE."""
+    script = ["bash", "-c", "yes | head -c 2 >/dev/null; echo ${PIPESTATUS[0]}"]
+    plain = subprocess.run(script, capture_output=True, check=True).stdout
+    assert plain == b"141\n"  # 128 + SIGPIPE
+    for ex in EXECUTORS:
+        run = Sandbox(Policy(jail=str(jail)), executor=ex).run(script, capture_output=True,
+                                                              timeout=TIMEOUT)
+        assert (run.returncode, run.stdout) == (0, plain), (ex, run)
 
 
 # --- same failures, same reports --------------------------------------------------------------

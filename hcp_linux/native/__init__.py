@@ -24,6 +24,8 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
+    import socket
+
     from landlock import CreatedRuleset
 
     from ..plan import Plan
@@ -257,6 +259,7 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
         stats["direct"] += 1
         return _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd)
     view = view_bytes(plan)
+    # A ready spare was started a while ago: it takes this moment's umask from the plan.
     fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, _umask(), view))
     try:
         key = _spare_key(plan, exe)
@@ -265,6 +268,7 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
         if spare is not None:
             if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd):
                 stats["ready"] += 1
+                pool.kick()
                 return spare.pid
             pool.discard(spare)  # it died idle (killed?): start one now instead
         try:
@@ -273,6 +277,7 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
             return _cannot_exec(executor, exe, e)
         if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd):
             stats["on_the_spot"] += 1
+            pool.kick()
             return spare.pid
         pool.discard(spare)
         from ..errors import ChildSetupError
@@ -379,7 +384,7 @@ def _umask() -> int:
 class _Spare:
     __slots__ = ("pid", "sock", "born")
 
-    def __init__(self, pid: int, sock: int) -> None:
+    def __init__(self, pid: int, sock: "socket.socket") -> None:
         self.pid, self.sock, self.born = pid, sock, time.monotonic()
 
 
@@ -387,7 +392,7 @@ def _hand_over(spare: _Spare, plan_fd: int, err_w: int, stdio: Sequence[int],
                ruleset: "CreatedRuleset | None", proxy_fd: int) -> bool:
     """Send the plan and the run's fds to a spare; False if it is gone."""
     import array
-    import socket
+    from socket import SCM_RIGHTS, SOL_SOCKET
     bits = 0
     fds = [plan_fd, err_w, *stdio]
     if ruleset is not None and ruleset.fd >= 0:
@@ -398,11 +403,10 @@ def _hand_over(spare: _Spare, plan_fd: int, err_w: int, stdio: Sequence[int],
         bits |= _MSG_PROXY
     msg = _U64(PLAN_VERSION << 32 | PLAN_MAGIC) + _U64(bits)
     try:
-        with socket.socket(fileno=os.dup(spare.sock)) as sock:
-            sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        spare.sock.sendmsg([msg], [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))])
     except OSError:
         return False
-    os.close(spare.sock)  # it has all it needs: from now on it is this run's monitor
+    spare.sock.close()  # it has all it needs: from now on it is this run's monitor
     return True
 
 
@@ -437,12 +441,12 @@ def _make_spare(kind: tuple, sigmask: "set[int] | None" = None) -> _Spare:
         for fd in (theirs, devnull, view_fd):
             if fd >= 0:
                 os.close(fd)
-    return _Spare(pid, ours)
+    return _Spare(pid, socket.socket(fileno=ours))
 
 
 def _retire(spare: _Spare) -> None:
     """An unused spare: EOF on its socket makes it exit; reap it."""
-    os.close(spare.sock)
+    spare.sock.close()
     try:
         os.waitpid(spare.pid, 0)
     except ChildProcessError:
@@ -493,8 +497,14 @@ class _Pool:
                     self.thread = threading.Thread(target=self._keep, name="hcp-linux spares",
                                                    daemon=True)
                     self.thread.start()
-                self.cond.notify()
             return spare
+
+    def kick(self) -> None:
+        """A spawn is handed over: the keeper may refill now (not earlier: it would compete
+        for the GIL with the spawning thread on its way to wait for the run)."""
+        if self.thread is not None:
+            with self.cond:
+                self.cond.notify()
 
     def clear(self) -> None:
         """Forget every kind and retire every idle spare."""
@@ -563,6 +573,7 @@ class _Pool:
                     self.cond.wait(None if timeout is None else timeout + 0.01)
                 doomed, self.doomed = self.doomed, []
                 key = self._short()
+            time.sleep(0.001)  # the spawning thread that kicked us is on its way to block
             for spare in doomed:
                 _retire(spare)
             if key is None:

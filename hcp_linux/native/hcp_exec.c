@@ -792,6 +792,16 @@ static void verify(void) {
 }
 
 static void __attribute__((noreturn)) do_exec(void) {
+    /* Signal dispositions as subprocess gives them (restore_signals): SIGPIPE and SIGXFSZ,
+     * which the Python runtime ignores, back to their default. And glibc's posix_spawn leaves
+     * its two internal signals (32, 33) ignored in the new program; ignored stays ignored
+     * across execve. A zeroed kernel sigaction is SIG_DFL whatever the layout; glibc's
+     * sigaction() refuses 32 and 33, so the raw syscall. */
+    static const unsigned long dfl[4];
+    static const int reset[] = {SIGPIPE, SIGXFSZ, 32, 33};
+    for (size_t i = 0; i < sizeof reset / sizeof reset[0]; i++)
+        if (syscall(SYS_rt_sigaction, reset[i], dfl, NULL, 8) != 0)
+            report(S_EXECVE, errno, "native executor: resetting a signal's disposition");
     execve(P.exe, P.argv, P.env);
     report(S_EXECVE, errno, P.exe);
 }

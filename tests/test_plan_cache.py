@@ -1,0 +1,140 @@
+"""The confinement cache of plan.py: a policy's mount view and Landlock rules are made once and
+reused while every host path they were made from is unchanged; a swapped root or a new secret
+is seen by the very next run. Real runs, real files, nothing mocked below the Python API.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxing import TIMEOUT, jail  # noqa: F401
+
+from hcp_linux import Policy, Sandbox, plan
+
+
+def _counts() -> dict[str, int]:
+    return dict(plan.cache_stats)
+
+
+def _delta(before: dict[str, int]) -> dict[str, int]:
+    return {k: plan.cache_stats[k] - before[k] for k in before}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    plan.clear_cache()
+    yield
+    plan.clear_cache()
+
+
+def test_a_repeated_policy_reuses_its_confinement(jail: Path) -> None:
+    sb = Sandbox(Policy(jail=str(jail)))
+    before = _counts()
+    for _ in range(3):
+        assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
+    assert _delta(before) == {"made": 1, "reused": 2, "not_kept": 0}
+
+
+def test_a_swapped_jail_is_seen_by_the_next_run(tmp_path: Path) -> None:
+    """Renaming the jail away and making a new one at the same path: the next run works in the
+    new directory (a stale view would fail on the old inode, or worse write into the old)."""
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    sb = Sandbox(Policy(jail=str(jail)))
+    first = sb.run(["sh", "-c", "echo one > f"], timeout=TIMEOUT)
+    assert first.returncode == 0, first
+    jail.rename(tmp_path / "old")
+    jail.mkdir()
+    before = _counts()
+    second = sb.run(["sh", "-c", "echo two > f && cat f"], capture_output=True, timeout=TIMEOUT)
+    assert (second.returncode, second.stdout) == (0, b"two\n"), second
+    assert (jail / "f").read_text() == "two\n"
+    assert (tmp_path / "old" / "f").read_text() == "one\n"  # the old directory untouched
+    assert _delta(before)["made"] == 1  # remade, not reused
+
+
+def _secrets_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, age: float) -> Path:
+    """A read-only root whose ``*_key`` files are masked like /etc/ssh's host keys."""
+    secrets = tmp_path / "keys"
+    secrets.mkdir()
+    monkeypatch.setattr(plan, "MASKED_PATHS", plan.MASKED_PATHS + (f"{secrets}/*_key",))
+    monkeypatch.setattr(plan, "_MASK_DIRS", plan._MASK_DIRS + (str(secrets),))
+    if age:
+        then = time.time() - age
+        os.utime(secrets, (then, then))
+    return secrets
+
+
+def test_a_secret_added_after_a_run_is_masked_in_the_next(jail: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = _secrets_dir(tmp_path, monkeypatch, age=60)
+    sb = Sandbox(Policy(jail=str(jail), read_only_roots=(str(secrets),)))
+    key = secrets / "host_key"
+    read = ["sh", "-c", f"cat {key} 2>/dev/null; true"]
+    assert sb.run(read, timeout=TIMEOUT).returncode == 0  # cached, no key yet
+    key.write_text("SECRET\n")
+    before = _counts()
+    run = sb.run(read, capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run
+    assert b"SECRET" not in run.stdout
+    assert str(key) in run.receipt["layers"]["mountns"]["masked"]
+    assert _delta(before)["reused"] == 0  # remade (and, its listing just changed, not kept)
+    # controls: the file is readable on the host, and inside when no pattern masks it
+    assert subprocess.run(["cat", str(key)], capture_output=True).stdout == b"SECRET\n"
+    monkeypatch.setattr(plan, "MASKED_PATHS", plan.MASKED_PATHS[:-1])
+    plain = sb.run(read, capture_output=True, timeout=TIMEOUT)
+    assert plain.stdout == b"SECRET\n", plain
+
+
+def test_a_listing_changed_just_now_is_not_kept(jail: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory modified within the file system's clock tick could change again without
+    its mtime changing: a confinement made from it serves its own run only."""
+    secrets = _secrets_dir(tmp_path, monkeypatch, age=0)
+    sb = Sandbox(Policy(jail=str(jail), read_only_roots=(str(secrets),)))
+    before = _counts()
+    assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
+    assert _delta(before) == {"made": 0, "reused": 0, "not_kept": 1}
+
+
+def _open_fds() -> set[int]:
+    """This process's fds on paths (the spare pool's sockets and pipes come and go)."""
+    out = set()
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{n}").startswith("/"):
+                out.add(int(n))
+        except OSError:
+            pass  # the fd listdir itself used
+    return out
+
+
+def test_a_forgotten_confinement_keeps_its_fds_while_a_plan_uses_it(jail: Path) -> None:
+    """Plans share a confinement's O_PATH fds: clearing the cache while a plan is being
+    spawned (another thread) must not close them under it; they close with the last plan."""
+    from hcp_linux import executor
+    fds = _open_fds()
+    policy = Policy(jail=str(jail))
+    sb = Sandbox(policy)
+    p = plan.compile_plan(policy, ["true"], layers=sb._wanted_layers())
+    plan.clear_cache()
+    held = set(p._shared.fds)
+    assert held and held <= _open_fds()
+    proc = executor.spawn(p, stdout=subprocess.DEVNULL)
+    assert proc.wait(TIMEOUT) == 0
+    p.close()
+    assert _open_fds() <= fds  # nothing left open by the plan or the cache
+
+
+def test_the_cache_holds_no_fd_once_cleared(jail: Path) -> None:
+    fds = _open_fds()
+    sb = Sandbox(Policy(jail=str(jail)))
+    for _ in range(2):
+        assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
+    assert len(_open_fds() - fds) > 3  # the cached view's O_PATH fds
+    plan.clear_cache()
+    assert _open_fds() <= fds
