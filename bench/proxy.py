@@ -16,7 +16,6 @@ import json
 import multiprocessing
 import os
 import socket
-import statistics
 import sys
 import threading
 import time

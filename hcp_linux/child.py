@@ -51,6 +51,7 @@ PROXY_ADDRESS = ("127.0.0.1", 3128)
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _PROXY_FD = -1  # set by run(): our end of the socketpair to the parent's egress proxy
+_DONE_FD = -1  # set by run(): the runtime's "run over" pipe, written by the init
 
 
 class _StepFailed(Exception):
@@ -74,10 +75,11 @@ def _report(errfd: int, step: str, err: int, detail: str) -> NoReturn:
 
 
 def run(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
-        ruleset: "CreatedRuleset | None", proxy_fd: int = -1) -> NoReturn:
-    """Entry point in the forked child (the monitor). Never returns."""
-    global _PROXY_FD
-    _PROXY_FD = proxy_fd
+        ruleset: "CreatedRuleset | None", proxy_fd: int = -1, done_fd: int = -1) -> NoReturn:
+    """Entry point in the forked child (the monitor). Never returns. ``done_fd``: where the
+    sandbox's init reports the command's status once the run's processes are all gone."""
+    global _PROXY_FD, _DONE_FD
+    _PROXY_FD, _DONE_FD = proxy_fd, done_fd
     try:
         _monitor(plan, errfd, stdio, ruleset)
     except _StepFailed as f:
@@ -209,10 +211,12 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
         _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
         _verify(plan)
         _exec(plan)
-    # The init keeps nothing but its status pipe: fds it inherited (this run's pipes, and
+    # The init keeps nothing but its status pipes: fds it inherited (this run's pipes, and
     # any other concurrent run's) would otherwise stay open for the whole run.
-    L.close_range(0, status_w - 1, 0)
-    L.close_range(status_w + 1, 0xFFFFFFFF, 0)
+    keep = sorted(fd for fd in (status_w, _DONE_FD) if fd >= 0)
+    for lo, hi in zip([0] + [fd + 1 for fd in keep], keep + [0xFFFFFFFF + 1]):
+        if lo < hi:
+            L.close_range(lo, hi - 1, 0)
     _init(pid, status_w, plan.wait_for_tree)
 
 
@@ -225,9 +229,12 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sign
 
 def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
     """pid 1 of the sandbox: forward signals to the command, reap orphans, report the
-    command's wait status when it ends. Then, by default, exit at once: the kernel kills
-    whatever is left in the namespace. With ``wait_for_tree``, first wait until every
-    process in the sandbox has exited."""
+    command's wait status. When the command has exited: by default kill what is left, at
+    once; with ``wait_for_tree``, wait until it has all exited. Either way every process of
+    the run is gone (reaped: in a pid namespace every process descends from pid 1, and a
+    process's orphans are ours before it is a zombie) when the status is written: to the
+    runtime first, on its "done" pipe, so it need not wait for the namespaces to be torn
+    down, then to the monitor."""
     L.prctl(L.PR_SET_DUMPABLE, 0)
     forward = lambda sig, _frame: os.kill(command, sig)  # noqa: E731
     for sig in _FORWARDED:
@@ -240,13 +247,25 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
             break
         if pid == command:
             command_status = status
-            if not wait_for_tree:
-                break
             forward = lambda sig, _frame: os.kill(-1, sig)  # noqa: E731 - to all that remain
             for sig in _FORWARDED:
                 signal.signal(sig, forward)
-    os.write(status_w, struct.pack("<i", command_status))
-    os._exit(0)
+            if not wait_for_tree:
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:  # nothing else runs
+                    pass
+    if command_status is None:
+        os._exit(125)
+    report = struct.pack("<i", command_status)
+    ok = True
+    for fd in (_DONE_FD, status_w):  # EPIPE on the first: the runtime stopped listening
+        try:
+            if fd >= 0:
+                os.write(fd, report)
+        except OSError:
+            ok = False
+    os._exit(0 if ok else 125)
 
 
 def _exec(plan: "Plan") -> NoReturn:

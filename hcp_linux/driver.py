@@ -372,8 +372,9 @@ class LinuxDriver:
         Blocking stages (waiting for a workspace lock, copying inputs, writeback, removing a
         jail) run in the default executor. The fork itself happens on the event-loop thread:
         the engine's PDEATHSIG fires when the forking thread exits, and an executor thread
-        is not guaranteed to outlive the child, while the loop thread is. The child is
-        awaited through a pidfd registered with the loop (no thread parked in waitpid).
+        is not guaranteed to outlive the child, while the loop thread is. The run's end is
+        awaited through an fd registered with the loop (SandboxProcess.end_fd: no thread
+        parked in waitpid).
         On cancellation the sandbox is killed and the jail cleaned up before
         ``CancelledError`` propagates.
         """
@@ -496,13 +497,13 @@ async def _communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
             proc.stdin.close()
             wfut.set_result(None)
         waiters.append(wfut)
-    pidfd = os.pidfd_open(proc.pid)
+    end_fd, own_end_fd = proc.end_fd()
     exited = loop.create_future()
 
     def on_exit() -> None:
         if not exited.done():
             exited.set_result(None)
-    loop.add_reader(pidfd, on_exit)
+    loop.add_reader(end_fd, on_exit)
     waiters.append(exited)
     timed_out = False
     try:
@@ -519,11 +520,12 @@ async def _communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
         proc.kill()  # cancelled: the caller's cleanup reaps it
         raise
     finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
+        loop.remove_reader(end_fd)
+        if own_end_fd:
+            os.close(end_fd)
         for kind, fd in registered:
             (loop.remove_reader if kind == "r" else loop.remove_writer)(fd)
-    proc.wait()  # the pidfd said it exited: this reaps without blocking
+    proc.wait()  # the run is over: this does not block
     out = err = None
     if proc.stdout is not None:
         out = b"".join(chunks[proc.stdout.fileno()])

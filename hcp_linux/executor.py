@@ -14,6 +14,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 from typing import IO, Any
 
@@ -44,6 +45,9 @@ class SandboxProcess:
         self._pending_in: memoryview | None = None
         self._proxy: Any = None  # the egress proxy serving this run (network = "allow")
         self._pidns = False  # set by spawn(): the run has a pid namespace and an init
+        # set by spawn() with a pid namespace: the init writes the command's wait status here
+        # once every process of the run is gone, before the namespaces are torn down
+        self._done: int | None = None
 
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
@@ -52,7 +56,25 @@ class SandboxProcess:
             self._proxy = None
         return self.returncode
 
+    def _reported(self) -> int | None:
+        """The init's report on the done pipe (readable): the command's wait status, or None
+        when the init ended without one (killed, failed); then the monitor's status stands.
+        The monitor, still tearing the namespaces down, is reaped in the background."""
+        assert self._done is not None
+        try:
+            data = os.read(self._done, 4)
+        finally:
+            os.close(self._done)
+            self._done = None
+        if len(data) != 4:
+            return None
+        _reaper().reap(self.pid)
+        return self._set_status(struct.unpack("<i", data)[0])
+
     def poll(self) -> int | None:
+        if self.returncode is None and self._done is not None:
+            if not _readable(self._done, 0) or self._reported() is not None:
+                return self.returncode
         if self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
@@ -62,20 +84,32 @@ class SandboxProcess:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is not None:
             return self.returncode
-        if timeout is None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._done is not None:
+            if timeout is not None and not _readable(self._done, timeout):
+                raise subprocess.TimeoutExpired(self.pid, timeout)
+            if self._reported() is not None:  # without a timeout: a blocking read
+                return self.returncode  # type: ignore[return-value]
+        if deadline is None:
             _, status = os.waitpid(self.pid, 0)
             return self._set_status(status)
         # pidfd: sleep in the kernel until the monitor exits, no polling loop.
         pidfd = os.pidfd_open(self.pid)
         try:
-            with selectors.DefaultSelector() as sel:
-                sel.register(pidfd, selectors.EVENT_READ)
-                if not sel.select(timeout):
-                    raise subprocess.TimeoutExpired(self.pid, timeout)
+            if not _readable(pidfd, max(0.0, deadline - time.monotonic())):
+                raise subprocess.TimeoutExpired(self.pid, timeout or 0)
         finally:
             os.close(pidfd)
         _, status = os.waitpid(self.pid, 0)
         return self._set_status(status)
+
+    def end_fd(self) -> tuple[int, bool]:
+        """An fd that turns readable when the run is over, for an event loop to watch, and
+        whether the caller must close it: the init's report pipe, else a pidfd of the
+        monitor. Then call :meth:`wait`, which does not block."""
+        if self._done is not None:
+            return self._done, False
+        return os.pidfd_open(self.pid), True
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
@@ -180,6 +214,65 @@ class SandboxProcess:
             self.stdin.close()
 
 
+def _readable(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` is readable (or at EOF) within ``timeout`` seconds (None: no limit)."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        return bool(sel.select(timeout))
+
+
+class _Reaper:
+    """Reaps monitors after their run is over. The init reports a run's end as soon as its
+    processes are gone; its monitor still has the namespaces to tear down (~0.3 ms), which
+    the caller need not wait for. One thread per process, started on first use; it blocks
+    every signal so that they reach the runtime's own threads."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.cond = threading.Condition()
+        self.pids: list[int] = []
+        self.thread: threading.Thread | None = None
+
+    def reap(self, pid: int) -> None:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # someone else reaped it (a waitpid(-1) of the runtime's)
+            return
+        with self.cond:
+            self.pids.append(pid)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="hcp-linux reaper",
+                                               daemon=True)
+                self.thread.start()
+            self.cond.notify()
+
+    def _run(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        while True:
+            with self.cond:
+                while not self.pids:
+                    self.cond.wait()
+                pid = self.pids.pop(0)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+_the_reaper: _Reaper | None = None
+_reaper_lock = threading.Lock()
+
+
+def _reaper() -> _Reaper:
+    """This process's reaper (a forked child makes its own: the monitors are not its)."""
+    global _the_reaper
+    with _reaper_lock:
+        if _the_reaper is None or _the_reaper.owner != os.getpid():
+            _the_reaper = _Reaper()
+        return _the_reaper
+
+
 def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | None]:
     """(fd for the child, parent's end of a pipe or None)."""
     if spec is None:
@@ -226,10 +319,15 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             proxy_end, child_end = proxy_sock.detach(), child_sock.detach()
             ends.append(proxy_end)
             to_close.append(child_end)
+        done_r = done_w = -1
+        if plan.confined and "pidns" in plan.layers:
+            done_r, done_w = os.pipe2(os.O_CLOEXEC)
+            ends.append(done_r)
+            to_close.append(done_w)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         to_close.append(err_w)
         try:  # hcp-exec through posix_spawn; None: this process forks the ctypes executor
-            pid = native.spawn(executor, plan, err_w, fds, ruleset, child_end)
+            pid = native.spawn(executor, plan, err_w, fds, ruleset, child_end, done_w)
         except BaseException:
             os.close(err_r)
             raise
@@ -237,7 +335,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             pid = os.fork()
         if pid == 0:
             os.close(err_r)
-            child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end)
+            child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end, done_w)
     except BaseException:
         for fd in to_close + [e for e in ends if e is not None]:
             os.close(fd)
@@ -266,6 +364,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                for i, e in enumerate(ends[:3])]
     proc = SandboxProcess(pid, *streams, receipt=receipt or {})  # type: ignore[arg-type]
     proc._pidns = "pidns" in plan.layers
+    proc._done = done_r if done_r >= 0 else None
     if plan.proxy:
         try:
             proc._proxy = _start_proxy(plan, proxy_end, proc.receipt)

@@ -23,11 +23,7 @@ def pytest_configure(config):
         raise pytest.UsageError("--executor native: not built (python -m hcp_linux.native.build)")
     if name != "auto":
         import sandboxing
-        plain = sandboxing.hcp_argv
-
-        def hcp_argv(jail, *cmd, extra=()):
-            return plain(jail, *cmd, extra=["--executor", name, *extra])
-        sandboxing.hcp_argv = hcp_argv
+        sandboxing.EXECUTOR_ARGS[:] = ["--executor", name]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,14 +11,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import pytest
+
+# The conformance harness's observers serve the tests too: one Listener, one pid_alive.
+from hcp_linux.conformance.harness import Listener, accepted, pid_alive  # noqa: F401
 
 IS_ROOT = os.geteuid() == 0
 TIMEOUT = 60  # seconds, for every subprocess a test starts
@@ -110,9 +111,14 @@ def _mkdtemp_outside_tmp() -> str:
 # --- running the CLI ----------------------------------------------------------------------
 
 
+#: ``--executor NAME`` when the suite runs with ``pytest --executor NAME`` (set by conftest):
+#: every test that builds a `hcp-linux run` argv puts it right after ``run``.
+EXECUTOR_ARGS: list[str] = []
+
+
 def hcp_argv(jail: "Arg | None", *cmd: Arg, extra: Sequence[Arg] = ()) -> list:
     """argv of ``python -m hcp_linux run [--jail JAIL] EXTRA... -- CMD...``."""
-    argv: list = [sys.executable, "-m", "hcp_linux", "run"]
+    argv: list = [sys.executable, "-m", "hcp_linux", "run", *EXECUTOR_ARGS]
     if jail is not None:
         argv += ["--jail", os.fspath(jail)]
     argv += [os.fspath(a) if isinstance(a, os.PathLike) else a for a in extra]
@@ -184,49 +190,6 @@ def read_receipt(path: "Arg") -> dict:
 
 
 # --- host-side observers ------------------------------------------------------------------
-
-
-class Listener:
-    """A TCP listener on a loopback address that records every accepted connection."""
-
-    def __init__(self, family: int = socket.AF_INET, host: str = "127.0.0.1") -> None:
-        assert host in ("127.0.0.1", "::1"), "loopback only"
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.sock.setblocking(False)
-        self.host = host
-        self.port = self.sock.getsockname()[1]
-
-    def accepted(self, wait: float = 0.3) -> int:
-        """How many connections were made since the last call (waits ``wait`` s for late ones)."""
-        n = 0
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-                conn.close()
-                n += 1
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return n
-                time.sleep(0.02)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie counts as dead
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def kill_by_pid(proc: subprocess.Popen) -> None:

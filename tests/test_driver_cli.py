@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxing import EXECUTOR_ARGS
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello-pack" / "pack.toml"
 TIMEOUT = 60
 
@@ -25,7 +27,8 @@ def cli(tmp_path):
            "TMPDIR": str(tmp_path), "HOME": str(tmp_path)}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "hcp_linux", "run", *args], cwd=work,
+        return subprocess.run([sys.executable, "-m", "hcp_linux", "run", *EXECUTOR_ARGS, *args],
+                              cwd=work,
                               env=env, capture_output=True, timeout=TIMEOUT)
 
     run.state, run.work, run.shared, run.base = state, work, shared, tmp_path  # type: ignore[attr-defined]

@@ -76,6 +76,28 @@ def test_daemon_dies_when_the_command_exits(jail: Path) -> None:
     assert not _beating(jail / "beat")
 
 
+def _our_child(pid: int) -> bool:
+    """Whether ``pid`` is still a child of this process (running, or a zombie unreaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_the_monitor_is_reaped_after_the_run(jail: Path) -> None:
+    """wait() returns as soon as the sandbox's init reports that the command and all it
+    started are gone, before the namespaces are torn down; the monitor, which tears them
+    down, is then reaped in the background: no zombie is left behind."""
+    proc = _sandbox(jail).spawn(["sh", "-c", DAEMON + " sleep 0.2"])
+    assert proc.wait(TIMEOUT) == 0
+    assert not _beating(jail / "beat", window=0.3)
+    deadline = time.monotonic() + 10
+    while _our_child(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _our_child(proc.pid), "the monitor was left unreaped"
+
+
 def test_on_exit_wait_waits_for_the_tree(jail: Path) -> None:
     script = "(sleep 0.5; echo done > late) & echo main"
     waited = _sandbox(jail, on_exit="wait").run(["sh", "-c", script], capture_output=True,

@@ -125,19 +125,55 @@ def test_cli_takes_a_hidden_executor_flag(jail: Path) -> None:
     assert b"--executor" not in help_text  # hidden
 
 
+_SIG_SCRIPT = ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]  # no shell: dash resets the mask
+
+
+def _sig_bits(status: bytes, field: bytes) -> int:
+    return int(status.split(field)[1].split()[0], 16)
+
+
 @built
 def test_the_command_gets_the_same_signal_dispositions(jail: Path) -> None:
     """Ignored and blocked signals reach the command as subprocess gives them: SIGPIPE and
-    SIGXFSZ (ignored by Python) back to default, and not glibc posix_spawn's internal 32/33."""
-    script = ["sh", "-c", "grep -E '^Sig(Ign|Blk):' /proc/self/status"]
-    plain = subprocess.run(script, capture_output=True, check=True).stdout
-    ignored = int(plain.split(b"SigIgn:")[1].split()[0], 16)
+    SIGXFSZ (ignored by Python) back to default, and glibc posix_spawn's internal signals 32
+    and 33 ignored only when the runtime ignores them."""
+    plain = subprocess.run(_SIG_SCRIPT, capture_output=True, check=True).stdout
+    ignored = _sig_bits(plain, b"SigIgn:")
     assert not ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1)), plain
     for ex in EXECUTORS:
-        run = Sandbox(Policy(jail=str(jail)), executor=ex).run(script, capture_output=True,
+        run = Sandbox(Policy(jail=str(jail)), executor=ex).run(_SIG_SCRIPT, capture_output=True,
                                                               timeout=TIMEOUT)
         assert run.returncode == 0, run
         assert run.stdout == plain, (ex, run.stdout, plain)
+
+
+@built
+def test_dispositions_changed_after_a_spare_was_made_reach_the_command(jail: Path,
+                                                                      spares_auto) -> None:
+    """A spare is started ahead of time; the command still gets the runtime's ignored signals
+    and the spawning thread's mask of the moment of the spawn, like a plain fork."""
+    sb = Sandbox(Policy(jail=str(jail)), executor="native")
+    for _ in range(3):  # the kind repeats: the keeper makes spares with today's dispositions
+        assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
+    deadline = time.monotonic() + 10
+    while not native._pool().idle and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert native._pool().idle, "no spare was made"
+    hup, usr2 = 1 << (signal.SIGHUP - 1), 1 << (signal.SIGUSR2 - 1)
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+    try:
+        plain = subprocess.run(_SIG_SCRIPT, capture_output=True, check=True).stdout
+        assert _sig_bits(plain, b"SigIgn:") & hup and _sig_bits(plain, b"SigBlk:") & usr2, plain
+        ready = native.stats["ready"]
+        run = sb.run(_SIG_SCRIPT, capture_output=True, timeout=TIMEOUT)
+        assert native.stats["ready"] == ready + 1  # it was a spare made before the change
+        assert (run.returncode, run.stdout) == (0, plain), (run, plain)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
+        signal.signal(signal.SIGHUP, old)
+    after = sb.run(_SIG_SCRIPT, capture_output=True, timeout=TIMEOUT).stdout
+    assert not _sig_bits(after, b"SigIgn:") & hup and not _sig_bits(after, b"SigBlk:") & usr2
 
 
 @built

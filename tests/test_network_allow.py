@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxing import EXECUTOR_ARGS
+
 from hcp_linux import Policy, PolicyError, Sandbox
 
 TIMEOUT = 60
@@ -201,8 +203,8 @@ def test_bad_egress_policy_is_refused_before_anything_runs(jail: Path, fields: d
 
 def test_cli_refuses_allow_host_without_network_allow(jail: Path) -> None:
     marker = jail / "ran"
-    p = subprocess.run([sys.executable, "-m", "hcp_linux", "run", "--jail", str(jail),
-                        "--allow-host", "example.com", "--", "touch", str(marker)],
+    p = subprocess.run([sys.executable, "-m", "hcp_linux", "run", *EXECUTOR_ARGS, "--jail",
+                        str(jail), "--allow-host", "example.com", "--", "touch", str(marker)],
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 125
     lines = p.stderr.strip().splitlines()
@@ -238,8 +240,8 @@ except OSError as e:
 
 
 def _run_without_netns(jail: Path, receipt: Path, port: int, *extra: str):
-    argv = [sys.executable, "-c", _DENY_NETNS, "-m", "hcp_linux", "run", "--jail", str(jail),
-            "--receipt", str(receipt), *extra, "--", "python3", "-c", _PROBE_NET, str(port)]
+    argv = [sys.executable, "-c", _DENY_NETNS, "-m", "hcp_linux", "run", *EXECUTOR_ARGS,
+            "--jail", str(jail), "--receipt", str(receipt), *extra, "--", "python3", "-c", _PROBE_NET, str(port)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
 
 

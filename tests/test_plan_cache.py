@@ -4,6 +4,7 @@ is seen by the very next run. Real runs, real files, nothing mocked below the Py
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import time
@@ -102,11 +103,12 @@ def test_a_listing_changed_just_now_is_not_kept(jail: Path, tmp_path: Path,
 
 
 def _open_fds() -> set[int]:
-    """This process's fds on paths (the spare pool's sockets and pipes come and go)."""
+    """This process's O_PATH fds: what a confinement holds (the spare pool's sockets, pipes,
+    memfds and /dev/null come and go on their own)."""
     out = set()
     for n in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{n}").startswith("/"):
+            if fcntl.fcntl(int(n), fcntl.F_GETFL) & os.O_PATH:
                 out.add(int(n))
         except OSError:
             pass  # the fd listdir itself used

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import (EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_USAGE,  # noqa: F401
-                        IS_ROOT, TIMEOUT, assert_ok, err, hcp_argv, jail, out, read_receipt,
+from sandboxing import (EXECUTOR_ARGS, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND,  # noqa: F401
+                        EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT, assert_ok, err, hcp_argv, jail, out, read_receipt,
                         run_cli, sh, show, single_error_line, snapshot)
 
 SECRET = "hcp-test-secret-c41d2e"
@@ -373,7 +373,8 @@ def test_bad_input(tmp_path: Path, jail: Path, case: str) -> None:
     args, status, fragment = cases[case]
     receipt = tmp_path / "receipt.json"
     before = snapshot(jail)
-    argv = [sys.executable, "-m", "hcp_linux", "run", "--receipt", str(receipt), *args]
+    argv = [sys.executable, "-m", "hcp_linux", "run", *EXECUTOR_ARGS, "--receipt", str(receipt),
+            *args]
     p = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, cwd=tmp_path,
                        stdin=subprocess.DEVNULL)
     assert p.returncode == status, show(p)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import (IS_ROOT, TIMEOUT, Listener, as_nobody, assert_ok, err,  # noqa: F401
-                        hcp_argv, jail, kill_by_pid, nobody_jail, out, outside, pid_alive,
-                        ro_root, run_cli, sh, show, var_jail)
+from sandboxing import (IS_ROOT, TIMEOUT, Listener, accepted, as_nobody,  # noqa: F401
+                        assert_ok, err, hcp_argv, jail, kill_by_pid, nobody_jail, out, outside,
+                        pid_alive, ro_root, run_cli, sh, show, var_jail)
 
 SECRET = "hcp-test-secret-7f3a9c"
 
@@ -115,7 +115,7 @@ def test_host_loopback_listener_unreachable(jail: Path, host: str) -> None:
     if host == "::1" and not socket.has_ipv6:
         pytest.skip("no IPv6 on this host")
     try:
-        lst = Listener(socket.AF_INET6 if host == "::1" else socket.AF_INET, host)
+        lst = Listener(host)
     except OSError as e:
         pytest.skip(f"cannot listen on {host}: {e}")
     try:
@@ -425,19 +425,6 @@ def _unix_listener(addr: str | bytes) -> socket.socket:
     return s
 
 
-def _accepted(s: socket.socket, wait: float = 0.3) -> int:
-    n, deadline = 0, time.monotonic() + wait
-    while True:
-        try:
-            conn, _ = s.accept()
-            conn.close()
-            n += 1
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return n
-            time.sleep(0.02)
-
-
 def _unconfined_unix_connect(addr: str) -> str:
     c = subprocess.run(["/usr/bin/python3", "-c", _UNIX_CONNECT, addr], capture_output=True,
                        timeout=TIMEOUT, stdin=subprocess.DEVNULL)
@@ -451,9 +438,9 @@ def test_pathname_unix_socket_outside_roots_unreachable(jail: Path, outside: Pat
         p = run_cli(jail, "python3", "-c", _UNIX_CONNECT, path)
         assert_ok(p)
         assert out(p).strip() == f"connect {errno.ENOENT}", show(p)
-        assert _accepted(lst) == 0
+        assert accepted(lst) == 0
         assert _unconfined_unix_connect(path) == "connect 0"  # control
-        assert _accepted(lst, wait=2) == 1
+        assert accepted(lst, wait=2) == 1
     finally:
         lst.close()
 
@@ -466,10 +453,10 @@ def test_pathname_unix_socket_in_read_only_root_unreachable(jail: Path, ro_root:
     lst = _unix_listener(path)
     try:
         assert _unconfined_unix_connect(path) == "connect 0"  # control first
-        assert _accepted(lst, wait=2) == 1
+        assert accepted(lst, wait=2) == 1
         p = run_cli(jail, "python3", "-c", _UNIX_CONNECT, path, extra=["--read-only-root", ro_root])
         assert_ok(p)
-        assert _accepted(lst) == 0, "the sandbox connected to a host unix socket"
+        assert accepted(lst) == 0, "the sandbox connected to a host unix socket"
         assert out(p).strip() != "connect 0", show(p)
     finally:
         lst.close()
@@ -482,9 +469,9 @@ def test_abstract_unix_socket_unreachable(jail: Path) -> None:
         p = run_cli(jail, "python3", "-c", _UNIX_CONNECT, "@" + name)
         assert_ok(p)
         assert out(p).strip() in (f"connect {errno.ECONNREFUSED}", f"connect {errno.EPERM}"), show(p)
-        assert _accepted(lst) == 0
+        assert accepted(lst) == 0
         assert _unconfined_unix_connect("@" + name) == "connect 0"  # control
-        assert _accepted(lst, wait=2) == 1
+        assert accepted(lst, wait=2) == 1
     finally:
         lst.close()
 

@@ -358,8 +358,8 @@ def no_ambient_credentials(h: Harness, ev: Evidence) -> str:
             "ANTHROPIC_API_KEY", "NPM_TOKEN", "HCP_CONFORMANCE_AMBIENT")
     env = dict(os.environ, HOME=str(home), SSH_AUTH_SOCK=str(home / "agent.sock"),
                **{k: secret for k in keys})
-    script = (f'env; echo "HOME=$HOME"; ls -la "$1" "$HOME"; cat "$1/.ssh/id_rsa" '
-              f'"$1/.netrc" "$1/.aws/credentials" ~/.netrc ~/.ssh/id_rsa; true')
+    script = ('env; echo "HOME=$HOME"; ls -la "$1" "$HOME"; cat "$1/.ssh/id_rsa" '
+              '"$1/.netrc" "$1/.aws/credentials" ~/.netrc ~/.ssh/id_rsa; true')
     ev.try_(f"caller env with {', '.join(keys)}, SSH_AUTH_SOCK and HOME={home} holding "
             f".ssh/id_rsa, .netrc, .aws/credentials; the child runs env, ls and cat on them")
 
@@ -842,7 +842,7 @@ def argv_array(h: Harness, ev: Evidence) -> str:
     judge("driver", r, Path(r.jail))
     # Control: the same strings through a shell do create the markers.
     ctl = h.mkdir("control")
-    c = h.unconfined(["sh", "-c", "echo " + " ".join(_ARGV_NASTY[:7])], cwd=str(ctl))
+    h.unconfined(["sh", "-c", "echo " + " ".join(_ARGV_NASTY[:7])], cwd=str(ctl))
     made = [m for m in markers if (ctl / m).exists()]
     ev.ctl(f"the same strings through sh -c, unconfined: created {made}")
     ev.control_ok(len(made) >= 3, "the strings are harmless even through a shell")
@@ -925,7 +925,7 @@ def writeback(h: Harness, ev: Evidence) -> str:
        enforced_by="mount view (mountns) or Landlock; either alone suffices")
 def fs_outside_jail(h: Harness, ev: Evidence) -> str:
     secret = _token()
-    base = h.mkdir("c")
+    h.mkdir("c")
     jail, outside = h.mkdir("c/jail"), h.mkdir("c/outside")
     sfile = h.write(outside / "secret.txt", secret + "\n")
     true_, echo = shutil.which("true"), shutil.which("echo")

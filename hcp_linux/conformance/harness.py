@@ -408,10 +408,26 @@ class Harness:
         return str(exe)
 
 
+def accepted(sock: socket.socket, wait: float = 0.3) -> int:
+    """Connections a non-blocking listening socket accepted since the last call (waiting
+    ``wait`` s for late ones), each closed at once."""
+    n = 0
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            conn, _ = sock.accept()
+            conn.close()
+            n += 1
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return n
+            time.sleep(0.02)
+
+
 class Listener:
     """A TCP listener on a loopback address that counts the connections it accepts."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         if host not in ("127.0.0.1", "::1"):
             raise ValueError("loopback only")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -428,17 +444,10 @@ class Listener:
 
     def accepted(self, wait: float = 0.3) -> int:
         """Connections accepted since the last call (waiting ``wait`` s for late ones)."""
-        n = 0
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-                conn.close()
-                n += 1
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return n
-                time.sleep(0.02)
+        return accepted(self.sock, wait)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def pid_alive(pid: int) -> bool:
@@ -456,6 +465,6 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-__all__ = ["Harness", "Evidence", "Fail", "NotApplicable", "Listener", "PASS", "FAIL",
+__all__ = ["Harness", "Evidence", "Fail", "NotApplicable", "Listener", "accepted", "PASS", "FAIL",
            "NOT_APPLICABLE", "DEFAULT_TIMEOUT", "shown", "proc_summary", "layer_refusal",
            "pid_alive", "system_python"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Union
 
 from . import socks
-from .hosts import Decision, EgressPolicy, Host, HostError, format_host, parse_authority
+from .hosts import Decision, EgressPolicy, HostError, format_host, parse_authority
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
                        parse_request_head, read_head, rewrite_response_head, simple_response,
                        split_absolute_url)

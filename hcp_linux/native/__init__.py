@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "hcp_exec.c")
 BUILD_DIR = os.path.join(HERE, "_build")
 
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 2
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 4
 
 #: The C program's steps, in the order of its ``enum step``; each travels as its index in
 #: ``child.STEPS`` (the plan carries the table), so the parent's mapping is the ctypes one.
@@ -185,8 +185,12 @@ def view_bytes(plan: "Plan") -> bytes:
 
 
 def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | None",
-               proxy_fd: int, umask: int = -1, view: bytes | None = None) -> bytes:
-    """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings)."""
+               proxy_fd: int, done_fd: int = -1, set_umask: bool = False,
+               view: bytes | None = None) -> bytes:
+    """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings).
+    Call it in the spawning thread: it records that thread's signal mask, and this moment's
+    ignored signals and (``set_umask``: for a spare started a while ago) umask."""
+    umask, ignored = _process_status()
     from ..child import PROXY_ADDRESS
 
     flags = 0
@@ -216,7 +220,9 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     parts += [_U64(v & _MASK) for v in (
         flags, plan.parent_pid, plan.uid, plan.gid, plan.cap_last_cap,
         stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
-        dir_only, a << 24 | b << 16 | c << 8 | d, port, umask)]
+        done_fd,
+        dir_only, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
+        _blocked_signals())]
     for s in (plan.cwd, plan.exe, os.fsencode(plan.canary) if plan.canary is not None else b"/"):
         _str(parts, s)
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
@@ -243,7 +249,7 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
 
 
 def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
-          ruleset: "CreatedRuleset | None", proxy_fd: int) -> int | None:
+          ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int = -1) -> int | None:
     """Start the monitor through hcp-exec and return its pid; None: use the ctypes executor.
 
     A confined plan goes to a spare: a ready one when the pool has it, else one started now
@@ -257,16 +263,16 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
         raise _unavailable()
     if not plan.confined or _spares == "never":
         stats["direct"] += 1
-        return _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd)
+        return _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
     view = view_bytes(plan)
     # A ready spare was started a while ago: it takes this moment's umask from the plan.
-    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, _umask(), view))
+    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view))
     try:
         key = _spare_key(plan, exe)
         pool = _pool()
         spare = pool.take(key, view if "mountns" in plan.layers else None)
         if spare is not None:
-            if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd):
+            if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd, done_fd):
                 stats["ready"] += 1
                 pool.kick()
                 return spare.pid
@@ -275,7 +281,7 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
             spare = _make_spare(key + (None,))
         except OSError as e:
             return _cannot_exec(executor, exe, e)
-        if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd):
+        if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd, done_fd):
             stats["on_the_spot"] += 1
             pool.kick()
             return spare.pid
@@ -288,10 +294,10 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
 
 def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
                   stdio: Sequence[int], ruleset: "CreatedRuleset | None",
-                  proxy_fd: int) -> int | None:
-    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd))
+                  proxy_fd: int, done_fd: int) -> int | None:
+    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd))
     try:
-        keep = {fd, err_w, proxy_fd, ruleset.fd if ruleset is not None else -1, *stdio}
+        keep = {fd, err_w, proxy_fd, done_fd, ruleset.fd if ruleset is not None else -1, *stdio}
         actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
         try:
             return os.posix_spawn(exe, ["hcp-exec", str(fd), str(err_w)], {},
@@ -347,7 +353,7 @@ SPARE_KINDS = 2  # kinds kept warm at once (least recently used goes)
 SPARE_MAX_AGE = 5.0  # seconds: an older idle spare is replaced (bounds how stale it can be:
 #                      umask, rlimits, mounts made under a granted tree since it was built)
 KIND_IDLE = 60.0  # seconds without a spawn of a kind: stop keeping spares for it
-_MSG_RULESET, _MSG_PROXY = 1, 2
+_MSG_RULESET, _MSG_PROXY, _MSG_DONE = 1, 2, 4
 
 
 def set_spares(mode: str) -> None:
@@ -369,16 +375,29 @@ def _spare_key(plan: "Plan", exe: str) -> tuple:
     return flags, plan.uid, plan.gid, exe
 
 
-def _umask() -> int:
-    """This process's umask, read without changing it (os.umask would, for every thread)."""
+def _process_status() -> tuple[int, int]:
+    """(umask, ignored signals) of this process, from one read of /proc/self/status: the
+    umask read without changing it (os.umask would, for every thread); the ignored signals
+    (bit n-1 for signal n) that a fork would pass on, which hcp-exec gives the command
+    whenever its spare was started. (-1, 0) if unreadable."""
+    umask, ignored = -1, 0
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
                 if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
+                    umask = int(line.split()[1], 8)
+                elif line.startswith(b"SigIgn:"):
+                    ignored = int(line.split()[1], 16)
+                    break
     except (OSError, ValueError):
         pass
-    return -1
+    return umask, ignored
+
+
+def _blocked_signals() -> int:
+    """The calling thread's signal mask, as a fork from it would have it."""
+    import signal
+    return sum(1 << (int(s) - 1) for s in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 
 
 class _Spare:
@@ -389,7 +408,7 @@ class _Spare:
 
 
 def _hand_over(spare: _Spare, plan_fd: int, err_w: int, stdio: Sequence[int],
-               ruleset: "CreatedRuleset | None", proxy_fd: int) -> bool:
+               ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int) -> bool:
     """Send the plan and the run's fds to a spare; False if it is gone."""
     import array
     from socket import SCM_RIGHTS, SOL_SOCKET
@@ -401,6 +420,9 @@ def _hand_over(spare: _Spare, plan_fd: int, err_w: int, stdio: Sequence[int],
     if proxy_fd >= 0:
         fds.append(proxy_fd)
         bits |= _MSG_PROXY
+    if done_fd >= 0:
+        fds.append(done_fd)
+        bits |= _MSG_DONE
     msg = _U64(PLAN_VERSION << 32 | PLAN_MAGIC) + _U64(bits)
     try:
         spare.sock.sendmsg([msg], [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))])

@@ -58,7 +58,7 @@
 #include <setjmp.h>
 
 #define PLAN_MAGIC 0x58504348u /* "HCPX" little-endian */
-#define PLAN_VERSION 2
+#define PLAN_VERSION 4
 
 /* Steps, in the order of NATIVE_STEPS in __init__.py; the plan maps each to child.STEPS. */
 enum step {
@@ -151,11 +151,12 @@ struct rule {
 static struct plan {
     uint32_t flags;
     int64_t parent_pid, uid, gid, cap_last_cap, pid_max;
-    int stdio[3], ruleset_fd, proxy_fd;
+    int stdio[3], ruleset_fd, proxy_fd, done_fd; /* done_fd: the runtime's "run over" pipe */
     uint64_t dir_only;
     uint32_t proxy_addr; /* host byte order */
     uint16_t proxy_port;
     uint64_t umask; /* ~0: leave it */
+    uint64_t sig_ignored, sig_blocked; /* the runtime's, as a fork would pass them on */
     const char *cwd, *exe, *tmp_options, *shm_options, *canary;
     const unsigned char *bpf, *view;
     size_t bpf_len, view_len;
@@ -353,10 +354,13 @@ static void parse_plan(void) {
         P.stdio[i] = (int)(int64_t)get_u64();
     P.ruleset_fd = (int)(int64_t)get_u64();
     P.proxy_fd = (int)(int64_t)get_u64();
+    P.done_fd = (int)(int64_t)get_u64();
     P.dir_only = get_u64();
     P.proxy_addr = (uint32_t)get_u64();
     P.proxy_port = (uint16_t)get_u64();
     P.umask = get_u64();
+    P.sig_ignored = get_u64();
+    P.sig_blocked = get_u64();
     P.cwd = get_str();
     P.exe = get_str();
     P.canary = get_str();
@@ -792,16 +796,23 @@ static void verify(void) {
 }
 
 static void __attribute__((noreturn)) do_exec(void) {
-    /* Signal dispositions as subprocess gives them (restore_signals): SIGPIPE and SIGXFSZ,
-     * which the Python runtime ignores, back to their default. And glibc's posix_spawn leaves
-     * its two internal signals (32, 33) ignored in the new program; ignored stays ignored
-     * across execve. A zeroed kernel sigaction is SIG_DFL whatever the layout; glibc's
-     * sigaction() refuses 32 and 33, so the raw syscall. */
-    static const unsigned long dfl[4];
-    static const int reset[] = {SIGPIPE, SIGXFSZ, 32, 33};
-    for (size_t i = 0; i < sizeof reset / sizeof reset[0]; i++)
-        if (syscall(SYS_rt_sigaction, reset[i], dfl, NULL, 8) != 0)
-            report(S_EXECVE, errno, "native executor: resetting a signal's disposition");
+    /* Signal dispositions and mask as a fork of the spawning thread would have them now (a
+     * spare was started a while ago; glibc's posix_spawn makes its internal signals 32 and
+     * 33 ignored): each signal ignored iff the runtime ignores it, else default (a handler
+     * would be reset by execve anyway). Then SIGPIPE and SIGXFSZ to default, as subprocess
+     * does (restore_signals): the Python runtime ignores them. A zeroed kernel sigaction is
+     * SIG_DFL whatever the layout; the raw syscall, as glibc's sigaction() refuses 32/33. */
+    for (int sig = 1; sig <= 64; sig++) {
+        unsigned long act[4] = {0, 0, 0, 0};
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        if ((P.sig_ignored >> (sig - 1) & 1) && sig != SIGPIPE && sig != SIGXFSZ)
+            act[0] = (unsigned long)SIG_IGN;
+        if (syscall(SYS_rt_sigaction, sig, act, NULL, 8) != 0)
+            report(S_EXECVE, errno, "native executor: setting a signal's disposition");
+    }
+    if (syscall(SYS_rt_sigprocmask, SIG_SETMASK, &P.sig_blocked, NULL, 8) != 0)
+        report(S_EXECVE, errno, "native executor: setting the signal mask");
     execve(P.exe, P.argv, P.env);
     report(S_EXECVE, errno, P.exe);
 }
@@ -843,12 +854,38 @@ static void close_all_but(int keep) {
     syscall(SYS_close_range, keep + 1, ~0U, 0);
 }
 
-/* pid 1: forward signals to the command, reap orphans, report the command's wait status;
- * then exit at once (the kernel kills what is left) or, with wait_for_tree, when all is gone */
-static void __attribute__((noreturn)) init(pid_t command, int status_w) {
-    int command_status = 0, have = 0;
-    unsigned char out[4];
+/* The same, keeping two fds (b may be -1). */
+static void close_all_but2(int a, int b) {
+    int lo = b < 0 || a < b ? a : b, hi = b < 0 || a < b ? b : a;
+    if (b < 0 || lo == hi) {
+        close_all_but(a);
+        return;
+    }
+    if (lo > 0)
+        syscall(SYS_close_range, 0, lo - 1, 0);
+    if (hi > lo + 1)
+        syscall(SYS_close_range, lo + 1, hi - 1, 0);
+    syscall(SYS_close_range, hi + 1, ~0U, 0);
+}
+
+static int write4(int fd, const unsigned char *out) {
     ssize_t r;
+    do
+        r = write(fd, out, 4);
+    while (r < 0 && errno == EINTR);
+    return r == 4 ? 0 : -1;
+}
+
+/* pid 1: forward signals to the command, reap orphans, report the command's wait status.
+ * When the command has exited: by default kill what is left, at once; with wait_for_tree,
+ * wait until it has all exited. Either way every process of the run is gone (reaped: in a pid
+ * namespace every process is a descendant of pid 1, and the orphans of a process are ours
+ * before it is a zombie) when the status is written: to the runtime first, on its "done"
+ * pipe, which lets it go on without waiting for the namespaces to be torn down, then to the
+ * monitor. */
+static void __attribute__((noreturn)) init(pid_t command, int status_w) {
+    int command_status = 0, have = 0, rc = 0;
+    unsigned char out[4];
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
         _exit(125);
     forward_to = command;
@@ -865,9 +902,9 @@ static void __attribute__((noreturn)) init(pid_t command, int status_w) {
         if (pid == command) {
             command_status = status;
             have = 1;
-            if (!(P.flags & F_WAIT_FOR_TREE))
-                break;
             forward_to = -1; /* to all that remain */
+            if (!(P.flags & F_WAIT_FOR_TREE) && kill(-1, SIGKILL) < 0 && errno != ESRCH)
+                _exit(125);
         }
     }
     if (!have)
@@ -876,10 +913,11 @@ static void __attribute__((noreturn)) init(pid_t command, int status_w) {
     out[1] = (command_status >> 8) & 0xff;
     out[2] = (command_status >> 16) & 0xff;
     out[3] = (command_status >> 24) & 0xff;
-    do
-        r = write(status_w, out, 4);
-    while (r < 0 && errno == EINTR);
-    _exit(r == 4 ? 0 : 125);
+    if (P.done_fd >= 0)
+        rc |= write4(P.done_fd, out); /* EPIPE: the runtime stopped listening; the monitor's
+                                         status still stands */
+    rc |= write4(status_w, out);
+    _exit(rc == 0 ? 0 : 125);
 }
 
 /* The monitor: hold nothing of the run's, wait for the init, exit as the command did. */
@@ -977,7 +1015,7 @@ static void __attribute__((noreturn)) payload(int status_w) {
     pid = clone(command, command_stack + sizeof command_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
                 NULL);
     TRY(S_FORK_COMMAND, pid, NULL);
-    close_all_but(status_w);
+    close_all_but2(status_w, P.done_fd);
     init(pid, status_w);
 }
 
@@ -1049,6 +1087,7 @@ static void monitor_steps(void) {
 #define NS_FLAGS (F_USERNS | F_MOUNTNS | F_NETNS | F_IPCNS | F_PIDNS)
 #define M_RULESET 1u
 #define M_PROXY 2u
+#define M_DONE 4u
 
 /* One message: [plan memfd, error pipe, stdin, stdout, stderr, (ruleset), (proxy)]. */
 static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
@@ -1092,7 +1131,7 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
             bits = bits << 8 | hdr[8 + i];
         }
     }
-    want = 5 + !!(bits & M_RULESET) + !!(bits & M_PROXY);
+    want = 5 + !!(bits & M_RULESET) + !!(bits & M_PROXY) + !!(bits & M_DONE);
     if (magic != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC) || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC))
         || n != want)
         report(S_INTERNAL, EPROTO, "native executor: malformed message to a spare");
@@ -1110,11 +1149,13 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     n = 5;
     P.ruleset_fd = (bits & M_RULESET) ? fds[n++] : -1;
     P.proxy_fd = (bits & M_PROXY) ? fds[n++] : -1;
+    P.done_fd = (bits & M_DONE) ? fds[n++] : -1;
     if (((bits & M_RULESET) && !(P.flags & F_LANDLOCK))
         || (!!(P.flags & F_PROXY) != !!(bits & M_PROXY)))
         report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
     P.ruleset_fd = above_stdio(P.ruleset_fd);
     P.proxy_fd = above_stdio(P.proxy_fd);
+    P.done_fd = above_stdio(P.done_fd);
     if (P.umask != ~(uint64_t)0)
         umask((mode_t)P.umask);
 }
@@ -1211,16 +1252,20 @@ int main(int argc, char **argv) {
     if (argc != 3 || (plan_fd = parse_fd(argv[1])) < 0 || (errfd = parse_fd(argv[2])) < 0)
         usage();
     /* What the parent made inheritable for this spawn goes back to close-on-exec at once. */
-    fcntl(errfd, F_SETFD, FD_CLOEXEC);
+    if (fcntl(errfd, F_SETFD, FD_CLOEXEC) < 0)
+        report(S_STDIO, errno, NULL);
     errfd = above_stdio(errfd);
     read_plan(plan_fd);
     parse_plan();
     P.ruleset_fd = above_stdio(P.ruleset_fd);
     P.proxy_fd = above_stdio(P.proxy_fd);
-    if (P.ruleset_fd >= 0)
-        fcntl(P.ruleset_fd, F_SETFD, FD_CLOEXEC);
-    if (P.proxy_fd >= 0)
-        fcntl(P.proxy_fd, F_SETFD, FD_CLOEXEC);
+    P.done_fd = above_stdio(P.done_fd);
+    {
+        int inherited[] = {P.ruleset_fd, P.proxy_fd, P.done_fd};
+        for (size_t i = 0; i < sizeof inherited / sizeof inherited[0]; i++)
+            if (inherited[i] >= 0 && fcntl(inherited[i], F_SETFD, FD_CLOEXEC) < 0)
+                report(S_STDIO, errno, NULL);
+    }
     if (P.umask != ~(uint64_t)0)
         umask((mode_t)P.umask);
     setup_stdio();
