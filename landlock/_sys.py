@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import errno as E
-import platform
+import os
 
 from .errors import SyscallError
 
@@ -22,7 +22,7 @@ _UNIFIED_ARCHES = frozenset({
     "x86_64", "amd64", "i386", "i486", "i586", "i686", "aarch64", "arm64", "armv7l", "armv8l",
     "riscv64", "ppc64", "ppc64le", "s390x", "loongarch64",
 })
-_ARCH_SUPPORTED = platform.machine().lower() in _UNIFIED_ARCHES
+_ARCH_SUPPORTED = os.uname().machine.lower() in _UNIFIED_ARCHES  # platform.machine(), cheaper
 SYS_CREATE_RULESET = 444
 SYS_ADD_RULE = 445
 SYS_RESTRICT_SELF = 446
