@@ -688,8 +688,9 @@ def test_stalled_clients_are_closed_after_header_timeout(make_proxy, echo_server
         assert read_all(socks_partial) == b"\x05\x00"
         status = response(drip)[0] if drip_closed_at is None else 408
         assert status == 408
-    elapsed = time.monotonic() - started
-    assert elapsed < 4, elapsed  # the drip alone would take ~3 s: the deadline is per head
+    # The deadline is per head, not per byte: the proxy gave up on the drip while it was
+    # still dripping (a send failed); a per-byte deadline would have let it drip to the end.
+    assert drip_closed_at is not None
     assert echo_server.accepts == 0
     assert_still_serves(proxy, echo_server)
 
