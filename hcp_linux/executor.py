@@ -228,7 +228,6 @@ class _Reaper:
     every signal so that they reach the runtime's own threads."""
 
     def __init__(self) -> None:
-        self.owner = os.getpid()
         self.cond = threading.Condition()
         self.pids: list[int] = []
         self.thread: threading.Thread | None = None
@@ -265,12 +264,22 @@ _reaper_lock = threading.Lock()
 
 
 def _reaper() -> _Reaper:
-    """This process's reaper (a forked child makes its own: the monitors are not its)."""
+    """This process's reaper, started on first use."""
     global _the_reaper
     with _reaper_lock:
-        if _the_reaper is None or _the_reaper.owner != os.getpid():
+        if _the_reaper is None:
             _the_reaper = _Reaper()
         return _the_reaper
+
+
+def _forget_reaper() -> None:
+    """In a forked child: the monitors are not its children, the thread is not there, and
+    the lock may have been held by a thread that is gone."""
+    global _the_reaper, _reaper_lock
+    _the_reaper, _reaper_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_reaper)
 
 
 def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | None]:

@@ -98,6 +98,26 @@ def test_the_monitor_is_reaped_after_the_run(jail: Path) -> None:
     assert not _our_child(proc.pid), "the monitor was left unreaped"
 
 
+def test_a_forked_runtime_reaps_its_own_monitors(jail: Path) -> None:
+    """The reaper belongs to the process that started it: a fork of the runtime (whose copy
+    of the reaper's thread does not exist) runs and reaps on its own."""
+    assert _sandbox(jail).run(["true"], timeout=TIMEOUT).returncode == 0  # reaper started
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            proc = _sandbox(jail).spawn(["true"])
+            if proc.wait(TIMEOUT) == 0:
+                deadline = time.monotonic() + 10
+                while _our_child(proc.pid) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                code = 0 if not _our_child(proc.pid) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_on_exit_wait_waits_for_the_tree(jail: Path) -> None:
     script = "(sleep 0.5; echo done > late) & echo main"
     waited = _sandbox(jail, on_exit="wait").run(["sh", "-c", script], capture_output=True,
