@@ -140,3 +140,38 @@ def test_the_cache_holds_no_fd_once_cleared(jail: Path) -> None:
     assert len(_open_fds() - fds) > 3  # the cached view's O_PATH fds
     plan.clear_cache()
     assert _open_fds() <= fds
+
+
+def test_concurrent_runs_while_the_cache_is_cleared(jail: Path) -> None:
+    """Eight threads run while another keeps clearing the cache: every run succeeds (no fd
+    closed under a plan) and nothing is left open afterwards (no use count lost)."""
+    import threading
+    fds = _open_fds()
+    sb = Sandbox(Policy(jail=str(jail)))
+    failures: list[object] = []
+    stop = threading.Event()
+
+    def runner() -> None:
+        for _ in range(15):
+            run = sb.run(["sh", "-c", "test -d /usr/bin && echo ok"], capture_output=True,
+                         timeout=TIMEOUT)
+            if (run.returncode, run.stdout) != (0, b"ok\n"):
+                failures.append(run)
+
+    def clearer() -> None:
+        while not stop.is_set():
+            plan.clear_cache()
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=runner) for _ in range(8)]
+    churn = threading.Thread(target=clearer)
+    churn.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    churn.join()
+    assert not failures, failures[:3]
+    plan.clear_cache()
+    assert _open_fds() <= fds
