@@ -12,8 +12,9 @@ Then: throughput with 8 concurrent callers; the same /bin/true rows from a runti
 ~500 MB of resident memory (fork's cost grows with it, vfork/posix_spawn's does not); and the
 `hcp-linux run` CLI beside `python -c pass` from the same venv.
 
-Reports median and p95 in milliseconds, and the ratios the goals are stated in, as a table and
-as JSON. Timing only: nothing here asserts a limit (tests/test_native.py does, loosely).
+Each table is measured in four passes over its rows (a block of back-to-back calls per row and
+pass), so that the host's drift during the run falls on every row alike. Reports median and
+p95 in milliseconds, and the ratios the goals are stated in, as a table and as JSON. Timing only: nothing here asserts a limit (tests/test_native.py does, loosely).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from hcp_linux import Policy, Sandbox, native  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import measure, summary  # noqa: E402
+from timing import measure_rows, summary  # noqa: E402
 
 TRUE = "/bin/true"
 PY = sys.executable  # this venv's interpreter (not the pyenv shim)
@@ -163,9 +164,8 @@ def main() -> int:
             return rows
 
         for label, argv in commands.items():
-            results[label] = {}
-            for name, fn, n in rows_for(argv, slow=label == "python -c pass"):
-                results[label][name] = summary(measure(fn, n))
+            samples = measure_rows(rows_for(argv, slow=label == "python -c pass"))
+            results[label] = {name: summary(s) for name, s in samples.items()}
 
         # 8 concurrent callers, /bin/true
         seconds = 2.0 if args.quick else 4.0
@@ -179,23 +179,20 @@ def main() -> int:
         with open("/proc/self/status") as f:
             rss = next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
         label = f"/bin/true, runtime RSS {rss} MB"
-        results[label] = {}
-        for name, fn, n in rows_for([TRUE], slow=False):
-            if name in ("unshare -rn",):
-                continue
-            results[label][name] = summary(measure(fn, n if "ctypes" not in name else 20))
+        rows = [(name, fn, n if "ctypes" not in name else 20)
+                for name, fn, n in rows_for([TRUE], slow=False) if name != "unshare -rn"]
+        results[label] = {name: summary(s) for name, s in measure_rows(rows).items()}
         del ballast
 
         # the CLI, a fresh process each time, beside the interpreter alone
         cli = os.path.join(os.path.dirname(PY), "hcp-linux")
         if os.path.exists(cli):
             n = max(20, runs // 5)
-            label = "CLI (fresh process)"
-            results[label] = {
-                "python -c pass (same venv)": summary(measure(checked([PY, "-c", "pass"]), n)),
-                "hcp-linux run -- /bin/true": summary(measure(
-                    checked([cli, "run", "--jail", jail, "--", TRUE]), n)),
-            }
+            samples = measure_rows([
+                ("python -c pass (same venv)", checked([PY, "-c", "pass"]), n),
+                ("hcp-linux run -- /bin/true", checked([cli, "run", "--jail", jail, "--", TRUE]),
+                 n)])
+            results["CLI (fresh process)"] = {name: summary(s) for name, s in samples.items()}
     finally:
         shutil.rmtree(jail, ignore_errors=True)
 
