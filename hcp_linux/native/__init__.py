@@ -351,7 +351,8 @@ SPARES = ("auto", "never")
 SPARE_TARGET = 2  # idle spares per kind
 SPARE_KINDS = 2  # kinds kept warm at once (least recently used goes)
 SPARE_MAX_AGE = 5.0  # seconds: an older idle spare is replaced (bounds how stale it can be:
-#                      umask, rlimits, mounts made under a granted tree since it was built)
+#                      rlimits the plan leaves unset, mounts made under a granted tree since it
+#                      was built; umask and signal dispositions come with the plan)
 KIND_IDLE = 60.0  # seconds without a spawn of a kind: stop keeping spares for it
 _MSG_RULESET, _MSG_PROXY, _MSG_DONE = 1, 2, 4
 
