@@ -143,10 +143,10 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     L.close_range(status_r + 1, 0xFFFFFFFF, 0)
     # A graceful stop (terminate()) reaches the command through the init, which forwards it.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+        signal.signal(sig, lambda s, _f: _kill_quietly(pid, s))
     # KILL_REQUEST: kill the init; its exit waits until the kernel has killed and reaped every
     # process of the namespace, so when we exit (and the parent's wait() returns) all is gone.
-    signal.signal(KILL_REQUEST, lambda _s, _f: os.kill(pid, signal.SIGKILL))
+    signal.signal(KILL_REQUEST, lambda _s, _f: _kill_quietly(pid, signal.SIGKILL))
     data = b""
     while chunk := os.read(status_r, 4):
         data += chunk
@@ -236,9 +236,8 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
     runtime first, on its "done" pipe, so it need not wait for the namespaces to be torn
     down, then to the monitor."""
     L.prctl(L.PR_SET_DUMPABLE, 0)
-    forward = lambda sig, _frame: os.kill(command, sig)  # noqa: E731
     for sig in _FORWARDED:
-        signal.signal(sig, forward)
+        signal.signal(sig, lambda s, _f: _kill_quietly(command, s))
     command_status = None
     while True:
         try:
@@ -247,9 +246,8 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
             break
         if pid == command:
             command_status = status
-            forward = lambda sig, _frame: os.kill(-1, sig)  # noqa: E731 - to all that remain
             for sig in _FORWARDED:
-                signal.signal(sig, forward)
+                signal.signal(sig, lambda s, _f: _kill_quietly(-1, s))  # to all that remain
             if not wait_for_tree:
                 try:
                     os.kill(-1, signal.SIGKILL)
@@ -266,6 +264,15 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
         except OSError:
             ok = False
     os._exit(0 if ok else 125)
+
+
+def _kill_quietly(pid: int, sig: int) -> None:
+    """os.kill from a signal handler: nobody left to take the signal is no error (raised in a
+    handler it would end this process, and with it the report of the command's status)."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _exec(plan: "Plan") -> NoReturn:
