@@ -139,8 +139,7 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     command's raw wait status over ``status_r``; without it (init killed, setup failed) the
     init's own status stands.
     """
-    L.close_range(0, status_r - 1, 0)  # status_r is at least 3: fds 0-2 were in use
-    L.close_range(status_r + 1, 0xFFFFFFFF, 0)
+    _close_all_but(status_r)
     # A graceful stop (terminate()) reaches the command through the init, which forwards it.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: _kill_quietly(pid, s))
@@ -213,11 +212,16 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
         _exec(plan)
     # The init keeps nothing but its status pipes: fds it inherited (this run's pipes, and
     # any other concurrent run's) would otherwise stay open for the whole run.
-    keep = sorted(fd for fd in (status_w, _DONE_FD) if fd >= 0)
-    for lo, hi in zip([0] + [fd + 1 for fd in keep], keep + [0xFFFFFFFF + 1]):
+    _close_all_but(status_w, _DONE_FD)
+    _init(pid, status_w, plan.wait_for_tree)
+
+
+def _close_all_but(*keep: int) -> None:
+    """Close every fd but those in ``keep`` (-1 entries ignored)."""
+    kept = sorted(fd for fd in keep if fd >= 0)
+    for lo, hi in zip([0] + [fd + 1 for fd in kept], kept + [0xFFFFFFFF + 1]):
         if lo < hi:
             L.close_range(lo, hi - 1, 0)
-    _init(pid, status_w, plan.wait_for_tree)
 
 
 #: Sent to the monitor by SandboxProcess.kill(): "kill the whole sandbox, then exit".
@@ -275,10 +279,14 @@ def _kill_quietly(pid: int, sig: int) -> None:
         pass
 
 
+#: Signals the command gets at their default action whatever the runtime does with them: the
+#: Python runtime ignores these, ignored stays ignored across execve, and subprocess resets
+#: them (restore_signals). Both executors apply it (hcp-exec through the plan's ignored set).
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
 def _exec(plan: "Plan") -> NoReturn:
-    # The runtime (Python) ignores SIGPIPE and SIGXFSZ, and ignored stays ignored across
-    # execve: give the command their default action, as subprocess does (restore_signals).
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+    for sig in DEFAULT_SIGNALS:
         _step("execve", signal.signal, sig, signal.SIG_DFL)
     try:
         os.execve(plan.exe, plan.argv, plan.env)

@@ -87,7 +87,8 @@ class Bind:
 
 @dataclass
 class Plan:
-    """What the child executes. Built by :func:`compile_plan`; owns the O_PATH fds it opened."""
+    """What the child executes. Built by :func:`compile_plan`; holds a use of the shared
+    confinement whose O_PATH fds its binds and Landlock rules name (close() releases it)."""
 
     policy: Policy
     mode: str
@@ -119,7 +120,6 @@ class Plan:
     env_removed: tuple[str, ...] = ()
     env_replaced: tuple[str, ...] = ()
     facts: dict = field(default_factory=dict)
-    _fds: list[int] = field(default_factory=list)
     _shared: "_Confinement | None" = None  # holds the fds the binds and Landlock rules name
 
     @property
@@ -127,9 +127,6 @@ class Plan:
         return self.mode != NATIVE_LOCAL
 
     def close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
         shared, self._shared = self._shared, None
         if shared is not None:
             shared.release()

@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import pytest
 
 # The conformance harness's observers serve the tests too: one Listener, one pid_alive.
-from hcp_linux.conformance.harness import Listener, accepted, pid_alive  # noqa: F401
+from hcp_linux.conformance.harness import Listener, accepted, drain, pid_alive  # noqa: F401
 
 IS_ROOT = os.geteuid() == 0
 TIMEOUT = 60  # seconds, for every subprocess a test starts

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import (IS_ROOT, TIMEOUT, Listener, accepted, as_nobody,  # noqa: F401
+from sandboxing import (IS_ROOT, TIMEOUT, Listener, accepted, as_nobody, drain,  # noqa: F401
                         assert_ok, err, hcp_argv, jail, kill_by_pid, nobody_jail, out, outside,
                         pid_alive, ro_root, run_cli, sh, show, var_jail)
 
@@ -522,20 +522,6 @@ _TIOCSTI = ("import ctypes, fcntl, sys, termios\n"
             "print(' '.join(res))\n")
 
 
-def _drain(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    data = b""
-    try:
-        while True:
-            chunk = os.read(fd, 1024)
-            if not chunk:
-                break
-            data += chunk
-    except (BlockingIOError, OSError):
-        pass
-    return data
-
-
 def test_tiocsti_refused(jail: Path) -> None:
     master, slave = os.openpty()
     try:
@@ -544,7 +530,7 @@ def test_tiocsti_refused(jail: Path) -> None:
         assert_ok(p)
         assert out(p).split() == [str(errno.EPERM), str(errno.EPERM)], show(p)
         time.sleep(0.1)
-        assert _drain(slave) == b"", "a character was injected into the terminal"
+        assert drain(slave) == b"", "a character was injected into the terminal"
     finally:
         os.close(master)
         os.close(slave)
@@ -601,14 +587,14 @@ def test_tiocsti_refused_even_on_own_controlling_terminal(jail: Path) -> None:
         assert_ok(p)
         assert out(p).split() == [str(errno.EPERM)], show(p)
         time.sleep(0.1)
-        assert _drain(slave) == b"", "a character was injected into the terminal"
+        assert drain(slave) == b"", "a character was injected into the terminal"
         os.set_blocking(slave, True)
         # control: the same program, unconfined, injects the character
         c = subprocess.run(["/usr/bin/python3", "-c", _TIOCSTI_CTTY], stdin=slave,
                            capture_output=True, timeout=TIMEOUT)
         assert c.stdout.decode().split() == ["ok"], c
         time.sleep(0.1)
-        assert _drain(slave) == b"X"
+        assert drain(slave) == b"X"
     finally:
         os.close(master)
         os.close(slave)

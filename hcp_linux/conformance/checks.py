@@ -29,8 +29,8 @@ from typing import Callable
 
 from ..errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
 from ..policy import Policy
-from .harness import (Evidence, Fail, Harness, NotApplicable, layer_refusal, pid_alive,
-                      proc_summary, shown)
+from .harness import (Evidence, Fail, Harness, NotApplicable, drain, layer_refusal,
+                      pid_alive, proc_summary, shown)
 
 CheckFn = Callable[[Harness, Evidence], str]
 
@@ -1277,20 +1277,6 @@ print(" ".join(res))
 """
 
 
-def _drain(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    data = b""
-    try:
-        while True:
-            chunk = os.read(fd, 1024)
-            if not chunk:
-                break
-            data += chunk
-    except (BlockingIOError, OSError):
-        pass
-    return data
-
-
 @check("canary-tiocsti", "hardening", "TIOCSTI cannot inject input into the terminal",
        requirement="No terminal injection: TIOCSTI/TIOCLINUX refused, low 32 bits compared "
                    "(DESIGN §4).",
@@ -1310,14 +1296,14 @@ def tiocsti(h: Harness, ev: Evidence) -> str:
             "request with high bits set")
     r = h.run([h.python, "-I", "-c", _TIOCSTI], jail=jail, stdin=slave)
     time.sleep(0.1)
-    injected = _drain(slave)
+    injected = drain(slave)
     ev.saw(f"confined: {proc_summary(r)}; bytes injected into the terminal: {injected!r}")
     ev.require(injected == b"", f"characters were injected into the terminal: {injected!r}")
     ev.require("ok" not in _stdout(r).split(), f"confined: TIOCSTI succeeded ({_stdout(r)!r})")
     os.set_blocking(slave, True)
     c = h.unconfined([h.python, "-I", "-c", _TIOCSTI], stdin=slave)
     time.sleep(0.1)
-    got = _drain(slave)
+    got = drain(slave)
     legacy = Path("/proc/sys/dev/tty/legacy_tiocsti")
     ev.ctl(f"unconfined: {proc_summary(c)}; injected {got!r}")
     ev.control_ok(b"X" in got, "unconfined TIOCSTI injected nothing (dev.tty.legacy_tiocsti="

@@ -408,6 +408,21 @@ class Harness:
         return str(exe)
 
 
+def drain(fd: int) -> bytes:
+    """What can be read from ``fd`` right now (it is left non-blocking)."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while True:
+            chunk = os.read(fd, 1024)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:  # BlockingIOError: nothing more now; EIO: a pty whose other end closed
+        pass
+    return data
+
+
 def accepted(sock: socket.socket, wait: float = 0.3) -> int:
     """Connections a non-blocking listening socket accepted since the last call (waiting
     ``wait`` s for late ones), each closed at once."""
@@ -465,6 +480,6 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-__all__ = ["Harness", "Evidence", "Fail", "NotApplicable", "Listener", "accepted", "PASS", "FAIL",
-           "NOT_APPLICABLE", "DEFAULT_TIMEOUT", "shown", "proc_summary", "layer_refusal",
-           "pid_alive", "system_python"]
+__all__ = ["Harness", "Evidence", "Fail", "NotApplicable", "Listener", "accepted", "drain",
+           "PASS", "FAIL", "NOT_APPLICABLE", "DEFAULT_TIMEOUT", "shown", "proc_summary",
+           "layer_refusal", "pid_alive", "system_python"]

@@ -190,8 +190,10 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings).
     Call it in the spawning thread: it records that thread's signal mask, and this moment's
     ignored signals and (``set_umask``: for a spare started a while ago) umask."""
+    from ..child import DEFAULT_SIGNALS, PROXY_ADDRESS
+
     umask, ignored = _process_status()
-    from ..child import PROXY_ADDRESS
+    ignored &= ~sum(1 << (int(s) - 1) for s in DEFAULT_SIGNALS)
 
     flags = 0
     for layer, bit in _LAYER_FLAGS:

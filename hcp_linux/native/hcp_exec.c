@@ -798,15 +798,15 @@ static void verify(void) {
 static void __attribute__((noreturn)) do_exec(void) {
     /* Signal dispositions and mask as a fork of the spawning thread would have them now (a
      * spare was started a while ago; glibc's posix_spawn makes its internal signals 32 and
-     * 33 ignored): each signal ignored iff the runtime ignores it, else default (a handler
-     * would be reset by execve anyway). Then SIGPIPE and SIGXFSZ to default, as subprocess
-     * does (restore_signals): the Python runtime ignores them. A zeroed kernel sigaction is
-     * SIG_DFL whatever the layout; the raw syscall, as glibc's sigaction() refuses 32/33. */
+     * 33 ignored): each signal ignored iff the plan says so, else default (a handler would be
+     * reset by execve anyway). The plan's set is the runtime's minus child.DEFAULT_SIGNALS.
+     * A zeroed kernel sigaction is SIG_DFL whatever the layout; the raw syscall, as glibc's
+     * sigaction() refuses 32 and 33. */
     for (int sig = 1; sig <= 64; sig++) {
         unsigned long act[4] = {0, 0, 0, 0};
         if (sig == SIGKILL || sig == SIGSTOP)
             continue;
-        if ((P.sig_ignored >> (sig - 1) & 1) && sig != SIGPIPE && sig != SIGXFSZ)
+        if (P.sig_ignored >> (sig - 1) & 1)
             act[0] = (unsigned long)SIG_IGN;
         if (syscall(SYS_rt_sigaction, sig, act, NULL, 8) != 0)
             report(S_EXECVE, errno, "native executor: setting a signal's disposition");
@@ -848,19 +848,11 @@ static void on(int sig, void (*handler)(int)) {
 
 static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, SIGCONT};
 
-static void close_all_but(int keep) {
-    if (keep > 0)
-        syscall(SYS_close_range, 0, keep - 1, 0);
-    syscall(SYS_close_range, keep + 1, ~0U, 0);
-}
-
-/* The same, keeping two fds (b may be -1). */
-static void close_all_but2(int a, int b) {
+/* Close every fd but a and b (b may be -1). */
+static void close_all_but(int a, int b) {
     int lo = b < 0 || a < b ? a : b, hi = b < 0 || a < b ? b : a;
-    if (b < 0 || lo == hi) {
-        close_all_but(a);
-        return;
-    }
+    if (b < 0 || lo == hi)
+        hi = lo;
     if (lo > 0)
         syscall(SYS_close_range, 0, lo - 1, 0);
     if (hi > lo + 1)
@@ -925,7 +917,7 @@ static void __attribute__((noreturn)) mirror(pid_t pid, int status_r) {
     unsigned char data[4];
     size_t got = 0;
     int status = 0;
-    close_all_but(status_r);
+    close_all_but(status_r, -1);
     forward_to = pid;
     kill_target = pid;
     on(SIGTERM, forward);
@@ -1015,7 +1007,7 @@ static void __attribute__((noreturn)) payload(int status_w) {
     pid = clone(command, command_stack + sizeof command_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
                 NULL);
     TRY(S_FORK_COMMAND, pid, NULL);
-    close_all_but2(status_w, P.done_fd);
+    close_all_but(status_w, P.done_fd);
     init(pid, status_w);
 }
 
