@@ -8,7 +8,8 @@ default policy (user/mount/net/ipc/pid namespaces, the same read-only roots, pri
 minimal /dev, fresh /proc, new session, die-with-parent, no capabilities, and our baseline
 seccomp program through --seccomp), and hcp-linux through the Python API (Sandbox.run, default
 policy) with each executor: native (hcp-exec, with its spares), native without spares, ctypes.
-Then: throughput with 8 concurrent callers; the same /bin/true rows from a runtime holding
+Then: the CPU a /bin/true run costs the whole machine (every CPU, kernel threads included;
+on a small machine it bounds back-to-back runs); throughput with 8 concurrent callers; the same /bin/true rows from a runtime holding
 ~500 MB of resident memory (fork's cost grows with it, vfork/posix_spawn's does not); and the
 `hcp-linux run` CLI beside `python -c pass` from the same venv.
 
@@ -35,7 +36,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from hcp_linux import Policy, Sandbox, native  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import measure_rows, summary  # noqa: E402
+from timing import cpu_per_run, measure_rows, summary  # noqa: E402
 
 TRUE = "/bin/true"
 PY = sys.executable  # this venv's interpreter (not the pyenv shim)
@@ -167,6 +168,13 @@ def main() -> int:
             samples = measure_rows(rows_for(argv, slow=label == "python -c pass"))
             results[label] = {name: summary(s) for name, s in samples.items()}
 
+        # CPU per run, every CPU together: on a small machine this, not latency, bounds
+        # back-to-back runs (a spare for the next run is made while this one runs)
+        n = 100 if args.quick else 300
+        cpu = {name: round(cpu_per_run(fn, n), 3) for name, fn, _ in rows_for([TRUE], slow=False)
+               if "ctypes" not in name}
+        extra["cpu_ms_per_run_true"] = cpu
+
         # 8 concurrent callers, /bin/true
         seconds = 2.0 if args.quick else 4.0
         tp = {"subprocess.run": throughput(checked([TRUE]), 8, seconds)}
@@ -237,6 +245,12 @@ def _print(results: dict[str, dict[str, dict]], extra: dict, ratios: dict[str, f
         print(f"\n{label:<{w}}  {'median ms':>9}  {'p95 ms':>8}  runs")
         for name, r in rows.items():
             print(f"  {name:<{w - 2}}  {r['median_ms']:>9.3f}  {r['p95_ms']:>8.3f}  {r['runs']}")
+    cpu = extra.get("cpu_ms_per_run_true")
+    if cpu:
+        print(f"\nCPU per /bin/true run, all {os.cpu_count()} CPUs together, kernel threads "
+              "included (ms):")
+        for name, v in cpu.items():
+            print(f"  {name:<{w - 2}}  {v:>9.3f}")
     tp = extra.get("throughput_8_callers_per_s")
     if tp:
         print("\nthroughput, 8 concurrent callers of /bin/true (runs/s):")

@@ -1,6 +1,7 @@
 """Timing helpers shared by the benchmarks: samples in milliseconds, median and p95."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable
@@ -30,6 +31,28 @@ def measure_rows(rows: list[tuple[str, Callable[[], object], int]], rounds: int 
             share = runs // rounds + (1 if i < runs % rounds else 0)
             out[name] += measure(fn, share, warmup if i == 0 else 1)
     return out
+
+
+def _busy_seconds() -> float:
+    """CPU time spent by the whole machine (every CPU, every process, kernel threads
+    included) since boot, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_run(fn: Callable[[], object], runs: int, settle: float = 0.5) -> float:
+    """Machine-wide CPU milliseconds per call of ``fn``: what a run costs every CPU together,
+    work deferred to kernel threads (a network namespace's teardown) included, which is what
+    bounds back-to-back runs on a small machine. ``settle`` seconds after the last call let
+    deferred work finish (the idle machine's own use in them is counted too: keep it short)."""
+    fn()
+    before = _busy_seconds()
+    for _ in range(runs):
+        fn()
+    time.sleep(settle)
+    return (_busy_seconds() - before) * 1000.0 / runs
 
 
 def summary(samples: list[float], digits: int = 3) -> dict[str, float]:

@@ -175,6 +175,13 @@ def has_capability(cap: int) -> bool:
 
 
 def cap_last_cap() -> int:
-    """The highest capability number this kernel knows (bounding-set drops go up to it)."""
-    with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
-        return int(f.read())
+    """The highest capability number this kernel knows (bounding-set drops go up to it).
+    Fixed for the kernel's lifetime: read once per process."""
+    global _cap_last_cap
+    if _cap_last_cap is None:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+            _cap_last_cap = int(f.read())
+    return _cap_last_cap
+
+
+_cap_last_cap: int | None = None

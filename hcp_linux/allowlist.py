@@ -111,8 +111,11 @@ def install_prefixes(exe: str) -> tuple[str, ...]:
     out: list[str] = []
     # The directory as reached (a venv's bin/, whose python is a symlink elsewhere) and the
     # binary's real location, both canonical: grants are opened and cloned by real path.
-    for d in (os.path.realpath(os.path.dirname(os.path.abspath(exe))),
-              os.path.dirname(os.path.realpath(exe))):
+    # The second is the first unless the binary itself is a symlink (one lstat, not a walk).
+    here = os.path.realpath(os.path.dirname(os.path.abspath(exe)))
+    reached = os.path.join(here, os.path.basename(exe))
+    real = os.path.dirname(os.path.realpath(reached)) if os.path.islink(reached) else here
+    for d in dict.fromkeys((here, real)):
         parent = os.path.dirname(d)
         use_parent = os.path.basename(d) in ("bin", "sbin") and parent != "/" \
             and _is_install_prefix(parent)

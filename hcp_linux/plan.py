@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
 import landlock
 import seccomp_profiles
@@ -58,6 +58,8 @@ _PROC_ACCESS = _FS.READ_FILE | _FS.READ_DIR
 #: unmediated. Scopes (ABI 6) are required only where no namespace covers for them.
 _REQUIRED_FS = landlock.AccessFs.from_abi(3)
 
+_T = TypeVar("_T")
+
 REMEDIES = {
     "userns": "enable unprivileged user namespaces (sysctl user.max_user_namespaces>0, "
               "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
@@ -101,9 +103,10 @@ class Plan:
     uid: int
     gid: int
     cap_last_cap: int
-    binds: list[Bind] = field(default_factory=list)
-    symlinks: list[tuple[bytes, bytes]] = field(default_factory=list)
-    masks: list[tuple[bytes, bool]] = field(default_factory=list)  # (path, is_dir)
+    # the view and the rules: the shared confinement's own tuples (Plan.derived relies on it)
+    binds: Sequence[Bind] = ()
+    symlinks: Sequence[tuple[bytes, bytes]] = ()
+    masks: Sequence[tuple[bytes, bool]] = ()  # (path, is_dir)
     rlimits: list[tuple[int, int]] = field(default_factory=list)  # (RLIMIT_*, value)
     tmp_options: bytes = b"mode=1777"
     shm_options: bytes = b"mode=1777"
@@ -113,7 +116,7 @@ class Plan:
     holds_setpcap: bool = True  # the child may drop the bounding set and lock securebits
     proc_fresh: bool = False
     landlock: "landlock.Ruleset | None" = None
-    late_rules: list[tuple[bytes, int]] = field(default_factory=list)
+    late_rules: Sequence[tuple[bytes, int]] = ()
     canary: str | None = None
     seccomp: "seccomp_profiles.PreparedFilter | None" = None
     seccomp_names: tuple[str, ...] = ()
@@ -130,6 +133,23 @@ class Plan:
         shared, self._shared = self._shared, None
         if shared is not None:
             shared.release()
+
+    def derived(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """``make()``, computed once per shared confinement and ``key``: for what the receipt
+        and the native executor derive from the view and the rules. ``key`` names whatever
+        else of the plan ``make`` reads. Made afresh when the plan's view is not the
+        confinement's own (a plan edited after compile_plan, as tests do)."""
+        shared = self._shared
+        if shared is None or not (
+                self.binds is shared.binds and self.symlinks is shared.symlinks
+                and self.masks is shared.masks and self.late_rules is shared.late_rules
+                and self.facts.get("absent_system_roots") is shared.absent):
+            return make()
+        try:
+            return shared.memo[key]
+        except KeyError:
+            value = shared.memo[key] = make()  # two threads may both make it: same value
+            return value
 
 
 
@@ -196,11 +216,10 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     if shared is None:
         return plan
     plan._shared = shared
-    plan.binds, plan.symlinks, plan.masks = list(shared.binds), list(shared.symlinks), \
-        list(shared.masks)
-    plan.late_rules, plan.canary = list(shared.late_rules), shared.canary
+    plan.binds, plan.symlinks, plan.masks = shared.binds, shared.symlinks, shared.masks
+    plan.late_rules, plan.canary = shared.late_rules, shared.canary
     plan.landlock = shared.ruleset.copy() if shared.ruleset is not None else None
-    plan.facts["absent_system_roots"] = list(shared.absent)
+    plan.facts["absent_system_roots"] = shared.absent
     try:
         _plan_seccomp(plan, policy, layers)
     except BaseException:
@@ -251,19 +270,21 @@ class _Confinement:
     new one. Plans share it; its fds close when it is replaced and no plan uses it."""
 
     def __init__(self) -> None:
-        self.binds: list[Bind] = []
-        self.symlinks: list[tuple[bytes, bytes]] = []
-        self.masks: list[tuple[bytes, bool]] = []
-        self.late_rules: list[tuple[bytes, int]] = []
+        # tuples: plans share these very objects (Plan.derived checks that by identity)
+        self.binds: tuple[Bind, ...] = ()
+        self.symlinks: tuple[tuple[bytes, bytes], ...] = ()
+        self.masks: tuple[tuple[bytes, bool], ...] = ()
+        self.late_rules: tuple[tuple[bytes, int], ...] = ()
         self.canary: str | None = None
         self.ruleset: landlock.Ruleset | None = None  # a template, never created: copied
-        self.absent: list[str] = []
+        self.absent: tuple[str, ...] = ()
         self.search_path = ""
         self.fds: list[int] = []
         self.watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] = ((), (), ())
         self.stamp: tuple | None = None  # None: made while its paths changed; not reused
         self.users = 0
         self.retired = False
+        self.memo: dict = {}  # Plan.derived
 
     def open_path(self, path: str) -> tuple[int, os.stat_result]:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -405,13 +426,14 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
     rw_attrs = L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
     grants: list[tuple[str, int, int, bool]] = []  # (path, landlock access, mount attrs, writable)
     absent: list[str] = []
+    symlinks: list[tuple[bytes, bytes]] = []
     for root in policy.system_roots:
         if os.path.islink(root):
             # usr-merged systems: /bin -> usr/bin. Recreate the link when its target is granted.
             real = os.path.realpath(root)
             if any(_is_within(real, r) for r in policy.system_roots
                    if os.path.isdir(r) and not os.path.islink(r)):
-                conf.symlinks.append((os.fsencode(root), os.fsencode(os.readlink(root))))
+                symlinks.append((os.fsencode(root), os.fsencode(os.readlink(root))))
             else:
                 absent.append(root)
             continue
@@ -439,26 +461,27 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
     ruleset = None
     if "landlock" in layers:
         ruleset = _landlock_ruleset(policy, layers)
+    binds: list[Bind] = []
     for path, access, attrs, writable in grants:
         fd, st = conf.open_path(path)
         if view:
-            conf.binds.append(Bind(os.fsencode(path), os.fsencode(path), os.path.isdir(path),
+            binds.append(Bind(os.fsencode(path), os.fsencode(path), os.path.isdir(path),
                                    st.st_dev, st.st_ino, attrs, writable))
         if ruleset is not None:
             ruleset.add_path(fd, landlock.AccessFs(access))
-    conf.binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
+    binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
+    conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
     if view:
-        conf.masks = _masks(policy)
+        conf.masks = tuple(_masks(policy))
     if ruleset is not None:
         if view:
-            conf.late_rules = [(b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
-                               (b"/tmp", full), (b"/dev/shm", full)]
+            conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
+                               (b"/tmp", full), (b"/dev/shm", full))
             conf.canary = CANARY
         else:
-            conf.late_rules = [(b"/proc", int(_PROC_ACCESS))]
+            conf.late_rules = ((b"/proc", int(_PROC_ACCESS)),)
             conf.canary = "/"  # no rule grants the host root itself
         conf.ruleset = ruleset
-    conf.absent = absent
 
 
 def _masks(policy: Policy) -> list[tuple[bytes, bool]]:

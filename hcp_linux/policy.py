@@ -218,13 +218,19 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
     def digest(self) -> str:
-        """A stable hash of the policy, for receipts."""
+        """A stable hash of the policy, for receipts. A Policy is immutable (frozen, its env
+        a read-only mapping, its limits frozen): computed once per instance."""
+        cached = self.__dict__.get("_digest")
+        if cached is not None:
+            return cached
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["env"] = dict(sorted(self.env.items()))
         data["allow_degraded"] = sorted(self.allow_degraded)
         data["limits"] = self.limits.as_dict()
         blob = json.dumps(data, sort_keys=True, default=list).encode()
-        return "sha256:" + hashlib.sha256(blob).hexdigest()
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        object.__setattr__(self, "_digest", digest)
+        return digest
 
     # --- construction from files -------------------------------------------------------
 

@@ -52,13 +52,9 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         layers["userns"].update(uid_map=f"{plan.uid} {plan.uid} 1",
                                 gid_map=f"{plan.gid} {plan.gid} 1", setgroups="deny")
     if "mountns" in plan.layers:
-        layers["mountns"].update(
-            read_only=[b.target.decode() for b in plan.binds if not b.writable],
-            read_write=[b.target.decode() for b in plan.binds if b.writable],
-            symlinks={k.decode(): v.decode() for k, v in plan.symlinks},
-            masked=[m.decode() for m, _ in plan.masks],
-            private_tmpfs=["/tmp", "/dev/shm"], proc="fresh" if plan.proc_fresh else "host bind",
-            absent_system_roots=plan.facts.get("absent_system_roots", []))
+        view = plan.derived(("receipt-view", plan.proc_fresh), lambda: _mount_view(plan))
+        layers["mountns"].update({k: v.copy() if isinstance(v, (list, dict)) else v
+                                  for k, v in view.items()})
     if "netns" in plan.layers:
         layers["netns"].update(interfaces=["lo"])
     confined = plan.confined
@@ -102,6 +98,16 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
     }
 
 
+def _mount_view(plan) -> dict[str, Any]:
+    return dict(
+        read_only=[b.target.decode() for b in plan.binds if not b.writable],
+        read_write=[b.target.decode() for b in plan.binds if b.writable],
+        symlinks={k.decode(): v.decode() for k, v in plan.symlinks},
+        masked=[m.decode() for m, _ in plan.masks],
+        private_tmpfs=["/tmp", "/dev/shm"], proc="fresh" if plan.proc_fresh else "host bind",
+        absent_system_roots=list(plan.facts.get("absent_system_roots", [])))
+
+
 def _verified(plan) -> list[str]:
     """What the child checks right before exec (it refuses to exec otherwise)."""
     if not plan.confined:
@@ -123,7 +129,15 @@ def record_landlock(receipt: dict[str, Any], ruleset) -> None:
 
 
 def _names(flags) -> list[str]:
-    return [f.name.lower() for f in type(flags) if f in flags and f.name]
+    key = (type(flags), int(flags))
+    names = _flag_names.get(key)
+    if names is None:  # enum iteration costs more than the rest of the receipt: once per value
+        names = _flag_names[key] = tuple(f.name.lower() for f in type(flags)
+                                         if f in flags and f.name)
+    return list(names)
+
+
+_flag_names: dict[tuple[type, int], tuple[str, ...]] = {}
 
 
 def write_receipt(receipt: Mapping[str, Any], dest: str | IO[str]) -> None:

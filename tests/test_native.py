@@ -208,7 +208,7 @@ def _failure(plan, ex: str) -> tuple[str, int, str]:
 def _swapped_inode(plan):
     import dataclasses
     b = plan.binds[-1]
-    plan.binds[-1] = dataclasses.replace(b, ino=b.ino + 1)
+    plan.binds = [*plan.binds[:-1], dataclasses.replace(b, ino=b.ino + 1)]
     return b.source.decode()
 
 
@@ -491,6 +491,67 @@ def test_an_idle_spare_holds_no_fd_of_the_runtime(jail: Path) -> None:
     finally:
         os.close(r)
         native._retire(spare)
+
+
+def _status_fields(pid: int, *names: str) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    return {n: fields[n].strip() for n in names}
+
+
+def _init_of(spare) -> int:
+    """The spare's pid 1 once it waits for a plan (its setup done)."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        with open(f"/proc/{spare.pid}/task/{spare.pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+        if children:
+            with open(f"/proc/{children[0]}/wchan") as f:
+                wchan = f.read()  # blocked in recvmsg: __skb_wait_for_more_packets
+            if "skb" in wchan or "recv" in wchan:
+                return children[0]
+        time.sleep(0.01)
+    raise AssertionError("the spare never came to wait for a plan")
+
+
+@built
+def test_a_prepared_spare_waits_already_confined(jail: Path) -> None:
+    """Given a template, a spare sets no_new_privs, drops every capability and loads the
+    seccomp program before any plan comes; a spare without one (namespaces only) holds its
+    capabilities until the plan comes, as the control shows."""
+    plan = _plan(jail)
+    try:
+        key = native._spare_key(plan, native.binary())
+        prepared = native._make_spare(key + (native.view_bytes(plan),))
+        bare = native._make_spare(key + (None,))
+    finally:
+        plan.close()
+    try:
+        fields = ("NoNewPrivs", "Seccomp", "CapEff", "CapBnd")
+        early = _status_fields(_init_of(prepared), *fields)
+        late = _status_fields(_init_of(bare), *fields)
+        assert early == {"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0" * 16,
+                         "CapBnd": "0" * 16}, early
+        assert late["NoNewPrivs"] == "0" and late["Seccomp"] == "0", late
+        assert late["CapEff"] != "0" * 16, late
+    finally:
+        native._retire(prepared)
+        native._retire(bare)
+
+
+@built
+def test_a_spare_refuses_a_plan_with_another_seccomp_program(jail: Path, spares_auto) -> None:
+    """Same view, another seccomp program: the spare loaded its own before the plan came, so
+    the prepared section differs and the plan is refused, not run under the wrong filter."""
+    plan = compile_plan(Policy(jail=str(jail), seccomp_profiles=("baseline",)), ["true"],
+                        layers=frozenset(LAYERS))
+    spare = native._make_spare(native._spare_key(plan, native.binary())
+                               + (native.view_bytes(plan),))
+    plan.close()
+    plan = _plan(jail)  # baseline + socket-families
+    _inject(plan, spare)  # a lie: the pool thinks it was made for this plan
+    step, err, detail = _failure(plan, "native")
+    assert (step, err) == ("internal", errno.EPROTO) and "another plan" in detail, detail
 
 
 @built

@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "hcp_exec.c")
 BUILD_DIR = os.path.join(HERE, "_build")
 
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 4
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 5
 
 #: The C program's steps, in the order of its ``enum step``; each travels as its index in
 #: ``child.STEPS`` (the plan carries the table), so the parent's mapping is the ctypes one.
@@ -159,11 +159,20 @@ def _str(parts: list[bytes], s: bytes) -> None:
 
 
 def view_bytes(plan: "Plan") -> bytes:
-    """The plan's mount view section: all that building the view reads, and only that. Two
-    plans with the same section get the same view (inodes included), which is what lets a
-    spare build it ahead of time."""
+    """The plan's prepared section: all that building the mount view and the early
+    confinement (no_new_privs, capabilities, seccomp) read, and only that. Two plans with the
+    same section get the same view (inodes included) and the same early confinement, which is
+    what lets a spare do both ahead of time. Made once per confinement and the other fields
+    it reads."""
     vf = (F_MOUNTNS * ("mountns" in plan.layers) | F_PROC_FRESH * plan.proc_fresh
-          | F_PID_MAX * (plan.pid_max is not None))
+          | F_PID_MAX * (plan.pid_max is not None) | F_HOLDS_SETPCAP * plan.holds_setpcap
+          | F_SECCOMP * (plan.seccomp is not None))
+    bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
+    return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
+                         plan.cap_last_cap, bpf), lambda: _view_bytes(plan, vf, bpf))
+
+
+def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
     parts = [_U64(vf), _U64(plan.pid_max or 0)]
     _str(parts, plan.tmp_options)
     _str(parts, plan.shm_options)
@@ -181,6 +190,7 @@ def view_bytes(plan: "Plan") -> bytes:
     for link, dest in plan.symlinks:
         _str(parts, link)
         _str(parts, dest)
+    parts += [_U64(plan.cap_last_cap), _U64(len(bpf)), bpf]
     return b"".join(parts)
 
 
@@ -220,17 +230,16 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
             rules.append((path, access & handled))
     parts = [_U64(PLAN_VERSION << 32 | PLAN_MAGIC), _steps()]
     parts += [_U64(v & _MASK) for v in (
-        flags, plan.parent_pid, plan.uid, plan.gid, plan.cap_last_cap,
+        flags, plan.parent_pid, plan.uid, plan.gid,
         stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
         done_fd,
         dir_only, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
         _blocked_signals())]
     for s in (plan.cwd, plan.exe, os.fsencode(plan.canary) if plan.canary is not None else b"/"):
         _str(parts, s)
-    bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     if view is None:
         view = view_bytes(plan)
-    parts += [_U64(len(bpf)), bpf, _U64(len(view)), view, _U64(len(plan.rlimits))]
+    parts += [_U64(len(view)), view, _U64(len(plan.rlimits))]
     for res, value in plan.rlimits:
         parts += [_U64(res), _U64(value & _MASK)]
     parts.append(_U64(len(rules)))
@@ -338,8 +347,10 @@ def _memfd(blob: bytes) -> int:
 #
 # Most of a confined spawn's cost that does not depend on the plan (exec of hcp-exec, the user,
 # network and IPC namespaces, uid/gid maps, the pid namespace's init, loopback) can be paid
-# before the plan exists; so can the mount view, when the next plan's view section is the same
-# as the last one's (same grants, same inodes, same masks). A spare is an hcp-exec started with
+# before the plan exists; so can the mount view and the confinement that is the same for every
+# run (no_new_privs, capabilities, seccomp), when the next plan's prepared section is the same as
+# the last one's (same grants, same inodes, same masks, same seccomp program): such a spare waits
+# already confined, and only rlimits and Landlock follow the plan. A spare is an hcp-exec started with
 # ``--spare``: it does those steps of child.py, then waits on a socket for one plan and the
 # run's fds, refuses a plan it was not prepared for, and reports a step that failed meanwhile on
 # that run's error pipe as if it had just failed. Each spare serves one run: no namespace is
@@ -382,19 +393,43 @@ def _process_status() -> tuple[int, int]:
     """(umask, ignored signals) of this process, from one read of /proc/self/status: the
     umask read without changing it (os.umask would, for every thread); the ignored signals
     (bit n-1 for signal n) that a fork would pass on, which hcp-exec gives the command
-    whenever its spare was started. (-1, 0) if unreadable."""
+    whenever its spare was started. (-1, 0) if unreadable. The file stays open (a pread
+    regenerates it); a forked child opens its own."""
+    global _status_fd
     umask, ignored = -1, 0
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    umask = int(line.split()[1], 8)
-                elif line.startswith(b"SigIgn:"):
-                    ignored = int(line.split()[1], 16)
-                    break
+        if _status_fd < 0:
+            with _status_lock:
+                if _status_fd < 0:
+                    _status_fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        data = os.pread(_status_fd, 8192, 0)
+        for line in data.split(b"\n"):
+            if line.startswith(b"Umask:"):
+                umask = int(line.split()[1], 8)
+            elif line.startswith(b"SigIgn:"):
+                ignored = int(line.split()[1], 16)
+                break
     except (OSError, ValueError):
         pass
     return umask, ignored
+
+
+_status_fd = -1
+_status_lock = threading.Lock()
+
+
+def _forget_status_fd() -> None:
+    """In a forked child: /proc/self was resolved to the parent when the fd was opened."""
+    global _status_fd, _status_lock
+    if _status_fd >= 0:
+        try:
+            os.close(_status_fd)
+        except OSError:
+            pass
+    _status_fd, _status_lock = -1, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_status_fd)
 
 
 def _blocked_signals() -> int:

@@ -6,15 +6,16 @@
  * and no Python runs in the child), or hands the plan to a copy of it started earlier (a
  * spare, below). This program performs the steps of hcp_linux/child.py under the same step
  * names, and reports a failure as (step index, errno, detail) on the close-on-exec error pipe,
- * then exits 125. The order is child.py's, except that a spare brings lo up (and builds the
- * mount view, given a template) before the plan comes; the result is the same.
+ * then exits 125. The order is child.py's, except that a spare brings lo up (and, given a
+ * template, builds the mount view, sets no_new_privs, drops capabilities and loads seccomp)
+ * before the plan comes; rlimits and Landlock follow when it comes. The result is the same.
  *
  *     argv: hcp-exec PLAN_FD ERR_FD                      (cold: the plan is there now)
  *           hcp-exec --spare SOCK FLAGS UID GID PPID [VIEW_FD]  (warm: ahead of the plan)
  *
  * A spare does the plan-independent steps at once (session, namespaces, uid/gid maps, pid 1,
- * loopback; with VIEW_FD, the mount view of a template: a plan whose view section is not that
- * template byte for byte is refused) and then waits on SOCK for one message: the plan and fds
+ * loopback; with VIEW_FD, what the prepared section of a template says: the mount view and the
+ * early confinement; a plan whose section is not that template byte for byte is refused) and then waits on SOCK for one message: the plan and fds
  * (error pipe, stdio, Landlock ruleset, proxy channel), passed with SCM_RIGHTS. A step that
  * failed early is reported then, on the error pipe that came with the plan. EOF instead of a
  * message: the spare was not needed; it exits 0.
@@ -58,7 +59,7 @@
 #include <setjmp.h>
 
 #define PLAN_MAGIC 0x58504348u /* "HCPX" little-endian */
-#define PLAN_VERSION 4
+#define PLAN_VERSION 5
 
 /* Steps, in the order of NATIVE_STEPS in __init__.py; the plan maps each to child.STEPS. */
 enum step {
@@ -86,7 +87,7 @@ enum step {
 #define F_CANARY (1u << 11)
 #define F_SECCOMP (1u << 12)
 #define F_PID_MAX (1u << 13)
-#define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX)
+#define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP)
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -179,6 +180,7 @@ static volatile int deferring;
 static int pend_step = -1, pend_err;
 static char pend_detail[DETAIL_MAX];
 static int lo_done; /* the spare brought lo up already */
+static int confined_early; /* the spare set no_new_privs, dropped capabilities, loaded seccomp */
 static int view_done; /* the spare built the mount view already, from this template: */
 static const unsigned char *view_template;
 static size_t view_template_len;
@@ -298,8 +300,9 @@ static void read_plan(int fd) {
     close(fd);
 }
 
-/* The mount view: everything build_mount_view() reads, in a section of its own, so that a spare
- * can build it ahead of time from a template, and a plan be checked against that template. */
+/* The prepared section: everything build_mount_view() and the early confinement (no_new_privs,
+ * capabilities, seccomp) read, in a section of its own, so that a spare can do both ahead of
+ * time from a template, and a plan be checked against that template. */
 static void parse_view(void) {
     size_t i;
     P.view_flags = (uint32_t)get_u64();
@@ -329,8 +332,13 @@ static void parse_view(void) {
         P.symlinks[i].link = get_str();
         P.symlinks[i].dest = get_str();
     }
+    P.cap_last_cap = (int64_t)get_u64();
+    P.bpf = get_bytes(&P.bpf_len);
     if (pos != buf_len)
         malformed("view");
+    if ((P.view_flags & F_SECCOMP)
+        && (P.bpf_len == 0 || P.bpf_len % 8 || P.bpf_len / 8 > BPF_MAXINSNS))
+        malformed("seccomp program");
 }
 
 static void parse_plan(void) {
@@ -349,7 +357,6 @@ static void parse_plan(void) {
     P.parent_pid = (int64_t)get_u64();
     P.uid = (int64_t)get_u64();
     P.gid = (int64_t)get_u64();
-    P.cap_last_cap = (int64_t)get_u64();
     for (i = 0; i < 3; i++)
         P.stdio[i] = (int)(int64_t)get_u64();
     P.ruleset_fd = (int)(int64_t)get_u64();
@@ -364,7 +371,6 @@ static void parse_plan(void) {
     P.cwd = get_str();
     P.exe = get_str();
     P.canary = get_str();
-    P.bpf = get_bytes(&P.bpf_len);
     P.view = get_bytes(&P.view_len);
     {
         unsigned char *outer = buf;
@@ -403,8 +409,6 @@ static void parse_plan(void) {
         malformed("trailing bytes");
     if (P.n_argv == 0)
         malformed("empty argv");
-    if ((P.flags & F_SECCOMP) && (P.bpf_len == 0 || P.bpf_len % 8 || P.bpf_len / 8 > BPF_MAXINSNS))
-        malformed("seccomp program");
 }
 
 /* ---- helpers (each mirrors its Python twin in child.py) -------------------------------- */
@@ -988,14 +992,16 @@ static void __attribute__((noreturn)) payload(int status_w) {
         snprintf(d, sizeof d, "%llu", (unsigned long long)P.rlimits[i].resource);
         TRY(S_RLIMITS, setrlimit((int)P.rlimits[i].resource, &rl), d);
     }
-    TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
-    TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
+    if (!confined_early) {
+        TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
+        TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
+    }
     if (P.flags & F_LANDLOCK) {
         add_late_rules();
         if (P.ruleset_fd >= 0)
             TRY(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, P.ruleset_fd, 0), NULL);
     }
-    if (P.flags & F_SECCOMP)
+    if ((P.flags & F_SECCOMP) && !confined_early)
         TRY(S_SECCOMP, install_seccomp(), NULL);
     TRY(S_CLOSE_FDS, syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC_), NULL);
     if (status_w < 0) {
@@ -1132,6 +1138,7 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     if (pend_step >= 0) /* a step failed before the plan came: report it now */
         report((enum step)pend_step, pend_err, pend_detail[0] ? pend_detail : NULL);
     if ((P.flags & NS_FLAGS) != (spare_flags & NS_FLAGS) || P.uid != uid || P.gid != gid
+        || (confined_early && !(P.flags & F_CONFINED))
         || (view_template && (P.view_len != view_template_len
                               || memcmp(P.view, view_template, P.view_len) != 0)))
         report(S_INTERNAL, EPROTO, "native executor: the spare was prepared for another plan");
@@ -1206,6 +1213,15 @@ static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t ui
             P.flags |= P.view_flags;
             build_mount_view();
             view_done = 1;
+            /* The confinement that is the same for every run of this template, in force while
+             * the spare waits (lo is up, the view built: nothing left that needs a capability).
+             * The plan's rlimits and Landlock come after it; both only narrow, and Landlock's
+             * restrict_self needs no capability once no_new_privs is set. */
+            TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
+            TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
+            if (P.flags & F_SECCOMP)
+                TRY(S_SECCOMP, install_seccomp(), NULL);
+            confined_early = 1;
         }
         deferring = 0;
     }
