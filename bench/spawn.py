@@ -8,7 +8,8 @@ default policy (user/mount/net/ipc/pid namespaces, the same read-only roots, pri
 minimal /dev, fresh /proc, new session, die-with-parent, no capabilities, and our baseline
 seccomp program through --seccomp), and hcp-linux through the Python API (Sandbox.run, default
 policy) with each executor: native (hcp-exec, with its spares), native without spares, ctypes.
-Then: the CPU a /bin/true run costs the whole machine (every CPU, kernel threads included;
+Then: the /bin/true rows again with 5 ms of idleness before each call (as between an agent's
+commands: the spare for the next run is made in the gap, not while the run runs); the CPU a /bin/true run costs the whole machine (every CPU, kernel threads included;
 on a small machine it bounds back-to-back runs); throughput with 8 concurrent callers; the same /bin/true rows from a runtime holding
 ~500 MB of resident memory (fork's cost grows with it, vfork/posix_spawn's does not); and the
 `hcp-linux run` CLI beside `python -c pass` from the same venv.
@@ -168,6 +169,14 @@ def main() -> int:
             samples = measure_rows(rows_for(argv, slow=label == "python -c pass"))
             results[label] = {name: summary(s) for name, s in samples.items()}
 
+        # the same /bin/true rows with 5 ms of idleness before each call: commands as an
+        # agent runs them (with think time between), where a spare made between runs does
+        # not compete with the next run for the CPUs
+        rows = [(name, fn, n) for name, fn, n in rows_for([TRUE], slow=False)
+                if "ctypes" not in name]
+        results["/bin/true, 5 ms between calls"] = {
+            name: summary(s) for name, s in measure_rows(rows, gap=0.005).items()}
+
         # CPU per run, every CPU together: on a small machine this, not latency, bounds
         # back-to-back runs (a spare for the next run is made while this one runs)
         n = 100 if args.quick else 300
@@ -224,7 +233,8 @@ def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
     for label in results:
         if not label.startswith("/bin/true"):
             continue
-        tag = "" if label == "/bin/true" else "_large_runtime"
+        tag = ("" if label == "/bin/true" else "_paced" if "between calls" in label
+               else "_large_runtime")
         plain, bw = med(label, "subprocess.run"), med(label, "bubblewrap (equivalent isolation + seccomp)")
         for ex in ("native", "ctypes"):
             hcp = med(label, f"hcp-linux {ex}")

@@ -7,12 +7,16 @@ import time
 from typing import Callable
 
 
-def measure(fn: Callable[[], object], runs: int, warmup: int = 5) -> list[float]:
-    """``runs`` timings of ``fn`` in ms, after ``warmup`` untimed calls (caches filled)."""
+def measure(fn: Callable[[], object], runs: int, warmup: int = 5,
+            gap: float = 0.0) -> list[float]:
+    """``runs`` timings of ``fn`` in ms, after ``warmup`` untimed calls (caches filled).
+    ``gap``: seconds of idleness before each call (untimed), as between an agent's commands."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(runs):
+        if gap:
+            time.sleep(gap)
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1000.0)
@@ -20,7 +24,7 @@ def measure(fn: Callable[[], object], runs: int, warmup: int = 5) -> list[float]
 
 
 def measure_rows(rows: list[tuple[str, Callable[[], object], int]], rounds: int = 4,
-                 warmup: int = 5) -> dict[str, list[float]]:
+                 warmup: int = 5, gap: float = 0.0) -> dict[str, list[float]]:
     """Samples (ms) for each (name, fn, runs) row, taken in ``rounds`` passes over all rows,
     each pass timing a block of consecutive calls per row. The host's speed drifts over a
     run (a VM: by a third within minutes); in passes the drift falls on every row alike, so
@@ -29,7 +33,7 @@ def measure_rows(rows: list[tuple[str, Callable[[], object], int]], rounds: int 
     for i in range(rounds):
         for name, fn, runs in rows:
             share = runs // rounds + (1 if i < runs % rounds else 0)
-            out[name] += measure(fn, share, warmup if i == 0 else 1)
+            out[name] += measure(fn, share, warmup if i == 0 else 1, gap)
     return out
 
 
@@ -37,9 +41,10 @@ def _busy_seconds() -> float:
     """CPU time spent by the whole machine (every CPU, every process, kernel threads
     included) since boot, from the first line of /proc/stat."""
     with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq = (
+            int(v) for v in f.readline().split()[1:8])
+    # not steal (the hypervisor's), nor guest (already in user)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_per_run(fn: Callable[[], object], runs: int, settle: float = 0.5) -> float:

@@ -318,9 +318,10 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             fds.append(fd)
             ends.append(end)
         if plan.landlock is not None:
-            ruleset = plan.landlock.create()
-            if receipt is not None:
-                record_landlock(receipt, ruleset)
+            if receipt is not None:  # what create() makes, wherever it is made
+                record_landlock(receipt, plan.landlock)
+            if not (native.selected(executor) == "native" and native.makes_ruleset(plan)):
+                ruleset = plan.landlock.create()
         proxy_end = child_end = -1
         if plan.proxy:
             proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM
@@ -340,7 +341,9 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         except BaseException:
             os.close(err_r)
             raise
-        if pid is None:
+        if pid is None:  # the ctypes executor (a fallback, maybe): it needs the parent's ruleset
+            if plan.landlock is not None and ruleset is None:
+                ruleset = plan.landlock.create()
             pid = os.fork()
         if pid == 0:
             os.close(err_r)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class Bind:
     ino: int
     attrs: int  # MOUNT_ATTR_* set recursively on the clone
     writable: bool
+    access: int = 0  # the Landlock rule on it (effective rights; 0: none, or no Landlock)
 
 
 @dataclass
@@ -461,14 +463,18 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
     ruleset = None
     if "landlock" in layers:
         ruleset = _landlock_ruleset(policy, layers)
-    binds: list[Bind] = []
+    opened = []
     for path, access, attrs, writable in grants:
         fd, st = conf.open_path(path)
-        if view:
-            binds.append(Bind(os.fsencode(path), os.fsencode(path), os.path.isdir(path),
-                                   st.st_dev, st.st_ino, attrs, writable))
+        opened.append((path, fd, st, attrs, writable))
         if ruleset is not None:
             ruleset.add_path(fd, landlock.AccessFs(access))
+    # Each bind carries its Landlock rule: the native executor adds it on the very mount it
+    # cloned (and checked), so that a spare can be Landlocked before the plan comes.
+    rules = dict(ruleset.path_rules()) if ruleset is not None else {}
+    binds = [Bind(os.fsencode(path), os.fsencode(path), stat.S_ISDIR(st.st_mode), st.st_dev,
+                  st.st_ino, attrs, writable, int(rules.get(fd, 0)))
+             for path, fd, st, attrs, writable in opened] if view else []
     binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
     conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
     if view:

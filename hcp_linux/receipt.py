@@ -121,7 +121,8 @@ def _verified(plan) -> list[str]:
 
 
 def record_landlock(receipt: dict[str, Any], ruleset) -> None:
-    """Facts of the ruleset as the kernel accepted it (after ABI masking)."""
+    """Facts of the ruleset as the kernel takes it (after ABI masking): from a
+    landlock.Ruleset, which knows what its create() makes, or a CreatedRuleset."""
     entry = receipt.setdefault("layers", {}).setdefault("landlock", {"status": "enforced"})
     entry.update(abi=ruleset.abi, ruleset=ruleset.status.name.lower(),
                  handled_fs=_names(ruleset.handled_fs), handled_net=_names(ruleset.handled_net),

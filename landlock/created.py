@@ -15,6 +15,17 @@ from .errors import IncompatibleError, LandlockError
 from .rights import AccessFs, AccessNet, RestrictFlags
 
 
+def ruleset_status(enforceable: bool, abi: int, requested: Handled,
+                   handled: Handled) -> RulesetStatus:
+    """What a ruleset enforces (see :attr:`CreatedRuleset.status`)."""
+    if not enforceable or abi == 0:
+        return RulesetStatus.NOT_ENFORCED
+    refer_free = AccessFs.REFER if handled.fs else AccessFs(0)
+    weaker = ((requested.fs & ~handled.fs & ~refer_free) | (requested.net & ~handled.net)
+              | (requested.scoped & ~handled.scoped))
+    return RulesetStatus.PARTIALLY_ENFORCED if weaker else RulesetStatus.FULLY_ENFORCED
+
+
 class CreatedRuleset:
     """A kernel ruleset, ready to enforce; holds its fd (O_CLOEXEC) until :meth:`close`.
 
@@ -58,13 +69,9 @@ class CreatedRuleset:
         remove *allowances*. Nor does REFER dropped at ABI 1: that kernel denies every
         cross-directory rename/link of a sandboxed process, which is stricter, not looser.
         """
-        if not self._enforceable or self.abi == 0:
-            return RulesetStatus.NOT_ENFORCED
-        refer_free = AccessFs.REFER if self.handled_fs else AccessFs(0)
-        weaker = ((self.requested_fs & ~self.handled_fs & ~refer_free)
-                  | (self.requested_net & ~self.handled_net)
-                  | (self.requested_scoped & ~self.scoped))
-        return RulesetStatus.PARTIALLY_ENFORCED if weaker else RulesetStatus.FULLY_ENFORCED
+        return ruleset_status(self._enforceable, self.abi,
+                              Handled(self.requested_fs, self.requested_net, self.requested_scoped),
+                              Handled(self.handled_fs, self.handled_net, self.scoped))
 
     def _check_open(self) -> None:
         if self._enforceable and self.fd < 0:

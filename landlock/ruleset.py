@@ -15,8 +15,8 @@ from typing import Iterable, Union
 from . import _sys
 from ._rules import (Handled, PathRule, PortRule, add_rule, check_access_fs, check_port,
                      fstat_is_dir, missing_message, plan_path_access)
-from .compat import CompatLevel, Fact, FactKind, abi_version
-from .created import CreatedRuleset
+from .compat import CompatLevel, Fact, FactKind, RulesetStatus, abi_version
+from .created import CreatedRuleset, ruleset_status
 from .errors import IncompatibleError, PathError, RulesetError, UnsupportedError
 from .rights import AccessFs, AccessNet, Scope, _AbiFlag
 
@@ -119,6 +119,40 @@ class Ruleset:
     @property
     def facts(self) -> tuple[Fact, ...]:
         return tuple(self._facts)
+
+    # What create() will make, known before it (for a caller that has the kernel ruleset made
+    # elsewhere from the same description, e.g. by a helper program from path_rules()).
+
+    @property
+    def requested_fs(self) -> AccessFs:
+        return self._requested.fs
+
+    @property
+    def handled_fs(self) -> AccessFs:
+        """Handled filesystem rights after ABI masking: what the kernel ruleset will handle."""
+        return self._handled.fs
+
+    @property
+    def handled_net(self) -> AccessNet:
+        return self._handled.net
+
+    @property
+    def scoped(self) -> Scope:
+        return self._handled.scoped
+
+    @property
+    def status(self) -> RulesetStatus:
+        """The :attr:`CreatedRuleset.status` that :meth:`create` will give."""
+        return ruleset_status(self._abi > 0 and bool(self._handled), self._abi, self._requested,
+                              self._handled)
+
+    def path_rules(self) -> list[tuple[int, AccessFs]]:
+        """(fd, effective access) of each path rule, in order: after ABI masking and dir-only
+        stripping, as create() will add them."""
+        return [(r.fd, r.access) for r in self._rules if isinstance(r, PathRule)]
+
+    def port_rules(self) -> list[tuple[int, AccessNet]]:
+        return [(r.port, r.access) for r in self._rules if isinstance(r, PortRule)]
 
     def _check_open(self) -> None:
         if self._done:

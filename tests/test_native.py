@@ -539,6 +539,39 @@ def test_a_prepared_spare_waits_already_confined(jail: Path) -> None:
         native._retire(bare)
 
 
+def _through_prepared_spare(jail: Path, policy: Policy, layers: frozenset[str],
+                            argv: list[str]) -> tuple[int, bytes]:
+    """Run ``argv`` through a spare prepared (view, Landlock, seccomp...) for its plan."""
+    plan = compile_plan(policy, argv, layers=layers)
+    try:
+        spare = native._make_spare(native._spare_key(plan, native.binary())
+                                   + (native.view_bytes(plan),))
+        _inject(plan, spare)
+        ready = native.stats["ready"]
+        proc = executor.spawn(plan, stderr=executor.PIPE, executor="native")
+        assert native.stats["ready"] == ready + 1  # that very spare took it
+    finally:
+        plan.close()
+    _, err = proc.communicate(timeout=TIMEOUT)
+    return proc.returncode, err
+
+
+@built
+def test_landlock_made_by_a_prepared_spare_confines_the_command(jail: Path,
+                                                                spares_auto) -> None:
+    """A prepared spare makes the Landlock ruleset and restricts itself before the plan comes;
+    the command it then runs cannot read the canary file in the sandbox's root, which only
+    Landlock denies (no rule grants it; nothing else stops a read of an empty file in a
+    tmpfs). Control: the same file through a prepared spare of a plan without Landlock."""
+    argv = ["cat", "/.hcp-canary"]
+    rc, err = _through_prepared_spare(jail, Policy(jail=str(jail)), frozenset(LAYERS), argv)
+    assert rc == 1 and b"Permission denied" in err, (rc, err)
+    rc, err = _through_prepared_spare(
+        jail, Policy(jail=str(jail), allow_degraded=("landlock",)),
+        frozenset(LAYERS) - {"landlock"}, argv)
+    assert (rc, err) == (0, b""), (rc, err)
+
+
 @built
 def test_a_spare_refuses_a_plan_with_another_seccomp_program(jail: Path, spares_auto) -> None:
     """Same view, another seccomp program: the spare loaded its own before the plan came, so

@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "hcp_exec.c")
 BUILD_DIR = os.path.join(HERE, "_build")
 
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 5
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 6
 
 #: The C program's steps, in the order of its ``enum step``; each travels as its index in
 #: ``child.STEPS`` (the plan carries the table), so the parent's mapping is the ctypes one.
@@ -159,17 +159,43 @@ def _str(parts: list[bytes], s: bytes) -> None:
 
 
 def view_bytes(plan: "Plan") -> bytes:
-    """The plan's prepared section: all that building the mount view and the early
-    confinement (no_new_privs, capabilities, seccomp) read, and only that. Two plans with the
-    same section get the same view (inodes included) and the same early confinement, which is
-    what lets a spare do both ahead of time. Made once per confinement and the other fields
-    it reads."""
+    """The plan's prepared section: all that building the mount view and the confinement
+    that is the same for every run (no_new_privs, capabilities, Landlock, seccomp) read, and
+    only that. Two plans with the same section get the same view (inodes included) and the
+    same confinement, which is what lets a spare do both ahead of time. Made once per
+    confinement and the other fields it reads."""
     vf = (F_MOUNTNS * ("mountns" in plan.layers) | F_PROC_FRESH * plan.proc_fresh
           | F_PID_MAX * (plan.pid_max is not None) | F_HOLDS_SETPCAP * plan.holds_setpcap
-          | F_SECCOMP * (plan.seccomp is not None))
+          | F_SECCOMP * (plan.seccomp is not None) | F_LANDLOCK * (plan.landlock is not None))
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
                          plan.cap_last_cap, bpf), lambda: _view_bytes(plan, vf, bpf))
+
+
+def makes_ruleset(plan: "Plan") -> bool:
+    """Whether hcp-exec makes the Landlock ruleset itself (with a mount view: a rule on each
+    bind it cloned and checked, then the late rules), so the parent creates none."""
+    return plan.landlock is not None and "mountns" in plan.layers
+
+
+def _landlock_bytes(plan: "Plan") -> list[bytes]:
+    """The Landlock part of the prepared section: handled rights, the dir-only rights (taken
+    from a rule on a non-directory) and the late rules (for mounts that exist only inside),
+    each masked as CreatedRuleset.add_path_fd would."""
+    import landlock
+    ruleset = plan.landlock
+    assert ruleset is not None
+    requested, handled = int(ruleset.requested_fs), int(ruleset.handled_fs)
+    parts = [_U64(handled), _U64(int(ruleset.handled_net)), _U64(int(ruleset.scoped)),
+             _U64(int(landlock.DIR_ONLY_RIGHTS)), _U64(len(plan.late_rules))]
+    for path, access in plan.late_rules:
+        if not access or access & ~requested:  # what CreatedRuleset.add_path_fd refuses
+            from ..errors import ChildSetupError
+            raise ChildSetupError("internal", errno.EINVAL,
+                                  f"late rule {path!r}: rights not in handled_fs")
+        _str(parts, path)
+        parts.append(_U64(access & handled))
+    return parts
 
 
 def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
@@ -181,7 +207,7 @@ def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
         _str(parts, bd.source)
         _str(parts, bd.target)
         parts += [_U64(int(bd.is_dir)), _U64(bd.dev & _MASK), _U64(bd.ino & _MASK),
-                  _U64(bd.attrs)]
+                  _U64(bd.attrs), _U64(bd.access)]
     parts.append(_U64(len(plan.masks)))
     for path, is_dir in plan.masks:
         _str(parts, path)
@@ -191,6 +217,8 @@ def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
         _str(parts, link)
         _str(parts, dest)
     parts += [_U64(plan.cap_last_cap), _U64(len(bpf)), bpf]
+    if plan.landlock is not None:
+        parts += _landlock_bytes(plan)
     return b"".join(parts)
 
 
@@ -211,29 +239,20 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
             flags |= bit
     flags |= (F_CONFINED * plan.confined | F_PROXY * plan.proxy
               | F_HOLDS_SETPCAP * plan.holds_setpcap | F_PROC_FRESH * plan.proc_fresh
-              | F_WAIT_FOR_TREE * plan.wait_for_tree | F_LANDLOCK * (ruleset is not None)
+              | F_WAIT_FOR_TREE * plan.wait_for_tree | F_LANDLOCK * (plan.landlock is not None)
               | F_CANARY * (plan.canary is not None) | F_SECCOMP * (plan.seccomp is not None)
               | F_PID_MAX * (plan.pid_max is not None))
     host, port = PROXY_ADDRESS
     a, b, c, d = (int(x) for x in host.split("."))
-    dir_only = 0
-    rules: list[tuple[bytes, int]] = []
-    if ruleset is not None:
-        import landlock
-        dir_only = int(landlock.DIR_ONLY_RIGHTS)
-        requested, handled = int(ruleset.requested_fs), int(ruleset.handled_fs)
-        for path, access in plan.late_rules:
-            if not access or access & ~requested:  # what CreatedRuleset.add_path_fd refuses
-                from ..errors import ChildSetupError
-                raise ChildSetupError("internal", errno.EINVAL,
-                                      f"late rule {path!r}: rights not in handled_fs")
-            rules.append((path, access & handled))
+    if (ruleset is not None) == makes_ruleset(plan) and plan.landlock is not None:
+        from ..errors import ChildSetupError
+        raise ChildSetupError("internal", errno.EINVAL, "native executor: a Landlock ruleset "
+                              "is made by hcp-exec with a mount view, by the parent without")
     parts = [_U64(PLAN_VERSION << 32 | PLAN_MAGIC), _steps()]
     parts += [_U64(v & _MASK) for v in (
         flags, plan.parent_pid, plan.uid, plan.gid,
         stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
-        done_fd,
-        dir_only, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
+        done_fd, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
         _blocked_signals())]
     for s in (plan.cwd, plan.exe, os.fsencode(plan.canary) if plan.canary is not None else b"/"):
         _str(parts, s)
@@ -242,10 +261,6 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     parts += [_U64(len(view)), view, _U64(len(plan.rlimits))]
     for res, value in plan.rlimits:
         parts += [_U64(res), _U64(value & _MASK)]
-    parts.append(_U64(len(rules)))
-    for path, access in rules:
-        _str(parts, path)
-        parts.append(_U64(access))
     parts.append(_U64(len(plan.argv)))
     for arg in plan.argv:
         _str(parts, arg)
@@ -670,4 +685,4 @@ def _pool() -> _Pool:
 
 
 __all__ = ["EXECUTORS", "NATIVE_STEPS", "SPARES", "available", "binary", "get_default",
-           "plan_bytes", "selected", "set_default", "set_spares", "spawn"]
+           "makes_ruleset", "plan_bytes", "selected", "set_default", "set_spares", "spawn"]

@@ -59,7 +59,7 @@
 #include <setjmp.h>
 
 #define PLAN_MAGIC 0x58504348u /* "HCPX" little-endian */
-#define PLAN_VERSION 5
+#define PLAN_VERSION 6
 
 /* Steps, in the order of NATIVE_STEPS in __init__.py; the plan maps each to child.STEPS. */
 enum step {
@@ -87,7 +87,7 @@ enum step {
 #define F_CANARY (1u << 11)
 #define F_SECCOMP (1u << 12)
 #define F_PID_MAX (1u << 13)
-#define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP)
+#define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK)
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -100,6 +100,9 @@ enum step {
 #endif
 #ifndef SYS_mount_setattr
 #define SYS_mount_setattr 442
+#endif
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
 #endif
 #ifndef SYS_landlock_add_rule
 #define SYS_landlock_add_rule 445
@@ -124,6 +127,10 @@ struct mount_attr_ {
     uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
 
+struct landlock_ruleset_attr_ {
+    uint64_t handled_access_fs, handled_access_net, scoped;
+};
+
 struct landlock_path_beneath_attr_ {
     uint64_t allowed_access;
     int32_t parent_fd;
@@ -131,7 +138,7 @@ struct landlock_path_beneath_attr_ {
 
 struct bind {
     const char *source, *target;
-    uint64_t dev, ino, attrs;
+    uint64_t dev, ino, attrs, access; /* access: its Landlock rule (0: none) */
     int is_dir;
 };
 struct mask {
@@ -153,7 +160,7 @@ static struct plan {
     uint32_t flags;
     int64_t parent_pid, uid, gid, cap_last_cap, pid_max;
     int stdio[3], ruleset_fd, proxy_fd, done_fd; /* done_fd: the runtime's "run over" pipe */
-    uint64_t dir_only;
+    uint64_t ll_fs, ll_net, ll_scoped, dir_only; /* the Landlock ruleset hcp-exec makes */
     uint32_t proxy_addr; /* host byte order */
     uint16_t proxy_port;
     uint64_t umask; /* ~0: leave it */
@@ -180,7 +187,8 @@ static volatile int deferring;
 static int pend_step = -1, pend_err;
 static char pend_detail[DETAIL_MAX];
 static int lo_done; /* the spare brought lo up already */
-static int confined_early; /* the spare set no_new_privs, dropped capabilities, loaded seccomp */
+static int confined_early; /* the spare is confined already (see confine()) */
+static int own_ruleset = -1; /* with a mount view, the Landlock ruleset is made here */
 static int view_done; /* the spare built the mount view already, from this template: */
 static const unsigned char *view_template;
 static size_t view_template_len;
@@ -319,6 +327,7 @@ static void parse_view(void) {
         b->dev = get_u64();
         b->ino = get_u64();
         b->attrs = get_u64();
+        b->access = get_u64();
     }
     P.n_masks = get_count(16);
     P.masks = alloc(P.n_masks, sizeof *P.masks);
@@ -334,6 +343,19 @@ static void parse_view(void) {
     }
     P.cap_last_cap = (int64_t)get_u64();
     P.bpf = get_bytes(&P.bpf_len);
+    P.n_rules = 0;
+    if (P.view_flags & F_LANDLOCK) {
+        P.ll_fs = get_u64();
+        P.ll_net = get_u64();
+        P.ll_scoped = get_u64();
+        P.dir_only = get_u64();
+        P.n_rules = get_count(16);
+        P.rules = alloc(P.n_rules, sizeof *P.rules);
+        for (i = 0; i < P.n_rules; i++) {
+            P.rules[i].path = get_str();
+            P.rules[i].access = get_u64();
+        }
+    }
     if (pos != buf_len)
         malformed("view");
     if ((P.view_flags & F_SECCOMP)
@@ -362,7 +384,6 @@ static void parse_plan(void) {
     P.ruleset_fd = (int)(int64_t)get_u64();
     P.proxy_fd = (int)(int64_t)get_u64();
     P.done_fd = (int)(int64_t)get_u64();
-    P.dir_only = get_u64();
     P.proxy_addr = (uint32_t)get_u64();
     P.proxy_port = (uint16_t)get_u64();
     P.umask = get_u64();
@@ -391,12 +412,6 @@ static void parse_plan(void) {
         P.rlimits[i].resource = get_u64();
         P.rlimits[i].value = get_u64();
     }
-    P.n_rules = get_count(16);
-    P.rules = alloc(P.n_rules, sizeof *P.rules);
-    for (i = 0; i < P.n_rules; i++) {
-        P.rules[i].path = get_str();
-        P.rules[i].access = get_u64();
-    }
     P.n_argv = get_count(8);
     P.argv = alloc(P.n_argv, sizeof *P.argv); /* NULL-terminated: alloc gives n + 1 */
     for (i = 0; i < P.n_argv; i++)
@@ -409,6 +424,8 @@ static void parse_plan(void) {
         malformed("trailing bytes");
     if (P.n_argv == 0)
         malformed("empty argv");
+    if ((P.flags & F_MOUNTNS) && P.ruleset_fd >= 0)
+        malformed("a ruleset fd with a mount view (hcp-exec makes that one)");
 }
 
 /* ---- helpers (each mirrors its Python twin in child.py) -------------------------------- */
@@ -534,10 +551,40 @@ static int write_id_maps(void) {
 
 /* ---- the mount view ------------------------------------------------------------------- */
 
+/* The Landlock ruleset of a plan with a mount view: made here, and a rule added on each granted
+ * tree as it is cloned, once checked to be the object the parent planned (a rule is on the
+ * inode: the clone's root is the very inode). Nothing handled: nothing to make (as the
+ * parent's Ruleset.create, status NOT_ENFORCED). */
+static void make_ruleset(void) {
+    struct landlock_ruleset_attr_ attr = {P.ll_fs, P.ll_net, P.ll_scoped};
+    if (!(P.flags & F_LANDLOCK) || !(P.ll_fs | P.ll_net | P.ll_scoped))
+        return;
+    own_ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    TRY(S_LANDLOCK_RULES, own_ruleset, "landlock_create_ruleset");
+}
+
+/* The ruleset in use: made here with a mount view, else the parent's (-1: nothing handled). */
+static int ruleset_fd(void) {
+    return (P.flags & F_MOUNTNS) ? own_ruleset : P.ruleset_fd;
+}
+
+static void add_rule(int fd, uint64_t access, int is_dir, const char *what) {
+    struct landlock_path_beneath_attr_ attr;
+    if (!is_dir)
+        access &= ~P.dir_only;
+    if (!access || ruleset_fd() < 0)
+        return;
+    attr.allowed_access = access;
+    attr.parent_fd = fd;
+    TRY(S_LANDLOCK_RULES,
+        syscall(SYS_landlock_add_rule, ruleset_fd(), LANDLOCK_RULE_PATH_BENEATH_, &attr, 0), what);
+}
+
 static void build_mount_view(void) {
     int *fds = alloc(P.n_binds, sizeof *fds);
     size_t i;
     const char *t;
+    make_ruleset();
     /* 1. clone every granted tree; it must be the very object the parent checked */
     for (i = 0; i < P.n_binds; i++) {
         struct bind *b = &P.binds[i];
@@ -552,6 +599,7 @@ static void build_mount_view(void) {
             snprintf(d, sizeof d, "%s changed since it was checked", b->source);
             report(S_BIND_CLONE, ESTALE, d);
         }
+        add_rule(fd, b->access, S_ISDIR(st.st_mode), b->source);
         TRY(S_BIND_CLONE,
             syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE_, &attr, sizeof attr),
             b->source);
@@ -723,20 +771,10 @@ static int drop_capabilities(void) {
 static void add_late_rules(void) {
     for (size_t i = 0; i < P.n_rules; i++) {
         struct stat st;
-        struct landlock_path_beneath_attr_ attr;
-        uint64_t access = P.rules[i].access;
         int fd = open(P.rules[i].path, O_PATH | O_CLOEXEC);
         TRY(S_LANDLOCK_RULES, fd, P.rules[i].path);
         TRY(S_LANDLOCK_RULES, fstat(fd, &st), P.rules[i].path);
-        if (!S_ISDIR(st.st_mode))
-            access &= ~P.dir_only;
-        if (access && P.ruleset_fd >= 0) {
-            attr.allowed_access = access;
-            attr.parent_fd = fd;
-            TRY(S_LANDLOCK_RULES,
-                syscall(SYS_landlock_add_rule, P.ruleset_fd, LANDLOCK_RULE_PATH_BENEATH_, &attr, 0),
-                P.rules[i].path);
-        }
+        add_rule(fd, P.rules[i].access, S_ISDIR(st.st_mode), P.rules[i].path);
         close(fd);
     }
 }
@@ -973,6 +1011,21 @@ static int command(void *arg) {
     do_exec();
 }
 
+/* What every run of the plan gets, in child.py's order: no_new_privs, no capabilities, Landlock
+ * (the late rules, for the mounts that exist only here, then restrict), seccomp. A prepared
+ * spare does it before the plan comes (the plan's rlimits follow: they only lower limits). */
+static void confine(void) {
+    TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
+    TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
+    if (P.flags & F_LANDLOCK) {
+        add_late_rules();
+        if (ruleset_fd() >= 0)
+            TRY(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, ruleset_fd(), 0), NULL);
+    }
+    if (P.flags & F_SECCOMP)
+        TRY(S_SECCOMP, install_seccomp(), NULL);
+}
+
 static void __attribute__((noreturn)) payload(int status_w) {
     pid_t pid;
     if (P.flags & F_PIDNS)
@@ -992,17 +1045,8 @@ static void __attribute__((noreturn)) payload(int status_w) {
         snprintf(d, sizeof d, "%llu", (unsigned long long)P.rlimits[i].resource);
         TRY(S_RLIMITS, setrlimit((int)P.rlimits[i].resource, &rl), d);
     }
-    if (!confined_early) {
-        TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
-        TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
-    }
-    if (P.flags & F_LANDLOCK) {
-        add_late_rules();
-        if (P.ruleset_fd >= 0)
-            TRY(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, P.ruleset_fd, 0), NULL);
-    }
-    if ((P.flags & F_SECCOMP) && !confined_early)
-        TRY(S_SECCOMP, install_seccomp(), NULL);
+    if (!confined_early)
+        confine();
     TRY(S_CLOSE_FDS, syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC_), NULL);
     if (status_w < 0) {
         verify();
@@ -1149,7 +1193,7 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     P.ruleset_fd = (bits & M_RULESET) ? fds[n++] : -1;
     P.proxy_fd = (bits & M_PROXY) ? fds[n++] : -1;
     P.done_fd = (bits & M_DONE) ? fds[n++] : -1;
-    if (((bits & M_RULESET) && !(P.flags & F_LANDLOCK))
+    if (((bits & M_RULESET) && (!(P.flags & F_LANDLOCK) || (P.flags & F_MOUNTNS)))
         || (!!(P.flags & F_PROXY) != !!(bits & M_PROXY)))
         report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
     P.ruleset_fd = above_stdio(P.ruleset_fd);
@@ -1215,12 +1259,8 @@ static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t ui
             view_done = 1;
             /* The confinement that is the same for every run of this template, in force while
              * the spare waits (lo is up, the view built: nothing left that needs a capability).
-             * The plan's rlimits and Landlock come after it; both only narrow, and Landlock's
-             * restrict_self needs no capability once no_new_privs is set. */
-            TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
-            TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
-            if (P.flags & F_SECCOMP)
-                TRY(S_SECCOMP, install_seccomp(), NULL);
+             * The plan's rlimits come after it: they only lower limits. */
+            confine();
             confined_early = 1;
         }
         deferring = 0;
