@@ -7,16 +7,19 @@
  * spare, below). This program performs the steps of hcp_linux/child.py under the same step
  * names, and reports a failure as (step index, errno, detail) on the close-on-exec error pipe,
  * then exits 125. The order is child.py's, except that a spare brings lo up (and, given a
- * template, builds the mount view, sets no_new_privs, drops capabilities and loads seccomp)
- * before the plan comes; rlimits and Landlock follow when it comes. The result is the same.
+ * template, builds the mount view and confines itself: no_new_privs, capabilities, Landlock,
+ * seccomp) before the plan comes; the plan's rlimits follow. The result is the same. With a
+ * mount view this program makes the Landlock ruleset itself (a rule on each tree it cloned and
+ * checked); without one, the parent makes it and passes its fd.
  *
  *     argv: hcp-exec PLAN_FD ERR_FD                      (cold: the plan is there now)
  *           hcp-exec --spare SOCK FLAGS UID GID PPID [VIEW_FD]  (warm: ahead of the plan)
  *
  * A spare does the plan-independent steps at once (session, namespaces, uid/gid maps, pid 1,
  * loopback; with VIEW_FD, what the prepared section of a template says: the mount view and the
- * early confinement; a plan whose section is not that template byte for byte is refused) and then waits on SOCK for one message: the plan and fds
- * (error pipe, stdio, Landlock ruleset, proxy channel), passed with SCM_RIGHTS. A step that
+ * confinement; a plan whose section is not that template byte for byte is refused) and then
+ * waits on SOCK for one message: the plan and fds (error pipe, stdio, the parent's Landlock
+ * ruleset when there is no mount view, proxy channel, done pipe), passed with SCM_RIGHTS. A step that
  * failed early is reported then, on the error pipe that came with the plan. EOF instead of a
  * message: the spare was not needed; it exits 0.
  *
@@ -308,9 +311,9 @@ static void read_plan(int fd) {
     close(fd);
 }
 
-/* The prepared section: everything build_mount_view() and the early confinement (no_new_privs,
- * capabilities, seccomp) read, in a section of its own, so that a spare can do both ahead of
- * time from a template, and a plan be checked against that template. */
+/* The prepared section: everything build_mount_view() and confine() read (the view; the
+ * capability, Landlock and seccomp parameters), in a section of its own, so that a spare can do
+ * both ahead of time from a template, and a plan be checked against that template. */
 static void parse_view(void) {
     size_t i;
     P.view_flags = (uint32_t)get_u64();
