@@ -544,8 +544,14 @@ def _plan_seccomp(plan: Plan, policy: Policy, layers: frozenset[str]) -> None:
                                     REMEDIES["seccomp"]) from None
     except seccomp_profiles.SeccompProfileError as e:
         raise PolicyError(f"seccomp: {e}") from None
-    plan.seccomp = seccomp_profiles.PreparedFilter(bpf)
+    prepared = _prepared_filters.get(bpf)
+    if prepared is None:  # read-only once made: plans (and threads) share it
+        prepared = _prepared_filters[bpf] = seccomp_profiles.PreparedFilter(bpf)
+    plan.seccomp = prepared
     plan.seccomp_names = names
+
+
+_prepared_filters: dict[bytes, "seccomp_profiles.PreparedFilter"] = {}
 
 
 __all__ = ["Plan", "Bind", "compile_plan", "REMEDIES", "LAYERS"]
