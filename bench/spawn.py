@@ -12,7 +12,8 @@ Then: the /bin/true rows again with 5 ms of idleness before each call (as betwee
 commands: the spare for the next run is made in the gap, not while the run runs); the CPU a /bin/true run costs the whole machine (every CPU, kernel threads included;
 on a small machine it bounds back-to-back runs); throughput with 8 concurrent callers; the same /bin/true rows from a runtime holding
 ~500 MB of resident memory (fork's cost grows with it, vfork/posix_spawn's does not); and the
-`hcp-linux run` CLI beside `python -c pass` from the same venv.
+`hcp-linux run` CLI beside `python -c pass` from the same venv, in-process and with its plan
+from a warm `hcp-linux serve`.
 
 Each table is measured in four passes over its rows (a block of back-to-back calls per row and
 pass), so that the host's drift during the run falls on every row alike. Reports median and
@@ -21,6 +22,7 @@ p95 in milliseconds, and the ratios the goals are stated in, as a table and as J
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -102,6 +104,24 @@ def confined(sandbox: Sandbox, argv: list[str], spares: str = "auto") -> Callabl
             native.set_spares("auto")
         assert r.returncode == 0, r
     return run
+
+
+@contextlib.contextmanager
+def _server(where: str) -> Iterator[dict[str, str]]:
+    """A `hcp-linux serve` for the CLI rows; the environment that makes `run` use it."""
+    path = os.path.join(where, ".serve.sock")
+    proc = subprocess.Popen([PY, "-m", "hcp_linux", "serve", "--socket", path],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        line = proc.stderr.readline()  # once it listens
+        if not line.startswith(b"hcp-linux serve: listening"):
+            raise RuntimeError(f"hcp-linux serve did not start: {line!r}")
+        yield dict(os.environ, HCP_LINUX_SERVER=path)
+    finally:
+        proc.terminate()
+        proc.wait()
+        proc.stderr.close()
 
 
 def throughput(fn: Callable[[], object], threads: int, seconds: float) -> float:
@@ -201,14 +221,18 @@ def main() -> int:
         results[label] = {name: summary(s) for name, s in measure_rows(rows).items()}
         del ballast
 
-        # the CLI, a fresh process each time, beside the interpreter alone
+        # the CLI, a fresh process each time, beside the interpreter alone; and with its
+        # plan from a warm `hcp-linux serve`
         cli = os.path.join(os.path.dirname(PY), "hcp-linux")
         if os.path.exists(cli):
             n = max(20, runs // 5)
-            samples = measure_rows([
-                ("python -c pass (same venv)", checked([PY, "-c", "pass"]), n),
-                ("hcp-linux run -- /bin/true", checked([cli, "run", "--jail", jail, "--", TRUE]),
-                 n)])
+            run_true = [cli, "run", "--jail", jail, "--", TRUE]
+            with _server(jail) as served_env:
+                samples = measure_rows([
+                    ("python -c pass (same venv)", checked([PY, "-c", "pass"]), n),
+                    ("hcp-linux run -- /bin/true", checked(run_true), n),
+                    ("hcp-linux run -- /bin/true, served", checked(run_true, env=served_env),
+                     n)])
             results["CLI (fresh process)"] = {name: summary(s) for name, s in samples.items()}
     finally:
         shutil.rmtree(jail, ignore_errors=True)
@@ -243,9 +267,12 @@ def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
             if hcp and plain:
                 out[f"{ex}_minus_subprocess_ms{tag}"] = round(hcp - plain, 3)
     cli = med("CLI (fresh process)", "hcp-linux run -- /bin/true")
+    served = med("CLI (fresh process)", "hcp-linux run -- /bin/true, served")
     py = med("CLI (fresh process)", "python -c pass (same venv)")
     if cli and py:
         out["cli_over_python_c_pass"] = round(cli / py, 3)
+    if served and py:
+        out["cli_served_over_python_c_pass"] = round(served / py, 3)
     return out
 
 

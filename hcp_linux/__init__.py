@@ -9,9 +9,11 @@ that needs only the engine do not pay for the probe or the driver at start-up.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (~2 ms) at start-up
 if TYPE_CHECKING:
+    from typing import Any
+
     from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                          HostPathError, LayerUnavailableError, NotAllowlistedError,
                          PolicyError, SandboxError)

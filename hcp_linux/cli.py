@@ -82,10 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack)")
     r.add_argument("--executor", choices=("auto", "native", "ctypes"), help=argparse.SUPPRESS)
     r.add_argument("command", nargs=argparse.REMAINDER)
+    sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
+                                      "(clients: HCP_LINUX_SERVER=SOCKET)")
+    sv.add_argument("--socket", required=True, metavar="PATH",
+                    help="the unix socket to listen on (made mode 0600)")
     return p
 
 
-def _policy_from_args(a: argparse.Namespace) -> Policy:
+def policy_from_args(a: argparse.Namespace) -> Policy:
     env: dict[str, str] = {}
     for item in a.env:
         key, sep, value = item.partition("=")
@@ -130,22 +134,28 @@ def _policy_from_args(a: argparse.Namespace) -> Policy:
     return Policy(**fields)
 
 
-def _run(a: argparse.Namespace) -> int:
-    from .receipt import write_receipt
-    from .sandbox import Sandbox
-
+def command_of(a: argparse.Namespace) -> list[str]:
+    """The command `run` was given (after ``--``); refused when there is none."""
     argv = list(a.command)
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
         raise SandboxError("run: no command given (hcp-linux run [OPTIONS] -- BIN [ARG...])")
+    return argv
+
+
+def _run(a: argparse.Namespace) -> int:
+    from .receipt import write_receipt
+    from .sandbox import Sandbox
+
+    argv = command_of(a)
     if a.executor is not None:  # hidden: the test suite runs once per executor
         from .native import set_default
         set_default(a.executor)
     if a.pack is not None or a.principal is not None:  # HCP pack: docs/driver.md
         from .driver_cli import run_pack
         return run_pack(a, argv)
-    policy = _policy_from_args(a)
+    policy = policy_from_args(a)
     proc = Sandbox(policy).spawn(argv)
     timed_out = False
     # The CLI's own job control: ^C or a TERM kills the whole sandbox, then we exit.
@@ -189,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "conformance":
             from .conformance import main as conformance
             return conformance(args.allow_degraded, json_out=args.json, junit=args.junit)
+        if args.cmd == "serve":
+            from .serve import serve
+            return serve(args.socket)
         return _run(args) if args.cmd == "run" else _probe(args)
     except SandboxError as e:
         print(f"error: sandbox: {e}", file=sys.stderr)

@@ -28,7 +28,7 @@ class _Terminated(BaseException):
 
 
 def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .cli import _policy_from_args
+    from .cli import policy_from_args
     from .driver import LinuxDriver
     from .receipt import write_receipt
 
@@ -38,7 +38,7 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
         raise SandboxError("--jail: not with --pack (the pack's wrap.workspace chooses the jail)")
     b = copy.copy(a)
     b.jail = tempfile.gettempdir()  # replaced per exec by the driver
-    policy = _policy_from_args(b)
+    policy = policy_from_args(b)
     driver = LinuxDriver(policy)
     principal = a.principal if a.principal is not None else "default"
 

@@ -21,7 +21,6 @@ from typing import IO, Any
 from . import child, native
 from .errors import ChildSetupError
 from .plan import Plan
-from .receipt import record_landlock
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -317,11 +316,9 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             fd, end = _stdio_fd(spec, i, to_close)
             fds.append(fd)
             ends.append(end)
-        if plan.landlock is not None:
-            if receipt is not None:  # what create() makes, wherever it is made
-                record_landlock(receipt, plan.landlock)
-            if not (native.selected(executor) == "native" and native.makes_ruleset(plan)):
-                ruleset = plan.landlock.create()
+        if plan.landlock is not None and not (native.selected(executor) == "native"
+                                              and native.makes_ruleset(plan)):
+            ruleset = plan.landlock.create()
         proxy_end = child_end = -1
         if plan.proxy:
             proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM

@@ -57,6 +57,8 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
                                   for k, v in view.items()})
     if "netns" in plan.layers:
         layers["netns"].update(interfaces=["lo"])
+    if plan.landlock is not None:  # what its create() makes, wherever that is made
+        layers["landlock"].update(_landlock_facts(plan.landlock))
     confined = plan.confined
     layers["nnp"] = {"status": "enforced" if confined else "off"}
     bounding = (0 if plan.holds_setpcap else
@@ -120,13 +122,12 @@ def _verified(plan) -> list[str]:
     return out
 
 
-def record_landlock(receipt: dict[str, Any], ruleset) -> None:
-    """Facts of the ruleset as the kernel takes it (after ABI masking): from a
-    landlock.Ruleset, which knows what its create() makes, or a CreatedRuleset."""
-    entry = receipt.setdefault("layers", {}).setdefault("landlock", {"status": "enforced"})
-    entry.update(abi=ruleset.abi, ruleset=ruleset.status.name.lower(),
-                 handled_fs=_names(ruleset.handled_fs), handled_net=_names(ruleset.handled_net),
-                 scoped=_names(ruleset.scoped))
+def _landlock_facts(ruleset) -> dict[str, Any]:
+    """Facts of the ruleset as the kernel takes it (after ABI masking), from a
+    landlock.Ruleset, which knows what its create() makes."""
+    return dict(abi=ruleset.abi, ruleset=ruleset.status.name.lower(),
+                handled_fs=_names(ruleset.handled_fs), handled_net=_names(ruleset.handled_net),
+                scoped=_names(ruleset.scoped))
 
 
 def _names(flags) -> list[str]:

@@ -13,13 +13,13 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Generator, Mapping, NoReturn, Sequence
 
 from . import executor, native
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                      LayerUnavailableError, PolicyError, SandboxError)
 from .executor import DEVNULL, PIPE, SandboxProcess
-from .plan import REMEDIES, compile_plan
+from .plan import REMEDIES, Plan, compile_plan
 from .policy import LAYERS, NATIVE_LOCAL, Policy
 from .receipt import build_receipt
 
@@ -101,6 +101,25 @@ class Sandbox:
               stderr: Any = None, env: Mapping[str, str] | None = None) -> SandboxProcess:
         """Start ``argv`` confined; a Popen-like handle. ``env`` is the caller environment
         the allowlist draws from (default: ``os.environ``)."""
+        attempts = self.attempts(argv, env=env, terminals=_terminals(stdin, stdout, stderr))
+        try:
+            plan, receipt = next(attempts)
+            while True:
+                try:
+                    return executor.spawn(plan, stdin=stdin, stdout=stdout, stderr=stderr,
+                                          receipt=receipt, executor=self.executor)
+                except ChildSetupError as e:
+                    plan, receipt = attempts.throw(e)
+        finally:
+            attempts.close()  # closes the last plan
+
+    def attempts(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 terminals: Sequence[str] = ()) -> Generator[tuple[Plan, dict[str, Any]],
+                                                             None, NoReturn]:
+        """The plans to try for ``argv``, each with its receipt: the first with every layer
+        the policy wants; throw a setup failure (ChildSetupError) into it and it raises the
+        error that failure means, or, when a layer the policy lets degrade turned out to be
+        missing, yields the plan without it. Each plan is closed when the next is asked for."""
         policy = self.policy
         wanted = self._wanted_layers()
         degraded: dict[str, str] = {}
@@ -113,7 +132,7 @@ class Sandbox:
         while True:
             try:
                 plan = compile_plan(policy, argv, layers=wanted, caller_env=env,
-                                    terminals=_terminals(stdin, stdout, stderr))
+                                    terminals=terminals)
             except LayerUnavailableError as e:
                 if e.layer not in wanted:  # already gone, and the policy cannot do without it
                     raise
@@ -121,9 +140,8 @@ class Sandbox:
                 wanted -= {e.layer}
                 continue
             try:
-                receipt = build_receipt(plan, self._wanted_layers(), degraded)
-                return executor.spawn(plan, stdin=stdin, stdout=stdout, stderr=stderr,
-                                      receipt=receipt, executor=self.executor)
+                yield plan, build_receipt(plan, self._wanted_layers(), degraded)
+                raise SandboxError("attempts: the plan was not run")  # next() without a failure
             except ChildSetupError as e:
                 if e.step == "execve":
                     raise _exec_error(argv[0], e) from None

@@ -224,13 +224,19 @@ def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
 
 def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | None",
                proxy_fd: int, done_fd: int = -1, set_umask: bool = False,
-               view: bytes | None = None) -> bytes:
+               view: bytes | None = None,
+               process: tuple[int, int, int] | None = None) -> bytes:
     """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings).
     Call it in the spawning thread: it records that thread's signal mask, and this moment's
-    ignored signals and (``set_umask``: for a spare started a while ago) umask."""
+    ignored signals and (``set_umask``: for a spare started a while ago) umask; or, given
+    ``process`` (umask, ignored, blocked), those of the process that will start hcp-exec."""
     from ..child import DEFAULT_SIGNALS, PROXY_ADDRESS
 
-    umask, ignored = _process_status()
+    if process is None:
+        umask, ignored = _process_status()
+        blocked = _blocked_signals()
+    else:
+        umask, ignored, blocked = process
     ignored &= ~sum(1 << (int(s) - 1) for s in DEFAULT_SIGNALS)
 
     flags = 0
@@ -253,7 +259,7 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
         flags, plan.parent_pid, plan.uid, plan.gid,
         stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
         done_fd, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
-        _blocked_signals())]
+        blocked)]
     for s in (plan.cwd, plan.exe, os.fsencode(plan.canary) if plan.canary is not None else b"/"):
         _str(parts, s)
     if view is None:

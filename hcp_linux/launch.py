@@ -1,0 +1,358 @@
+"""The `hcp-linux` command's entry point, and the client side of `hcp-linux serve`.
+
+Python's start-up and the engine's imports cost `hcp-linux run` ~40 ms before the command
+runs. With ``HCP_LINUX_SERVER`` set to the socket of a running ``hcp-linux serve``, `run`
+asks that warm process for the plan instead (the policy, the bin, the environment, the mount
+view, the confinement: compiled there, from this process's arguments, environment, cwd, umask
+and signal state) and runs it *here*: hcp-exec is started by this process, so the sandbox
+descends from the caller and inherits the caller's own confinement (its Landlock domain,
+seccomp filters, cgroup, limits), never the server's. The server runs nothing.
+
+Anything unexpected (no server, a server that is not this user's or lives in other
+namespaces or under a confinement this process does not have, a policy file, a pack,
+``--network allow``, a host without the layers the fast path needs) falls back to the
+ordinary in-process run, which gives the same result. This module imports only what that
+path needs (no dataclasses, subprocess, argparse...): that is the point of it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the start-up path
+if TYPE_CHECKING:
+    from typing import Sequence
+
+#: The protocol's name and version; a server that does not say it is not talked to.
+PROTOCOL = b"hcp-linux/serve 1"
+MAX_FRAME = 16 << 20
+#: How long the client waits for the server (connect, each reply) before falling back.
+SERVER_TIMEOUT = 5.0
+
+
+def main(argv: "Sequence[str] | None" = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    server = os.environ.get("HCP_LINUX_SERVER")
+    if server and args[:1] == ["run"]:
+        try:
+            code = run_via_server(server, args)
+        except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
+            return 128 + 2
+        if code is not None:
+            return code
+    from .cli import main as cli_main
+    return cli_main(args)
+
+
+# --- framing: u32 length, then items (u32 length + bytes each) -----------------------------
+
+def encode(items: "Sequence[bytes]") -> bytes:
+    from _struct import pack
+    body = b"".join(pack("<I", len(i)) + i for i in items)
+    return pack("<I", len(body)) + body
+
+
+def decode(body: bytes) -> list[bytes]:
+    from _struct import unpack_from
+    out, pos = [], 0
+    while pos < len(body):
+        if pos + 4 > len(body):
+            raise ValueError("truncated item header")
+        (n,) = unpack_from("<I", body, pos)
+        pos += 4
+        if pos + n > len(body):
+            raise ValueError("truncated item")
+        out.append(body[pos:pos + n])
+        pos += n
+    return out
+
+
+def recv_frame(sock) -> list[bytes]:  # type: ignore[no-untyped-def]
+    from _struct import unpack
+    head = _recv_exact(sock, 4)
+    (n,) = unpack("<I", head)
+    if n > MAX_FRAME:
+        raise ValueError(f"frame of {n} bytes")
+    return decode(_recv_exact(sock, n))
+
+
+def _recv_exact(sock, n: int) -> bytes:  # type: ignore[no-untyped-def]
+    parts, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+# --- what a peer is -----------------------------------------------------------------------
+
+NAMESPACES = ("mnt", "pid", "user")
+
+
+def peer(sock) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
+    """(pid, uid, gid) of the process at the other end, from the kernel (SO_PEERCRED)."""
+    import _socket
+    from _struct import unpack
+    return unpack("3i", sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))
+
+
+def same_place(pid: int) -> str | None:
+    """Why process ``pid`` does not see the file system and processes as we do (its mount,
+    pid or user namespace is another), or None."""
+    for ns in NAMESPACES:
+        try:
+            theirs = os.stat(f"/proc/{pid}/ns/{ns}")
+            ours = os.stat(f"/proc/self/ns/{ns}")
+        except OSError as e:
+            return f"/proc/{pid}/ns/{ns}: {e.strerror}"
+        if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+            return f"another {ns} namespace"
+    return None
+
+
+def status_fields(pid: "int | str", *names: str) -> dict[str, str]:
+    with open(f"/proc/{pid}/status", "rb") as f:
+        text = f.read().decode()
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in names:
+            out[key] = value.strip()
+    return out
+
+
+#: A server under any of these (and we not) is confined: maybe a command of a sandbox,
+#: posing as the server. Its plan is not taken.
+CONFINEMENT_FIELDS = ("NoNewPrivs", "Seccomp", "Seccomp_filters")
+
+
+def more_confined(pid: int) -> str | None:
+    """Why process ``pid`` runs under a confinement we do not have, or None."""
+    theirs = status_fields(pid, *CONFINEMENT_FIELDS)
+    ours = status_fields("self", *CONFINEMENT_FIELDS)
+    for key in CONFINEMENT_FIELDS:
+        if key in theirs and int(theirs[key] or 0) > int(ours.get(key) or 0):
+            return f"{key} {theirs[key]} (ours {ours.get(key)})"
+    return None
+
+
+# --- the client ----------------------------------------------------------------------------
+
+def run_via_server(path: str, args: list[str]) -> int | None:
+    """`hcp-linux run ARGS` with the plan from the server at ``path``; None: run in-process
+    instead (and nothing was started)."""
+    import _socket
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(SERVER_TIMEOUT)
+        try:
+            sock.connect(path)
+        except OSError:
+            return None  # no server there: nothing to say, run in-process
+        pid, uid, gid = peer(sock)
+        why = None
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            why = f"it runs as uid {uid} gid {gid}"
+        else:
+            why = same_place(pid) or more_confined(pid)
+        if why is not None:
+            print(f"hcp-linux: not using the server at {path}: {why}; running in-process",
+                  file=sys.stderr)
+            return None
+        client = _Client(sock)
+        try:
+            return client.run(args)
+        except Exception:
+            if client.started:  # never run a command twice: this is the run's end
+                raise
+            return None  # a server that went away, or spoke nonsense: nothing was started
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+class _Client:
+    def __init__(self, sock) -> None:  # type: ignore[no-untyped-def]
+        self.sock = sock
+        self.started = False  # a command may have run: falling back would run it again
+
+    def ask(self, items: "Sequence[bytes]") -> list[bytes]:
+        self.sock.sendall(encode(items))
+        reply = recv_frame(self.sock)
+        if not reply:
+            raise ValueError("empty reply")
+        return reply
+
+    def run(self, args: list[str]) -> int | None:
+        """One request, then plans until one reaches exec (a setup failure goes back to the
+        server, which answers with the error it means or a plan without a missing layer the
+        policy lets degrade), then the run, as cli._run does it."""
+        pipes = _Pipes()
+        try:
+            reply = self.ask(_request(args, pipes))
+            while True:
+                kind = reply[0]
+                if kind == b"fallback":
+                    return None
+                if kind == b"exit":  # refused: what the in-process run would print
+                    sys.stderr.write(reply[2].decode(errors="replace"))
+                    sys.stderr.flush()
+                    return int(reply[1])
+                if kind != b"plan" or len(reply) != 7:
+                    raise ValueError(f"unexpected reply {kind!r}")
+                exe, plan, receipt, timeout, kill_request, receipt_to = reply[1:]
+                monitor = _spawn(exe, plan, pipes)
+                self.started = True
+                pipes.close_ours()
+                try:
+                    record = _read_all(pipes.err_r)  # EOF: the command was exec'd
+                except BaseException:  # ^C before the wait took over: leave nothing behind
+                    _kill(monitor, int(kill_request))
+                    os.waitpid(monitor, 0)
+                    raise
+                if not record:
+                    self.sock.close()  # the server is free for the next client
+                    return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,
+                                 int(kill_request), receipt, receipt_to.decode())
+                os.waitpid(monitor, 0)  # it exited 125 after its report: nothing ran
+                self.started = False
+                from _struct import unpack_from
+                step, errno_ = unpack_from("<HH", record)
+                pipes.close()
+                pipes = _Pipes()
+                reply = self.ask([b"failed", b"%d" % step, b"%d" % errno_, record[4:],
+                                  b"%d" % pipes.done_w])
+        finally:
+            pipes.close()
+
+
+class _Pipes:
+    """The error pipe (EOF at exec, else the failed step) and the done pipe (the init
+    writes the command's status) of one attempt; our write ends close once hcp-exec has
+    them."""
+
+    def __init__(self) -> None:
+        self.err_r, self.err_w = os.pipe2(os.O_CLOEXEC)
+        self.done_r, self.done_w = os.pipe2(os.O_CLOEXEC)
+
+    def close_ours(self) -> None:
+        for name in ("err_w", "done_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+    def close(self) -> None:
+        self.close_ours()
+        for name in ("err_r", "done_r"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+
+def _request(args: list[str], pipes: _Pipes) -> list[bytes]:
+    umask, ignored, blocked = _process_status()
+    ttys = []
+    for fd in (0, 1, 2):
+        try:
+            ttys.append(os.fsencode(os.ttyname(fd)) if os.isatty(fd) else b"")
+        except OSError:
+            ttys.append(b"")
+    items = [PROTOCOL, b"run", os.fsencode(os.getcwd()), b"%d" % umask, b"%d" % ignored,
+             b"%d" % blocked, b"%d" % pipes.done_w, *ttys, hard_limits(),
+             b"%d" % len(args), *(os.fsencode(a) for a in args)]
+    items += [k + b"=" + v for k, v in os.environb.items()]
+    return items
+
+
+def _process_status() -> tuple[int, int, int]:
+    """(umask, ignored signals, blocked signals) of this process, as the plan records them
+    for an in-process run (hcp_linux.native._process_status, _blocked_signals)."""
+    fields = status_fields("self", "Umask", "SigIgn", "SigBlk")
+    return int(fields["Umask"], 8), int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
+
+
+def hard_limits() -> bytes:
+    """This process's hard limits, which a plan's rlimits are clamped to (Limits.rlimits):
+    a server serves a client only when they are the same."""
+    import resource
+    return b",".join(b"%s=%d" % (name.encode(), resource.getrlimit(getattr(resource, name))[1])
+                     for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
+
+
+def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
+    """hcp-exec with the plan on its command line, our fds 0-2 its stdio (as
+    native._spawn_direct does it)."""
+    fd = os.memfd_create("hcp-plan", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(plan)
+        while view:
+            view = view[os.write(fd, view):]
+        actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted({fd, pipes.err_w, pipes.done_w})]
+        return os.posix_spawn(exe, [b"hcp-exec", b"%d" % fd, b"%d" % pipes.err_w], {},
+                              file_actions=actions)
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    parts = []
+    while chunk := os.read(fd, 4096):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _kill(monitor: int, kill_request: int) -> None:
+    """SandboxProcess.kill with a pid namespace: the monitor kills the init, the kernel the
+    rest of the namespace."""
+    try:
+        os.kill(monitor, kill_request)
+    except ProcessLookupError:
+        pass
+
+
+def _wait(monitor: int, done_r: int, timeout: float | None, kill_request: int, receipt: bytes,
+          receipt_to: str) -> int:
+    """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
+    and so does the timeout; then the receipt, and the exit status."""
+    import _signal
+    import select
+    import time
+    from _struct import unpack
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        _kill(monitor, kill_request)
+    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(sig, on_signal)
+    poller = select.poll()
+    poller.register(done_r, select.POLLIN)
+    timed_out = False
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not poller.poll(None if deadline is None
+                          else max(0, int((deadline - time.monotonic()) * 1000) + 1)):
+        if deadline is not None and time.monotonic() >= deadline:
+            timed_out, deadline = True, None
+            _kill(monitor, kill_request)
+    data = _read_all(done_r)  # the init's report, or EOF when it was killed
+    _, status = os.waitpid(monitor, 0)
+    if len(data) == 4:
+        status = unpack("<i", data)[0]
+    code = os.waitstatus_to_exitcode(status)
+    if receipt_to:
+        import json
+
+        from .receipt import write_receipt
+        doc = json.loads(receipt)
+        doc["exit"] = {"returncode": code, "timed_out": timed_out}
+        write_receipt(doc, sys.stderr if receipt_to == "-" else receipt_to)
+    if timed_out:
+        from .errors import EXIT_TIMEOUT
+        print(f"error: sandbox: timed out after {timeout:g}s; the sandbox was killed",
+              file=sys.stderr)
+        return EXIT_TIMEOUT
+    return 128 - code if code < 0 else code

@@ -1,0 +1,225 @@
+"""`hcp-linux serve --socket PATH`: plans for `hcp-linux run`, compiled in a warm process.
+
+A client (hcp_linux.launch, with ``HCP_LINUX_SERVER=PATH``) sends its `run` arguments and
+its process state: cwd, environment, umask, ignored and blocked signals, hard limits, the
+terminals on its fds 0-2, and the fd numbers of its error and done pipes. The server answers
+with what the in-process run would do: the plan hcp-exec reads (compiled as if in the
+client: the client's pid as the parent, its umask and signals), the receipt, or the refusal
+the CLI would print. The client starts hcp-exec itself, so the sandbox descends from it; a
+setup failure comes back here and is answered as Sandbox.spawn answers it (the error, or a
+plan without a layer the policy lets degrade).
+
+The server runs nothing and writes nothing on a client's behalf: a request whose run would
+need that (a pack, a policy file read here, a jail-side temp dir without a mount view, the
+egress proxy) is answered "fallback", and the client runs in-process. It serves only its own
+user, in its own mount, pid and user namespaces and cgroup (the plan's paths, pids and the
+receipt's facts mean the same there), one request at a time: each takes the client's cwd
+and environment as this process's own while it is compiled.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from . import child, native
+from .cli import _parser, command_of, policy_from_args
+from .errors import ChildSetupError, SandboxError
+from .launch import PROTOCOL, encode, hard_limits, peer, recv_frame, same_place
+from .plan import Plan
+from .sandbox import Sandbox
+
+#: A client that says nothing for this long is dropped (the server is sequential).
+REQUEST_TIMEOUT = 10.0
+#: The layers a served plan must have: a mount view (no temp dir in the jail, the Landlock
+#: ruleset made by hcp-exec), a pid namespace (the done pipe, the kill request) and a user
+#: namespace (the capability drop does not depend on the server's capabilities).
+SERVED_LAYERS = frozenset({"userns", "mountns", "pidns"})
+
+
+def serve(path: str) -> int:
+    """Listen on ``path`` until SIGTERM or SIGINT; then remove it."""
+    server = _Server(os.path.abspath(path))
+    print(f"hcp-linux serve: listening on {server.path} (clients: "
+          f"HCP_LINUX_SERVER={server.path})", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        server.loop()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+class _Server:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.listener = _listen(path)
+        self.parser = _parser()  # holds no state between parses
+        self.stopping = False
+
+    def loop(self) -> None:
+        while not self.stopping:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                if self.stopping:
+                    return
+                raise
+            with conn:
+                try:
+                    self.serve_one(conn)
+                except Exception as e:  # the client falls back; the server goes on
+                    print(f"hcp-linux serve: a request failed: {type(e).__name__}: {e}",
+                          file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.listener.shutdown(socket.SHUT_RDWR)  # accept() returns
+
+    def close(self) -> None:
+        self.listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def serve_one(self, conn: socket.socket) -> None:
+        conn.settimeout(REQUEST_TIMEOUT)
+        pid, uid, gid = peer(conn)
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            print(f"hcp-linux serve: refused pid {pid}: uid {uid} gid {gid}", file=sys.stderr,
+                  flush=True)
+            return
+        why = same_place(pid) or _other_cgroup(pid)
+        if why is not None:
+            conn.sendall(encode([b"fallback", why.encode()]))
+            return
+        request = recv_frame(conn)
+        if request[:2] != [PROTOCOL, b"run"] or len(request) < 12:
+            raise ValueError("not a run request of this protocol")
+        with _as_client(request) as (state, args):
+            _answer(self, conn, pid, state, args)
+
+
+def _listen(path: str) -> socket.socket:
+    if os.path.lexists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:  # a socket nobody serves: left by a server that died
+            os.unlink(path)
+        except OSError as e:
+            raise SandboxError(f"serve: {path}: {e.strerror}") from None
+        else:
+            raise SandboxError(f"serve: {path}: another server is listening there")
+        finally:
+            probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket is born 0600: only this user can connect
+    try:
+        listener.bind(path)
+    except OSError as e:
+        listener.close()
+        raise SandboxError(f"serve: {path}: {e.strerror}") from None
+    finally:
+        os.umask(old)
+    listener.listen(16)
+    return listener
+
+
+def _other_cgroup(pid: int) -> str | None:
+    """The receipt says what cgroup limits could do here: the client must be in our cgroup."""
+    with open(f"/proc/{pid}/cgroup", "rb") as f, open("/proc/self/cgroup", "rb") as g:
+        return None if f.read() == g.read() else "another cgroup"
+
+
+@contextlib.contextmanager
+def _as_client(request: list[bytes]):  # type: ignore[no-untyped-def]
+    """Take the client's cwd and environment as ours while its plan is compiled."""
+    cwd, umask, ignored, blocked, done_w, tty0, tty1, tty2, limits, nargs = request[2:12]
+    n = int(nargs)
+    args = [os.fsdecode(a) for a in request[12:12 + n]]
+    env = dict(item.split(b"=", 1) for item in request[12 + n:] if b"=" in item)
+    state = {"process": (int(umask), int(ignored), int(blocked)), "done_w": int(done_w),
+             "terminals": [os.fsdecode(t) for t in (tty0, tty1, tty2) if t], "limits": limits}
+    old_cwd, old_env = os.open(".", os.O_PATH | os.O_CLOEXEC), dict(os.environb)
+    try:
+        os.chdir(cwd)
+        os.environb.clear()
+        os.environb.update(env)
+        yield state, args
+    finally:
+        os.environb.clear()
+        os.environb.update(old_env)
+        os.fchdir(old_cwd)
+        os.close(old_cwd)
+
+
+def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any],
+            args: list[str]) -> None:
+    """What the in-process `run` would do with ``args``, as far as it is planning."""
+    def say(*items: bytes) -> None:
+        conn.sendall(encode(list(items)))
+
+    def refuse(code: int, text: str) -> None:
+        say(b"exit", b"%d" % code, text.encode())
+
+    if state["limits"] != hard_limits():  # the plan's rlimits are clamped to them
+        return say(b"fallback", b"other hard limits")
+    stderr, stdout = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
+            a = server.parser.parse_args(args)
+    except SystemExit as e:  # a usage error: the parser printed its line
+        if not e.code:  # --help: printed to stdout, which is the client's to print
+            return say(b"fallback", b"help")
+        return refuse(int(e.code), stderr.getvalue())
+    if (a.cmd != "run" or a.pack is not None or a.principal is not None or a.policy
+            or a.executor == "ctypes" or native.binary() is None):
+        return say(b"fallback", b"not served here")
+    try:
+        argv = command_of(a)
+        policy = policy_from_args(a)
+    except SandboxError as e:
+        return refuse(e.exit_code, f"error: sandbox: {e}\n")
+    if policy.network == "allow":  # the egress proxy lives in the process that runs it
+        return say(b"fallback", b"network allow")
+    attempts = Sandbox(policy, executor="native").attempts(argv, terminals=state["terminals"])
+    try:
+        plan, receipt = next(attempts)
+        while True:
+            if not _servable(plan):
+                return say(b"fallback", b"a plan this server does not serve")
+            plan.parent_pid = pid  # the client starts hcp-exec
+            blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
+                                     process=state["process"])
+            receipt["served_by"] = {"pid": os.getpid(), "socket": server.path}
+            say(b"plan", os.fsencode(native.binary() or ""), blob,
+                json.dumps(receipt).encode(),
+                b"" if policy.timeout is None else repr(policy.timeout).encode(),
+                b"%d" % child.KILL_REQUEST, (a.receipt or "").encode())
+            try:
+                report = recv_frame(conn)
+            except ConnectionError:  # it ran: the client closed
+                return None
+            if report[:1] != [b"failed"] or len(report) != 5:
+                raise ValueError("expected a setup failure report")
+            step_i, err, detail, done_w = report[1:]
+            state["done_w"] = int(done_w)
+            step = child.STEPS[int(step_i)] if int(step_i) < len(child.STEPS) else "internal"
+            failure = ChildSetupError(step, int(err) or errno.EIO, detail.decode(errors="replace"))
+            plan, receipt = attempts.throw(failure)
+    except SandboxError as e:
+        return refuse(e.exit_code, f"error: sandbox: {e}\n")
+    finally:
+        attempts.close()
+
+
+def _servable(plan: Plan) -> bool:
+    return plan.confined and SERVED_LAYERS <= plan.layers and not plan.proxy

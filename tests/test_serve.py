@@ -1,0 +1,330 @@
+"""`hcp-linux serve`: `hcp-linux run` with its plan compiled by a warm server (issue 8).
+
+What must hold: a served run is the in-process run (same output, status, refusals, receipt
+but for `served_by`); the command descends from the client, never from the server, which
+starts nothing; ^C and timeouts leave nothing behind; a server the client cannot trust (in
+another mount namespace, or confined where the client is not: a sandboxed command posing as
+the server) is not used, nor is a client the server cannot plan for served; in every such
+case the client runs in-process and the result is the same.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from sandboxing import (EXECUTOR_ARGS, IS_ROOT, TIMEOUT, caller_env, hcp_argv, jail,  # noqa: F401
+                        kill_by_pid, out, run_cli, show)
+
+pytestmark = pytest.mark.skipif(bool(EXECUTOR_ARGS), reason="the server plans for the native "
+                                "executor only (`--executor ctypes` runs in-process)")
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, path: Path) -> None:
+        self.proc, self.path = proc, path
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return caller_env({"HCP_LINUX_SERVER": str(self.path), **(extra or {})})
+
+    def children(self) -> list[int]:
+        out = []
+        for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+            with open(f"/proc/{self.proc.pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        return out
+
+
+def start_server(tmp_path: Path, prefix: list[str] | None = None) -> Server:
+    path = tmp_path / "serve.sock"
+    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", "hcp_linux", "serve",
+                             "--socket", str(path)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+    line = proc.stderr.readline()  # it says so once it listens (or why it cannot)
+    if not line.startswith(b"hcp-linux serve: listening on"):
+        kill_by_pid(proc)
+        pytest.fail(f"the server did not start: {line.decode()}{proc.stderr.read().decode()}")
+    return Server(proc, path)
+
+
+def stop_server(server: Server) -> None:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+    try:
+        server.proc.wait(timeout=TIMEOUT)
+    finally:
+        kill_by_pid(server.proc)
+        server.proc.stderr.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = start_server(tmp_path)
+    yield s
+    stop_server(s)
+    assert not s.path.exists(), "the socket outlived its server"
+
+
+def both(server: Server, jail: Path, *cmd: str, extra: list[str] | None = None,
+         **kw) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The same `hcp-linux run`, in-process and through the server."""
+    plain = run_cli(jail, *cmd, extra=extra or [], **kw)
+    served = run_cli(jail, *cmd, extra=extra or [], env=server.env(), **kw)
+    return plain, served
+
+
+PROBE = ("id -u; id -g; pwd; umask; echo \"HCP_SANDBOX=$HCP_SANDBOX\"; "
+         "grep -E '^(NoNewPrivs|Seccomp|CapEff|CapBnd|Cpus_allowed_list|SigIgn|SigBlk):' "
+         "/proc/self/status; wc -l < /proc/self/mountinfo; ls /; echo to-stderr >&2; exit 3")
+
+
+def test_a_served_run_is_the_in_process_run(server: Server, jail: Path, tmp_path: Path) -> None:
+    plain_receipt, served_receipt = tmp_path / "plain.json", tmp_path / "served.json"
+    # the same environment (HCP_LINUX_SERVER is scrubbed, and the receipt says so), with
+    # nobody listening: in-process
+    absent = caller_env({"HCP_LINUX_SERVER": str(tmp_path / "nobody-listens.sock")})
+    plain = run_cli(jail, "sh", "-c", PROBE, extra=["--receipt", str(plain_receipt)],
+                    env=absent)
+    served = run_cli(jail, "sh", "-c", PROBE, extra=["--receipt", str(served_receipt)],
+                     env=server.env())
+    assert plain.returncode == 3, show(plain)
+    assert (served.returncode, served.stdout, served.stderr) == \
+        (plain.returncode, plain.stdout, plain.stderr), (show(plain), show(served))
+    a, b = json.loads(plain_receipt.read_text()), json.loads(served_receipt.read_text())
+    assert "served_by" not in a  # control: the in-process run says nothing of a server
+    assert b.pop("served_by") == {"pid": server.proc.pid, "socket": str(server.path)}
+    assert a == b
+
+
+def test_a_served_run_takes_the_callers_stdin_umask_and_environment(server: Server,
+                                                                    jail: Path) -> None:
+    script = "cat; umask; echo \"LANG=$LANG\""
+    env = server.env({"LANG": "C.UTF-8"})
+    served = subprocess.run(["sh", "-c", "umask 077; exec \"$@\"", "sh",
+                             *hcp_argv(jail, "sh", "-c", script)], input=b"from stdin\n",
+                            capture_output=True, env=env, timeout=TIMEOUT, cwd="/")
+    assert served.returncode == 0, show(served)
+    assert out(served) == "from stdin\n0077\nLANG=C.UTF-8\n", show(served)
+
+
+@pytest.mark.parametrize("args", [
+    ["--bogus"],
+    ["--jail", "JAIL", "--"],
+    ["--jail", "JAIL", "--allow-bin", "ls", "--", "cat"],
+    ["--jail", "JAIL", "--", "/nonexistent-bin"],
+    ["--jail", "/nonexistent-jail", "--", "true"],
+    ["--jail", "JAIL", "--network", "sideways", "--", "true"],
+    ["--jail", "JAIL", "--limit", "nproc", "--", "true"],
+    ["--jail", "JAIL", "--", "sh", "-c", "exit 0", "--", "x"],
+], ids=["usage", "no-command", "not-allowlisted", "no-bin", "no-jail", "bad-network",
+        "bad-limit", "dashes-in-argv"])
+def test_refusals_and_status_are_the_same_through_the_server(server: Server, jail: Path,
+                                                             args: list[str]) -> None:
+    argv = [sys.executable, "-m", "hcp_linux", "run",
+            *(str(jail) if a == "JAIL" else a for a in args)]
+    plain = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, env=caller_env(),
+                           cwd="/", stdin=subprocess.DEVNULL)
+    served = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, env=server.env(),
+                            cwd="/", stdin=subprocess.DEVNULL)
+    assert (served.returncode, served.stdout, served.stderr) == \
+        (plain.returncode, plain.stdout, plain.stderr), (show(plain), show(served))
+
+
+def test_an_exec_failure_comes_back_through_the_server(server: Server, jail: Path) -> None:
+    """A script whose interpreter is not in the sandbox fails at execve inside: the client
+    reports it to the server, which answers with the error the in-process run prints."""
+    script = jail / "script"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    plain, served = both(server, jail, str(script))
+    assert plain.returncode == 127, show(plain)
+    assert (served.returncode, served.stderr) == (plain.returncode, plain.stderr), show(served)
+
+
+def _sleep_arg() -> str:
+    """A duration no other process on the machine sleeps for: it names the run's processes."""
+    return f"30.{os.getpid()}{time.monotonic_ns() % 10**6}"
+
+
+def _processes_with(token: str, but: int = -1) -> list[int]:
+    """Processes whose command line holds ``token`` (but ``but``: the client, whose argv
+    holds it too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != but:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _wait_for(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_the_command_descends_from_the_client_and_the_server_starts_nothing(
+        server: Server, jail: Path) -> None:
+    token = _sleep_arg()
+    client = subprocess.Popen(hcp_argv(jail, "sleep", token), env=server.env(),
+                              stdin=subprocess.DEVNULL, cwd="/")
+    try:
+        _wait_for(lambda: _processes_with(token, client.pid), "the command never started")
+        with open(f"/proc/{client.pid}/task/{client.pid}/children") as f:
+            monitors = [int(c) for c in f.read().split()]
+        assert len(monitors) == 1, monitors  # hcp-exec, the client's own child
+        with open(f"/proc/{monitors[0]}/comm") as f:
+            assert f.read().startswith("hcp-exec")  # comm: the binary's name, cut
+        assert server.children() == []
+    finally:
+        kill_by_pid(client)
+    _wait_for(lambda: not _processes_with(token), "the command outlived its client")
+
+
+def test_the_server_is_free_while_a_served_command_runs(server: Server, jail: Path,
+                                                        tmp_path: Path) -> None:
+    """The server plans and is done: a second client is served while the first one's
+    command still runs (the server is sequential, so holding it would refuse the second)."""
+    token = _sleep_arg()
+    first = subprocess.Popen(hcp_argv(jail, "sleep", token), env=server.env(),
+                             stdin=subprocess.DEVNULL, cwd="/")
+    try:
+        _wait_for(lambda: _processes_with(token, first.pid), "the first command never started")
+        _, receipt = _one_run(server, jail, tmp_path)
+        assert receipt["served_by"]["pid"] == server.proc.pid
+        assert first.poll() is None and _processes_with(token, first.pid)  # still running
+    finally:
+        kill_by_pid(first)
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "timeout"])
+def test_interrupt_and_timeout_leave_nothing_behind(server: Server, jail: Path,
+                                                    how: str) -> None:
+    token = _sleep_arg()
+    extra = ["--timeout", "1"] if how == "timeout" else []
+    argv = hcp_argv(jail, "sh", "-c", f"sleep {token} & exec sleep {token}", extra=extra)
+    results = []
+    for env in (caller_env(), server.env()):  # control: the in-process run, then served
+        client = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/",
+                                  stderr=subprocess.PIPE)
+        try:
+            _wait_for(lambda: len(_processes_with(f"sleep\0{token}", client.pid)) >= 2,
+                      "the command never started")
+            if how == "SIGINT":
+                client.send_signal(signal.SIGINT)
+            rc = client.wait(timeout=TIMEOUT)
+            results.append((rc, client.stderr.read()))
+        finally:
+            kill_by_pid(client)
+            client.stderr.close()
+        assert _processes_with(token) == [], "a process of the run survived"
+    assert results[0] == results[1], results
+    if how == "timeout":
+        assert results[1][0] == 124, results
+
+
+def _one_run(server: Server, jail: Path, tmp_path: Path,
+             prefix: list[str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    receipt = tmp_path / f"receipt-{time.monotonic_ns()}.json"
+    argv = [*(prefix or []), *hcp_argv(jail, "sh", "-c", "echo ran",
+                                       extra=["--receipt", str(receipt)])]
+    p = subprocess.run(argv, env=server.env(), capture_output=True, timeout=TIMEOUT, cwd="/",
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0 and out(p) == "ran\n", show(p)
+    return p, json.loads(receipt.read_text())
+
+
+def test_a_server_in_another_mount_namespace_is_not_used(tmp_path: Path, jail: Path) -> None:
+    """A server that does not see our paths (here: its own mount namespace) could not plan
+    for us; the client says so and runs in-process. Control: a server in ours is used."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare(1) is not installed")
+    prefix = ["unshare", "-m"] if IS_ROOT else ["unshare", "-r", "-m"]
+    elsewhere = start_server(tmp_path, prefix)
+    try:
+        p, receipt = _one_run(elsewhere, jail, tmp_path)
+        assert "served_by" not in receipt
+        assert "not using the server" in p.stderr.decode() and "namespace" in p.stderr.decode()
+    finally:
+        stop_server(elsewhere)
+    (tmp_path / "here").mkdir()
+    here = start_server(tmp_path / "here")  # control
+    try:
+        p, receipt = _one_run(here, jail, tmp_path)
+        assert receipt["served_by"]["pid"] == here.proc.pid, show(p)
+        assert p.stderr == b""
+    finally:
+        stop_server(here)
+
+
+def test_a_confined_server_is_not_used(tmp_path: Path, jail: Path) -> None:
+    """A process under no_new_privs where the client is not (what every sandboxed command
+    is) posing as the server: its plans are not taken."""
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv(1) is not installed")
+    confined = start_server(tmp_path, ["setpriv", "--no-new-privs"])
+    try:
+        p, receipt = _one_run(confined, jail, tmp_path)
+        assert "served_by" not in receipt
+        assert "not using the server" in p.stderr.decode() and "NoNewPrivs" in p.stderr.decode()
+    finally:
+        stop_server(confined)
+
+
+def test_a_client_with_other_hard_limits_is_not_served(server: Server, jail: Path,
+                                                       tmp_path: Path) -> None:
+    """The plan's rlimits are clamped to the hard limits of the process that starts the
+    sandbox: the server's are not the client's, so such a client runs in-process, where its
+    own clamp holds. Control: the same client without the lower limit is served."""
+    lower = ["sh", "-c", 'ulimit -n 512 && exec "$@"', "sh"]
+    receipt = tmp_path / "lower.json"
+    p = subprocess.run([*lower, *hcp_argv(jail, "sh", "-c", "ulimit -Hn",
+                                          extra=["--receipt", str(receipt)])],
+                       env=server.env(), capture_output=True, timeout=TIMEOUT, cwd="/",
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0 and out(p) == "512\n", show(p)
+    assert "served_by" not in json.loads(receipt.read_text())
+    _, served = _one_run(server, jail, tmp_path)
+    assert served["served_by"]["pid"] == server.proc.pid
+
+
+def test_serve_refuses_a_socket_another_server_listens_on(server: Server) -> None:
+    p = subprocess.run([sys.executable, "-m", "hcp_linux", "serve", "--socket",
+                        str(server.path)], capture_output=True, timeout=TIMEOUT, cwd="/")
+    assert p.returncode == 125, show(p)
+    assert p.stderr.decode() == (f"error: sandbox: serve: {server.path}: another server is "
+                                 "listening there\n")
+    assert server.proc.poll() is None  # the first one goes on
+
+
+def test_serve_takes_over_a_stale_socket(tmp_path: Path, jail: Path) -> None:
+    first = start_server(tmp_path)
+    first.proc.kill()  # no clean-up: the socket file stays, nobody listens
+    first.proc.wait(timeout=TIMEOUT)
+    first.proc.stderr.close()
+    assert first.path.exists()
+    second = start_server(tmp_path)
+    try:
+        _, receipt = _one_run(second, jail, tmp_path)
+        assert receipt["served_by"]["pid"] == second.proc.pid
+    finally:
+        stop_server(second)
+
+
+def test_no_server_listening_runs_in_process(tmp_path: Path, jail: Path) -> None:
+    env = caller_env({"HCP_LINUX_SERVER": str(tmp_path / "nobody-listens.sock")})
+    p = run_cli(jail, "sh", "-c", "echo ran", env=env)
+    assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
