@@ -1,5 +1,3 @@
-import sys
+from .launch import entry
 
-from .launch import main
-
-sys.exit(main())
+entry()
