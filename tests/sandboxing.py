@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -190,6 +191,36 @@ def read_receipt(path: "Arg") -> dict:
 
 
 # --- host-side observers ------------------------------------------------------------------
+
+
+def sleep_token(seconds: int) -> str:
+    """A sleep argument unique to this test run (``30.123456789``): tests find their own
+    commands by command line, and other copies of this suite may run on the same machine."""
+    import secrets
+    return f"{seconds}.{secrets.randbelow(10**9):09d}"
+
+
+def processes_with(needle: str, but: int = -1) -> list[int]:
+    """Pids whose command line contains ``needle``, but ``but`` (say, the CLI that was given
+    the command: its own argv holds the needle too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != but:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if needle.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def wait_for(cond, what: str, limit: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
 
 
 def kill_by_pid(proc: subprocess.Popen) -> None:

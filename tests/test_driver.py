@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
 import threading
 import time
@@ -22,19 +21,14 @@ from hcp_linux.pack import Pack, load_pack
 from hcp_linux.policy import Policy
 from hcp_linux.sandbox import PIPE
 from hcp_linux.workspace import WorkspaceBusyError
+from sandboxing import processes_with, sleep_token, wait_for
 
 TIMEOUT = 30.0
 
 
-def _token(seconds: int) -> str:
-    """A sleep argument unique to this test run: the tests find their own children by
-    command line, and other copies of this suite may be running on the same machine."""
-    return f"{seconds}.{secrets.randbelow(10**9):09d}"
-
-
 S30_0101, S30_0202, S30_0303, S30_0404, S30_0505, S30_0606, S30_0909 = (
-    _token(30) for _ in range(7))
-S3_0808 = _token(3)
+    sleep_token(30) for _ in range(7))
+S3_0808 = sleep_token(3)
 
 
 class Env:
@@ -85,34 +79,12 @@ def sh(script: str, *args: str) -> list[str]:
     return ["sh", "-c", script, "sh", *args]
 
 
-def processes_with(needle: str) -> list[int]:
-    """Pids whose command line contains ``needle`` (our own unique sleep arguments)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if needle.encode() in f.read():
-                        out.append(int(pid))
-            except OSError:
-                pass
-    return out
-
-
 def gone(needle: str) -> bool:
     """No process left with ``needle`` in its command line. SIGKILL is delivered to the whole
     sandbox at once, but its processes exit asynchronously after the monitor is reaped, so
     allow them a moment."""
     wait_for(lambda: not processes_with(needle), f"processes with {needle!r} to exit", 5.0)
     return True
-
-
-def wait_for(cond, what: str, limit: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_registered_as_the_linux_driver():

@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from sandboxing import (EXECUTOR_ARGS, IS_ROOT, TIMEOUT, caller_env, hcp_argv, jail,  # noqa: F401
-                        kill_by_pid, out, run_cli, show)
+                        kill_by_pid, out, processes_with, run_cli, show, sleep_token, wait_for)
 
 pytestmark = pytest.mark.skipif(bool(EXECUTOR_ARGS), reason="the server plans for the native "
                                 "executor only (`--executor ctypes` runs in-process)")
@@ -149,40 +149,13 @@ def test_an_exec_failure_comes_back_through_the_server(server: Server, jail: Pat
     assert (served.returncode, served.stderr) == (plain.returncode, plain.stderr), show(served)
 
 
-def _sleep_arg() -> str:
-    """A duration no other process on the machine sleeps for: it names the run's processes."""
-    return f"30.{os.getpid()}{time.monotonic_ns() % 10**6}"
-
-
-def _processes_with(token: str, but: int = -1) -> list[int]:
-    """Processes whose command line holds ``token`` (but ``but``: the client, whose argv
-    holds it too)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != but:
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
-def _wait_for(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def test_the_command_descends_from_the_client_and_the_server_starts_nothing(
         server: Server, jail: Path) -> None:
-    token = _sleep_arg()
+    token = sleep_token(30)
     client = subprocess.Popen(hcp_argv(jail, "sleep", token), env=server.env(),
                               stdin=subprocess.DEVNULL, cwd="/")
     try:
-        _wait_for(lambda: _processes_with(token, client.pid), "the command never started")
+        wait_for(lambda: processes_with(token, client.pid), "the command never started")
         with open(f"/proc/{client.pid}/task/{client.pid}/children") as f:
             monitors = [int(c) for c in f.read().split()]
         assert len(monitors) == 1, monitors  # hcp-exec, the client's own child
@@ -191,21 +164,21 @@ def test_the_command_descends_from_the_client_and_the_server_starts_nothing(
         assert server.children() == []
     finally:
         kill_by_pid(client)
-    _wait_for(lambda: not _processes_with(token), "the command outlived its client")
+    wait_for(lambda: not processes_with(token), "the command outlived its client")
 
 
 def test_the_server_is_free_while_a_served_command_runs(server: Server, jail: Path,
                                                         tmp_path: Path) -> None:
     """The server plans and is done: a second client is served while the first one's
     command still runs (the server is sequential, so holding it would refuse the second)."""
-    token = _sleep_arg()
+    token = sleep_token(30)
     first = subprocess.Popen(hcp_argv(jail, "sleep", token), env=server.env(),
                              stdin=subprocess.DEVNULL, cwd="/")
     try:
-        _wait_for(lambda: _processes_with(token, first.pid), "the first command never started")
+        wait_for(lambda: processes_with(token, first.pid), "the first command never started")
         _, receipt = _one_run(server, jail, tmp_path)
         assert receipt["served_by"]["pid"] == server.proc.pid
-        assert first.poll() is None and _processes_with(token, first.pid)  # still running
+        assert first.poll() is None and processes_with(token, first.pid)  # still running
     finally:
         kill_by_pid(first)
 
@@ -213,7 +186,7 @@ def test_the_server_is_free_while_a_served_command_runs(server: Server, jail: Pa
 @pytest.mark.parametrize("how", ["SIGINT", "timeout"])
 def test_interrupt_and_timeout_leave_nothing_behind(server: Server, jail: Path,
                                                     how: str) -> None:
-    token = _sleep_arg()
+    token = sleep_token(30)
     extra = ["--timeout", "1"] if how == "timeout" else []
     argv = hcp_argv(jail, "sh", "-c", f"sleep {token} & exec sleep {token}", extra=extra)
     results = []
@@ -221,7 +194,7 @@ def test_interrupt_and_timeout_leave_nothing_behind(server: Server, jail: Path,
         client = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/",
                                   stderr=subprocess.PIPE)
         try:
-            _wait_for(lambda: len(_processes_with(f"sleep\0{token}", client.pid)) >= 2,
+            wait_for(lambda: len(processes_with(f"sleep\0{token}", client.pid)) >= 2,
                       "the command never started")
             if how == "SIGINT":
                 client.send_signal(signal.SIGINT)
@@ -230,7 +203,7 @@ def test_interrupt_and_timeout_leave_nothing_behind(server: Server, jail: Path,
         finally:
             kill_by_pid(client)
             client.stderr.close()
-        assert _processes_with(token) == [], "a process of the run survived"
+        assert processes_with(token) == [], "a process of the run survived"
     assert results[0] == results[1], results
     if how == "timeout":
         assert results[1][0] == 124, results
@@ -247,41 +220,38 @@ def _one_run(server: Server, jail: Path, tmp_path: Path,
     return p, json.loads(receipt.read_text())
 
 
-def test_a_server_in_another_mount_namespace_is_not_used(tmp_path: Path, jail: Path) -> None:
-    """A server that does not see our paths (here: its own mount namespace) could not plan
-    for us; the client says so and runs in-process. Control: a server in ours is used."""
-    if not shutil.which("unshare"):
-        pytest.skip("unshare(1) is not installed")
-    prefix = ["unshare", "-m"] if IS_ROOT else ["unshare", "-r", "-m"]
-    elsewhere = start_server(tmp_path, prefix)
+UNTRUSTED = {
+    # it does not see our paths (its own mount namespace): it could not plan for us
+    "another-mount-namespace": (["unshare", "-m"] if IS_ROOT else ["unshare", "-r", "-m"],
+                                "namespace"),
+    # under no_new_privs where the client is not: what every sandboxed command is, posing
+    # as the server
+    "no-new-privs": (["setpriv", "--no-new-privs"], "NoNewPrivs"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNTRUSTED))
+def test_an_untrusted_server_is_not_used(tmp_path: Path, jail: Path, case: str) -> None:
+    """The client says why and runs in-process. Control: the same server started without
+    the difference is used."""
+    prefix, why = UNTRUSTED[case]
+    if not shutil.which(prefix[0]):
+        pytest.skip(f"{prefix[0]}(1) is not installed")
+    untrusted = start_server(tmp_path, prefix)
     try:
-        p, receipt = _one_run(elsewhere, jail, tmp_path)
+        p, receipt = _one_run(untrusted, jail, tmp_path)
         assert "served_by" not in receipt
-        assert "not using the server" in p.stderr.decode() and "namespace" in p.stderr.decode()
+        assert "not using the server" in p.stderr.decode() and why in p.stderr.decode(), show(p)
     finally:
-        stop_server(elsewhere)
-    (tmp_path / "here").mkdir()
-    here = start_server(tmp_path / "here")  # control
+        stop_server(untrusted)
+    (tmp_path / "control").mkdir()
+    trusted = start_server(tmp_path / "control")
     try:
-        p, receipt = _one_run(here, jail, tmp_path)
-        assert receipt["served_by"]["pid"] == here.proc.pid, show(p)
+        p, receipt = _one_run(trusted, jail, tmp_path)
+        assert receipt["served_by"]["pid"] == trusted.proc.pid, show(p)
         assert p.stderr == b""
     finally:
-        stop_server(here)
-
-
-def test_a_confined_server_is_not_used(tmp_path: Path, jail: Path) -> None:
-    """A process under no_new_privs where the client is not (what every sandboxed command
-    is) posing as the server: its plans are not taken."""
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv(1) is not installed")
-    confined = start_server(tmp_path, ["setpriv", "--no-new-privs"])
-    try:
-        p, receipt = _one_run(confined, jail, tmp_path)
-        assert "served_by" not in receipt
-        assert "not using the server" in p.stderr.decode() and "NoNewPrivs" in p.stderr.decode()
-    finally:
-        stop_server(confined)
+        stop_server(trusted)
 
 
 def test_a_client_with_other_hard_limits_is_not_served(server: Server, jail: Path,
