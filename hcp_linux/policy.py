@@ -96,6 +96,10 @@ def check_env_text(key: str, value: str) -> None:
             raise PolicyError(f"env: {key!r}: not valid UTF-8") from None
 
 
+#: The seccomp profiles a policy names unless it says otherwise.
+DEFAULT_SECCOMP_PROFILES = ("baseline", "socket-families")
+
+
 @dataclass(frozen=True)
 class Policy:
     """The confinement of one command. Construct it; it validates itself.
@@ -115,7 +119,7 @@ class Policy:
     allow_degraded: frozenset[str] = frozenset()
     sandbox: bool = True
     native_local: bool = False
-    seccomp_profiles: tuple[str, ...] = ("baseline", "socket-families")
+    seccomp_profiles: tuple[str, ...] = DEFAULT_SECCOMP_PROFILES
     timeout: float | None = None
     allow_hosts: tuple[str, ...] = ()
     deny_hosts: tuple[str, ...] = ()

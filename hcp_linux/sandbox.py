@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Generator, Mapping, NoReturn, Sequence
+from typing import Any, Generator, Mapping, Sequence
 
 from . import executor, native
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
@@ -114,12 +114,14 @@ class Sandbox:
             attempts.close()  # closes the last plan
 
     def attempts(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 terminals: Sequence[str] = ()) -> Generator[tuple[Plan, dict[str, Any]],
-                                                             None, NoReturn]:
+                 terminals: Sequence[str] = (), only_with: frozenset[str] = frozenset()
+                 ) -> Generator[tuple[Plan, dict[str, Any]], None, None]:
         """The plans to try for ``argv``, each with its receipt: the first with every layer
         the policy wants; throw a setup failure (ChildSetupError) into it and it raises the
         error that failure means, or, when a layer the policy lets degrade turned out to be
-        missing, yields the plan without it. Each plan is closed when the next is asked for."""
+        missing, yields the plan without it. Each plan is closed when the next is asked for.
+        ``only_with``: stop (StopIteration), before compiling, when a plan would lack one of
+        these layers."""
         policy = self.policy
         wanted = self._wanted_layers()
         degraded: dict[str, str] = {}
@@ -130,6 +132,8 @@ class Sandbox:
                 self._give_up(layer, reason, degraded)
                 wanted -= {layer}
         while True:
+            if not only_with <= wanted:
+                return
             try:
                 plan = compile_plan(policy, argv, layers=wanted, caller_env=env,
                                     terminals=terminals)

@@ -31,8 +31,10 @@ from typing import Any
 from . import child, native
 from .cli import _parser, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError
-from .launch import PROTOCOL, encode, hard_limits, peer, recv_frame, same_place
+from .launch import (PROTOCOL, encode, hard_limits, more_confined, peer, recv_frame,
+                     same_place)
 from .plan import Plan
+from .policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
 from .sandbox import Sandbox
 
 #: A client that says nothing for this long is dropped (the server is sequential).
@@ -64,6 +66,7 @@ class _Server:
         self.listener = _listen(path)
         self.parser = _parser()  # holds no state between parses
         self.stopping = False
+        _warm()
 
     def loop(self) -> None:
         while not self.stopping:
@@ -96,7 +99,10 @@ class _Server:
             print(f"hcp-linux serve: refused pid {pid}: uid {uid} gid {gid}", file=sys.stderr,
                   flush=True)
             return
-        why = same_place(pid) or _other_cgroup(pid)
+        # a client under a confinement we lack would have us read or write on its behalf
+        # what it may not; one that sees other paths or processes, or sits in another
+        # cgroup, would get a plan (and a receipt) that is not its own
+        why = same_place(pid) or more_confined(pid) or _other_cgroup(pid)
         if why is not None:
             conn.sendall(encode([b"fallback", why.encode()]))
             return
@@ -131,6 +137,17 @@ def _listen(path: str) -> socket.socket:
         os.umask(old)
     listener.listen(16)
     return listener
+
+
+def _warm() -> None:
+    """Compile the seccomp programs a served plan can name, now, in the server's own
+    environment: a request then finds them in memory and never reads or writes the disk
+    cache where a client's environment (XDG_CACHE_HOME) would point."""
+    import seccomp_profiles
+    # a policy made from flags names the default profiles (others need a policy file, which
+    # is not served); without a network namespace its plan adds network-off
+    for names in (DEFAULT_SECCOMP_PROFILES, DEFAULT_SECCOMP_PROFILES + ("network-off",)):
+        seccomp_profiles.compile_profiles(names)
 
 
 def _other_cgroup(pid: int) -> str | None:
@@ -190,7 +207,11 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
         return refuse(e.exit_code, f"error: sandbox: {e}\n")
     if policy.network == "allow":  # the egress proxy lives in the process that runs it
         return say(b"fallback", b"network allow")
-    attempts = Sandbox(policy, executor="native").attempts(argv, terminals=state["terminals"])
+    if policy.mode == NATIVE_LOCAL:  # its plan makes a temp dir in the jail
+        return say(b"fallback", b"native-local")
+    # Stop before compiling a plan without a mount view: that one makes a temp dir in the jail
+    attempts = Sandbox(policy, executor="native").attempts(argv, terminals=state["terminals"],
+                                                          only_with=SERVED_LAYERS)
     try:
         plan, receipt = next(attempts)
         while True:
@@ -215,6 +236,8 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             step = child.STEPS[int(step_i)] if int(step_i) < len(child.STEPS) else "internal"
             failure = ChildSetupError(step, int(err) or errno.EIO, detail.decode(errors="replace"))
             plan, receipt = attempts.throw(failure)
+    except StopIteration:  # the next plan would lack a layer a served plan needs
+        return say(b"fallback", b"a plan this server does not serve")
     except SandboxError as e:
         return refuse(e.exit_code, f"error: sandbox: {e}\n")
     finally:

@@ -271,6 +271,38 @@ def test_a_client_with_other_hard_limits_is_not_served(server: Server, jail: Pat
     assert served["served_by"]["pid"] == server.proc.pid
 
 
+def test_a_client_more_confined_than_the_server_is_not_served(server: Server, jail: Path,
+                                                              tmp_path: Path) -> None:
+    """A client under no_new_privs where the server is not (a sandboxed command, say) could
+    have the server read or write on its behalf what it may not: it is not served, and runs
+    in-process, as confined as it was. Control: the same client without it is served."""
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv(1) is not installed")
+    p, receipt = _one_run(server, jail, tmp_path, ["setpriv", "--no-new-privs"])
+    assert "served_by" not in receipt and p.stderr == b"", show(p)
+    _, receipt = _one_run(server, jail, tmp_path)
+    assert receipt["served_by"]["pid"] == server.proc.pid
+
+
+def test_the_server_writes_nothing_where_a_client_points_it(server: Server, jail: Path,
+                                                            tmp_path: Path) -> None:
+    """The seccomp programs are compiled when the server starts: a served run does not
+    read or write the program cache where the client's XDG_CACHE_HOME points. Control: an
+    in-process run, a fresh process, stores its program there."""
+    served_cache, plain_cache = tmp_path / "served-cache", tmp_path / "plain-cache"
+    served_cache.mkdir()
+    plain_cache.mkdir()
+    p = run_cli(jail, "true", extra=["--receipt", str(tmp_path / "r.json")],
+                env=server.env({"XDG_CACHE_HOME": str(served_cache)}))
+    assert p.returncode == 0, show(p)
+    assert "served_by" in json.loads((tmp_path / "r.json").read_text())
+    assert list(served_cache.rglob("*")) == []
+    p = run_cli(jail, "true", env=caller_env({"XDG_CACHE_HOME": str(plain_cache)}))
+    assert p.returncode == 0, show(p)
+    assert list((plain_cache / "hcp-linux" / "seccomp").glob("*.bpf")), \
+        "control: the in-process run did not store its program"
+
+
 def test_serve_refuses_a_socket_another_server_listens_on(server: Server) -> None:
     p = subprocess.run([sys.executable, "-m", "hcp_linux", "serve", "--socket",
                         str(server.path)], capture_output=True, timeout=TIMEOUT, cwd="/")
