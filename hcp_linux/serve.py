@@ -2,7 +2,7 @@
 
 A client (hcp_linux.launch, with ``HCP_LINUX_SERVER=PATH``) sends its `run` arguments and
 its process state: cwd, environment, umask, ignored and blocked signals, hard limits, the
-terminals on its fds 0-2, and the fd numbers of its error and done pipes. The server answers
+terminals on its fds 0-2, and the fd number of its done pipe. The server answers
 with what the in-process run would do: the plan hcp-exec reads (compiled as if in the
 client: the client's pid as the parent, its umask and signals), the receipt, or the refusal
 the CLI would print. The client starts hcp-exec itself, so the sandbox descends from it; a
@@ -12,9 +12,11 @@ plan without a layer the policy lets degrade).
 The server runs nothing and writes nothing on a client's behalf: a request whose run would
 need that (a pack, a policy file read here, a jail-side temp dir without a mount view, the
 egress proxy) is answered "fallback", and the client runs in-process. It serves only its own
-user, in its own mount, pid and user namespaces and cgroup (the plan's paths, pids and the
-receipt's facts mean the same there), one request at a time: each takes the client's cwd
-and environment as this process's own while it is compiled.
+user, in its own mount, pid and user namespaces and cgroup, with its hard limits (the plan's
+paths, pids, rlimits and the receipt's facts mean the same there), under no confinement it
+lacks itself (no_new_privs, seccomp), one request at a time: each takes the client's cwd and
+environment as this process's own while it is compiled. The seccomp programs are compiled
+when it starts, so that a request never touches the program cache.
 """
 from __future__ import annotations
 
