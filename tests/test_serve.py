@@ -21,11 +21,15 @@ from typing import Iterator
 
 import pytest
 
-from sandboxing import (EXECUTOR_ARGS, IS_ROOT, TIMEOUT, caller_env, hcp_argv, jail,  # noqa: F401
+from sandboxing import (IS_ROOT, TIMEOUT, caller_env, hcp_argv, jail,  # noqa: F401
                         kill_by_pid, out, processes_with, run_cli, show, sleep_token, wait_for)
 
-pytestmark = pytest.mark.skipif(bool(EXECUTOR_ARGS), reason="the server plans for the native "
-                                "executor only (`--executor ctypes` runs in-process)")
+@pytest.fixture(autouse=True)
+def default_executor(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The server plans for the native executor (`--executor ctypes` runs in-process): these
+    tests run the CLI with its default executor in every leg of the suite."""
+    import sandboxing
+    monkeypatch.setattr(sandboxing, "EXECUTOR_ARGS", [])
 
 
 class Server:
