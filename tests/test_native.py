@@ -430,11 +430,14 @@ def test_a_ready_spare_takes_the_umask_of_the_moment(jail: Path, spares_auto) ->
 
 
 def _inject(plan, spare) -> None:
-    """Put ``spare`` where the pool will hand it to ``plan``."""
+    """Put ``spare`` where the pool will hand it to ``plan``, first in line. Its kind is
+    marked wanted: the keeper (alive since an earlier test) retires idle spares of kinds
+    nobody wants, and could take this one away before the spawn."""
     key = native._spare_key(plan, native.binary())
     kind = key + (native.view_bytes(plan),)
     pool = native._pool()
     with pool.cond:
+        pool.wanted[kind] = time.monotonic()
         pool.idle.setdefault(kind, []).insert(0, spare)
 
 
