@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Any, NoReturn, Sequence
 
-from .errors import EXIT_TIMEOUT, EXIT_USAGE, SandboxError
+from .errors import EXIT_USAGE, SandboxError
 from .policy import NETWORK_MODES, Policy
 
 
@@ -145,7 +145,7 @@ def command_of(a: argparse.Namespace) -> list[str]:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from .receipt import write_receipt
+    from .launch import end_of_run
     from .sandbox import Sandbox
 
     argv = command_of(a)
@@ -169,17 +169,7 @@ def _run(a: argparse.Namespace) -> int:
         timed_out = True
         proc.kill()
         status = proc.wait()
-    receipt = dict(proc.receipt)
-    receipt["exit"] = {"returncode": status, "timed_out": timed_out}
-    if a.receipt == "-":
-        write_receipt(receipt, sys.stderr)
-    elif a.receipt:
-        write_receipt(receipt, a.receipt)
-    if timed_out:
-        print(f"error: sandbox: timed out after {policy.timeout:g}s; the sandbox was killed",
-              file=sys.stderr)
-        return EXIT_TIMEOUT
-    return 128 - status if status < 0 else status
+    return end_of_run(dict(proc.receipt), a.receipt, status, timed_out, policy.timeout)
 
 
 def _probe(a: argparse.Namespace) -> int:

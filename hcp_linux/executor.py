@@ -316,9 +316,6 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             fd, end = _stdio_fd(spec, i, to_close)
             fds.append(fd)
             ends.append(end)
-        if plan.landlock is not None and not (native.selected(executor) == "native"
-                                              and native.makes_ruleset(plan)):
-            ruleset = plan.landlock.create()
         proxy_end = child_end = -1
         if plan.proxy:
             proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM
@@ -334,12 +331,12 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         to_close.append(err_w)
         try:  # hcp-exec through posix_spawn; None: this process forks the ctypes executor
-            pid = native.spawn(executor, plan, err_w, fds, ruleset, child_end, done_w)
+            pid = native.spawn(executor, plan, err_w, fds, child_end, done_w)
         except BaseException:
             os.close(err_r)
             raise
-        if pid is None:  # the ctypes executor (a fallback, maybe): it needs the parent's ruleset
-            if plan.landlock is not None and ruleset is None:
+        if pid is None:  # the ctypes executor: the child restricts itself with our ruleset
+            if plan.landlock is not None:
                 ruleset = plan.landlock.create()
             pid = os.fork()
         if pid == 0:

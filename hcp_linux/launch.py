@@ -135,9 +135,13 @@ def same_place(pid: int) -> str | None:
 
 def status_fields(pid: "int | str", *names: str) -> dict[str, str]:
     with open(f"/proc/{pid}/status", "rb") as f:
-        text = f.read().decode()
+        return parse_status(f.read(), *names)
+
+
+def parse_status(data: bytes, *names: str) -> dict[str, str]:
+    """``names``' values in the text of a /proc/PID/status file."""
     out = {}
-    for line in text.splitlines():
+    for line in data.decode(errors="replace").splitlines():
         key, _, value = line.partition(":")
         if key in names:
             out[key] = value.strip()
@@ -305,17 +309,33 @@ def hard_limits() -> bytes:
                      for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
 
 
-def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
-    """hcp-exec with the plan on its command line, our fds 0-2 its stdio (as
-    native._spawn_direct does it)."""
+def memfd(blob: bytes) -> int:
+    """A close-on-exec memfd holding ``blob`` (a plan, a view template)."""
     fd = os.memfd_create("hcp-plan", os.MFD_CLOEXEC)
     try:
-        view = memoryview(plan)
+        view = memoryview(blob)
         while view:
             view = view[os.write(fd, view):]
-        actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted({fd, pipes.err_w, pipes.done_w})]
-        return os.posix_spawn(exe, [b"hcp-exec", b"%d" % fd, b"%d" % pipes.err_w], {},
-                              file_actions=actions)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def spawn_hcp_exec(exe: "str | bytes", plan_fd: int, err_w: int, keep: "set[int]") -> int:
+    """hcp-exec with the plan on its command line (``hcp-exec PLAN_FD ERR_FD``), started
+    with posix_spawn; the fds in ``keep`` (and those two) are inherited by number, 0-2 as
+    they are. OSError as posix_spawn raises it."""
+    actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep | {plan_fd, err_w}) if k > 2]
+    return os.posix_spawn(exe, ["hcp-exec", str(plan_fd), str(err_w)], {},
+                          file_actions=actions)
+
+
+def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
+    """hcp-exec with the plan, our fds 0-2 its stdio."""
+    fd = memfd(plan)
+    try:
+        return spawn_hcp_exec(exe, fd, pipes.err_w, {pipes.done_w})
     finally:
         os.close(fd)
 
@@ -362,17 +382,22 @@ def _wait(monitor: int, done_r: int, timeout: float | None, kill_request: int, r
     _, status = os.waitpid(monitor, 0)
     if len(data) == 4:
         status = unpack("<i", data)[0]
-    code = os.waitstatus_to_exitcode(status)
-    if receipt_to:
-        import json
+    import json
+    return end_of_run(json.loads(receipt) if receipt_to else {}, receipt_to,
+                      os.waitstatus_to_exitcode(status), timed_out, timeout)
 
+
+def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_out: bool,
+               timeout: float | None) -> int:
+    """How `hcp-linux run` ends, served or not: the receipt with the run's exit (to
+    ``receipt_to``: a path, or "-" for stderr), the timeout's line, the exit status."""
+    if receipt_to:
         from .receipt import write_receipt
-        doc = json.loads(receipt)
-        doc["exit"] = {"returncode": code, "timed_out": timed_out}
-        write_receipt(doc, sys.stderr if receipt_to == "-" else receipt_to)
+        receipt["exit"] = {"returncode": returncode, "timed_out": timed_out}
+        write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
     if timed_out:
         from .errors import EXIT_TIMEOUT
         print(f"error: sandbox: timed out after {timeout:g}s; the sandbox was killed",
               file=sys.stderr)
         return EXIT_TIMEOUT
-    return 128 - code if code < 0 else code
+    return 128 - returncode if returncode < 0 else returncode

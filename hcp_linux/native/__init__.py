@@ -23,6 +23,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
+from ..launch import memfd, parse_status, spawn_hcp_exec
+
 if TYPE_CHECKING:
     import socket
 
@@ -281,24 +283,37 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
 
 
 def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
-          ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int = -1) -> int | None:
+          proxy_fd: int, done_fd: int = -1) -> int | None:
     """Start the monitor through hcp-exec and return its pid; None: use the ctypes executor.
 
     A confined plan goes to a spare: a ready one when the pool has it, else one started now
     (see "spares" below). A native-local plan (or any, with ``set_spares("never")``) is
-    handed to a fresh hcp-exec on its command line, its fds inherited by number.
+    handed to a fresh hcp-exec on its command line, its fds inherited by number. The
+    Landlock ruleset is hcp-exec's to make with a mount view; without one it is made here and
+    passed (makes_ruleset).
     """
     if selected(executor) == "ctypes":
         return None
     exe = binary()
     if exe is None or _broken is not None:
         raise _unavailable()
+    ruleset = (plan.landlock.create() if plan.landlock is not None and not makes_ruleset(plan)
+               else None)
+    try:
+        return _spawn(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
+    finally:
+        if ruleset is not None:
+            ruleset.close()
+
+
+def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequence[int],
+           ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int) -> int | None:
     if not plan.confined or _spares == "never":
         stats["direct"] += 1
         return _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
     view = view_bytes(plan)
     # A ready spare was started a while ago: it takes this moment's umask from the plan.
-    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view))
+    fd = memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view))
     try:
         key = _spare_key(plan, exe)
         pool = _pool()
@@ -327,13 +342,11 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
 def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
                   stdio: Sequence[int], ruleset: "CreatedRuleset | None",
                   proxy_fd: int, done_fd: int) -> int | None:
-    fd = _memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd))
+    fd = memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd))
     try:
-        keep = {fd, err_w, proxy_fd, done_fd, ruleset.fd if ruleset is not None else -1, *stdio}
-        actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
+        keep = {proxy_fd, done_fd, ruleset.fd if ruleset is not None else -1, *stdio}
         try:
-            return os.posix_spawn(exe, ["hcp-exec", str(fd), str(err_w)], {},
-                                  file_actions=actions)
+            return spawn_hcp_exec(exe, fd, err_w, keep)
         except OSError as e:
             return _cannot_exec(executor, exe, e)
     finally:
@@ -350,18 +363,6 @@ def _cannot_exec(executor: str | None, exe: str, e: OSError) -> None:
         raise SandboxError(f"native executor {exe}: {os.strerror(e.errno)}") from None
     _broken = f"{exe}: {os.strerror(e.errno)}"  # e.g. a noexec mount
     return None
-
-
-def _memfd(blob: bytes) -> int:
-    fd = os.memfd_create("hcp-plan", os.MFD_CLOEXEC)
-    try:
-        view = memoryview(blob)
-        while view:
-            view = view[os.write(fd, view):]
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 # --- spares -----------------------------------------------------------------------------------
@@ -423,14 +424,9 @@ def _process_status() -> tuple[int, int]:
             with _status_lock:
                 if _status_fd < 0:
                     _status_fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
-        data = os.pread(_status_fd, 8192, 0)
-        for line in data.split(b"\n"):
-            if line.startswith(b"Umask:"):
-                umask = int(line.split()[1], 8)
-            elif line.startswith(b"SigIgn:"):
-                ignored = int(line.split()[1], 16)
-                break
-    except (OSError, ValueError):
+        fields = parse_status(os.pread(_status_fd, 8192, 0), "Umask", "SigIgn")
+        umask, ignored = int(fields["Umask"], 8), int(fields["SigIgn"], 16)
+    except (OSError, ValueError, KeyError):
         pass
     return umask, ignored
 
@@ -506,7 +502,7 @@ def _make_spare(kind: tuple, sigmask: "set[int] | None" = None) -> _Spare:
         actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1),
                    (os.POSIX_SPAWN_DUP2, devnull, 2), (os.POSIX_SPAWN_DUP2, theirs, theirs)]
         if view is not None:
-            view_fd = _memfd(view)
+            view_fd = memfd(view)
             argv.append(str(view_fd))
             actions.append((os.POSIX_SPAWN_DUP2, view_fd, view_fd))
         if min(theirs, devnull, 3 if view_fd < 0 else view_fd) < 3:
