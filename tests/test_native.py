@@ -293,6 +293,58 @@ def test_build_without_a_compiler_is_not_an_error(monkeypatch, capsys) -> None:
     assert build.main(["--check", "--quiet"]) == 1
 
 
+def _build_into(tmp_path: Path, monkeypatch, capsys, recipes=None) -> tuple[Path, str]:
+    from hcp_linux.native import build
+    out = tmp_path / "hcp-exec-test"
+    monkeypatch.setattr(build, "BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "artifact_path", lambda: str(out))
+    if recipes is not None:
+        real = build.recipes
+        monkeypatch.setattr(build, "recipes", lambda cc, inc: recipes(cc) + real(cc, inc))
+    assert build.build(force=True) == str(out)
+    return out, capsys.readouterr().err
+
+
+def test_build_prefers_musl_and_makes_a_static_binary(tmp_path: Path, monkeypatch,
+                                                     capsys) -> None:
+    """hcp-exec is linked against musl when musl-gcc is there (no cpuid probing at start-up:
+    each spare is one start), and statically either way (no dynamic loader at exec)."""
+    import shutil
+    out, said = _build_into(tmp_path, monkeypatch, capsys)
+    expected = "(musl, static)" if shutil.which("musl-gcc") else "(static)"
+    assert said.rstrip().endswith(expected), said
+    elf = out.read_bytes()
+    assert b"ld-linux" not in elf and b"GLIBC_2." not in elf  # no interpreter, no versioned glibc
+    p = subprocess.run([str(out)], capture_output=True, timeout=TIMEOUT)
+    assert (p.returncode, p.stderr[:10]) == (2, b"hcp-exec: ")
+    if expected == "(musl, static)":  # control: glibc's static build carries glibc's strings
+        from hcp_linux.native import build
+        which = shutil.which
+        monkeypatch.setattr(build.shutil, "which", lambda name: None if name == "musl-gcc"
+                            else which(name))
+        out, said = _build_into(tmp_path, monkeypatch, capsys)
+        assert said.rstrip().endswith("(static)"), said
+        assert b"GLIBC" in out.read_bytes()
+
+
+def test_build_goes_on_to_the_next_recipe(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A recipe that fails to compile, or makes a binary that does not answer as hcp-exec
+    (here: its entry point aborts), is passed over for the next one."""
+    from hcp_linux.native import build
+    cc = build.compiler()
+    assert cc is not None
+    aborts = [cc, "-static", "-Wl,-e,abort"]
+    out, said = _build_into(tmp_path, monkeypatch, capsys, recipes=lambda cc: [
+        ("broken", [cc, "-include", str(tmp_path / "no-such-header.h")]), ("aborts", aborts)])
+    assert said.rstrip().endswith(("(musl, static)", "(static)", "(dynamic)")), said
+    p = subprocess.run([str(out)], capture_output=True, timeout=TIMEOUT)
+    assert (p.returncode, p.stderr[:10]) == (2, b"hcp-exec: ")
+    # control: the "aborts" recipe does compile, and its binary does not answer as hcp-exec
+    odd = tmp_path / "aborts"
+    subprocess.run([*aborts, "-o", str(odd), build.SOURCE], check=True, capture_output=True)
+    assert subprocess.run([str(odd)], capture_output=True, timeout=TIMEOUT).returncode != 2
+
+
 def test_untrusted_binary_is_ignored(tmp_path: Path) -> None:
     exe = tmp_path / "hcp-exec"
     exe.write_bytes(b"#!/bin/sh\n")

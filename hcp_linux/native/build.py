@@ -1,7 +1,15 @@
 """Build the native executor: ``python -m hcp_linux.native.build [--force] [--quiet]``.
 
-Compiles ``hcp_exec.c`` with the system C compiler (statically when libc.a is there: exec of
-a static binary skips the dynamic loader) into ``_build/hcp-exec-<digest of the source>``.
+Compiles ``hcp_exec.c`` into ``_build/hcp-exec-<digest of the source>``, with the first of
+these that builds a binary that runs:
+
+- musl-gcc, static (Debian's musl-tools), with the system's kernel headers. A spare is one
+  exec of hcp-exec, and glibc's start-up probes the CPU with some forty cpuid instructions,
+  each a trap to the hypervisor on a virtual machine; musl's start-up has none. Measured on
+  the 2-vCPU VM this project is developed on: ~0.3 ms less machine CPU per run (of ~4).
+- the system C compiler, static (exec of a static binary skips the dynamic loader);
+- the system C compiler, dynamic (no libc.a).
+
 Optional by design: with no compiler, or when compiling fails, it says so and exits 0, and
 hcp-linux uses the ctypes executor. ``--check`` exits 1 when no binary is built.
 """
@@ -29,6 +37,45 @@ def compiler() -> str | None:
     return None
 
 
+def kernel_headers(cc: str) -> dict[str, str] | None:
+    """The system's linux/, asm/ and asm-generic/ header directories, which musl does not
+    ship (hcp_exec.c includes linux/capability.h, linux/filter.h, linux/seccomp.h)."""
+    try:
+        arch = subprocess.run([cc, "-print-multiarch"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        arch = ""
+    asm = [os.path.join("/usr/include", arch, "asm")] if arch else []
+    found = {"linux": "/usr/include/linux", "asm-generic": "/usr/include/asm-generic",
+             "asm": next((d for d in [*asm, "/usr/include/asm"] if os.path.isdir(d)), "")}
+    return found if all(os.path.isdir(d) for d in found.values()) else None
+
+
+def recipes(cc: str, include_dir: str) -> list[tuple[str, list[str]]]:
+    """(name, compiler argv) in the order to try; ``include_dir`` is an empty directory the
+    musl recipe may fill with links to the kernel headers."""
+    out = []
+    musl = shutil.which("musl-gcc")
+    headers = kernel_headers(cc) if musl else None
+    if musl and headers:
+        for name, target in headers.items():
+            os.symlink(target, os.path.join(include_dir, name))
+        # musl has no _FORTIFY_SOURCE: the define is harmless there, kept for one CFLAGS
+        out.append(("musl, static", [musl, "-isystem", include_dir, *CFLAGS, "-static"]))
+    out.append(("static", [cc, *CFLAGS, "-static"]))  # needs libc.a
+    out.append(("dynamic", [cc, *CFLAGS]))
+    return out
+
+
+def _runs(path: str) -> bool:
+    """The binary starts and answers as hcp-exec does when misused (usage, exit 2)."""
+    try:
+        p = subprocess.run([path], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 2 and p.stderr.startswith(b"hcp-exec: ")
+
+
 def build(force: bool = False, quiet: bool = False) -> str | None:
     """Path of the built binary, or None (with the reason on stderr unless quiet)."""
     def say(msg: str) -> None:
@@ -48,16 +95,17 @@ def build(force: bool = False, quiet: bool = False) -> str | None:
     os.close(fd)
     try:
         errors = ""
-        for link in (["-static"], []):  # static first; dynamic when there is no libc.a
-            p = subprocess.run([cc, *CFLAGS, *link, "-o", tmp, SOURCE], capture_output=True,
-                               text=True)
-            if p.returncode == 0:
-                break
-            errors = p.stderr
-        else:
-            say(f"compiling failed; the ctypes executor will be used\n{errors}")
-            return None
-        os.chmod(tmp, 0o755)
+        with tempfile.TemporaryDirectory(prefix="hcp-exec-include-") as include_dir:
+            for name, argv in recipes(cc, include_dir):
+                p = subprocess.run([*argv, "-o", tmp, SOURCE], capture_output=True, text=True)
+                if p.returncode == 0:
+                    os.chmod(tmp, 0o755)
+                    if _runs(tmp):
+                        break
+                errors += f"[{name}] {p.stderr or 'the binary did not run'}\n"
+            else:
+                say(f"compiling failed; the ctypes executor will be used\n{errors}")
+                return None
         os.replace(tmp, out)
         tmp = ""
     finally:
@@ -67,7 +115,7 @@ def build(force: bool = False, quiet: bool = False) -> str | None:
     builds = sorted(glob.glob(os.path.join(BUILD_DIR, "hcp-exec-*")), key=os.path.getmtime)
     for old in builds[:-3]:
         os.unlink(old)
-    say(f"built {out}")
+    say(f"built {out} ({name})")
     return out
 
 
