@@ -16,7 +16,7 @@ import struct
 import subprocess
 import threading
 import time
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from . import child, native
 from .errors import ChildSetupError
@@ -304,9 +304,12 @@ def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | No
 
 
 def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
-          receipt: dict[str, Any] | None = None, executor: str | None = None) -> SandboxProcess:
+          receipt: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+          executor: str | None = None) -> SandboxProcess:
     """Fork the confined command. Raises ChildSetupError when a setup step failed.
-    ``executor``: "native", "ctypes" or "auto" (None: the process default, see native)."""
+    ``executor``: "native", "ctypes" or "auto" (None: the process default, see native).
+    ``receipt``, given as the function that makes it, is made once the child has the plan,
+    while it sets up (it is a function of the plan alone): off the spawn's critical path."""
     to_close: list[int] = []
     ends: list[int | None] = []
     fds: list[int] = []
@@ -352,12 +355,14 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         os.close(fd)
     if ruleset is not None:
         ruleset.close()
-    try:
-        with io.FileIO(err_r, "r") as f:
+    with io.FileIO(err_r, "r") as f:
+        try:
+            if callable(receipt):
+                receipt = receipt()
             record = f.readall()
-    except BaseException:  # interrupted (^C) before exec was confirmed: leave no run behind
-        _kill_unowned(pid, ends)
-        raise
+        except BaseException:  # interrupted (^C) before exec was confirmed: leave no run behind
+            _kill_unowned(pid, ends)
+            raise
     if record:
         os.waitpid(pid, 0)
         for end in ends:

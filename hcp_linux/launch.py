@@ -139,12 +139,16 @@ def status_fields(pid: "int | str", *names: str) -> dict[str, str]:
 
 
 def parse_status(data: bytes, *names: str) -> dict[str, str]:
-    """``names``' values in the text of a /proc/PID/status file."""
+    """``names``' values in the text of a /proc/PID/status file (one search per name, not a
+    split of its ~60 lines: it is read on every spawn)."""
     out = {}
-    for line in data.decode(errors="replace").splitlines():
-        key, _, value = line.partition(":")
-        if key in names:
-            out[key] = value.strip()
+    text = "\n" + data.decode(errors="replace")
+    for name in names:
+        start = text.find("\n" + name + ":")
+        if start >= 0:
+            start += len(name) + 2
+            end = text.find("\n", start)
+            out[name] = text[start:end if end >= 0 else len(text)].strip()
     return out
 
 

@@ -171,11 +171,10 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
             arg.encode("utf-8")
         except UnicodeEncodeError:
             raise PolicyError(f"argv[{i}]: not valid UTF-8") from None
-    caller_env = dict(os.environ if caller_env is None else caller_env)
     native = policy.mode == NATIVE_LOCAL
     allow = policy.allow_bins or (argv[0],)
     exe = resolve_bin(argv[0], allow, cwd=policy.jail or os.getcwd(), native_local=native,
-                      host_path=caller_env.get("PATH"))
+                      host_path=(os.environ if caller_env is None else caller_env).get("PATH"))
     if native:
         layers = frozenset()
     view = "mountns" in layers
@@ -199,12 +198,12 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
                                         "network namespace, and none can be made here",
                                         REMEDIES["netns"])
         explicit.update(proxy_env())
-    env, removed, replaced = build_env(caller_env, explicit, marker=policy.mode,
-                                       path=search_path, home=home, tmpdir=tmpdir)
+    env, removed, replaced = _child_env(caller_env, explicit, marker=policy.mode,
+                                        path=search_path, home=home, tmpdir=tmpdir)
     plan = Plan(
         policy=policy, mode=policy.mode, exe=os.fsencode(exe),
         argv=[a.encode() for a in argv],
-        env={k.encode(): v.encode() for k, v in env.items()},
+        env=env,
         cwd=os.fsencode(policy.jail), layers=layers, parent_pid=os.getpid(),
         uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed, env_replaced=replaced,
         proc_fresh="pidns" in layers, rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
@@ -228,6 +227,35 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         plan.close()
         raise
     return plan
+
+
+def _child_env(caller_env: Mapping[str, str] | None, explicit: Mapping[str, str], **fixed: str
+               ) -> tuple[dict[bytes, bytes], tuple[str, ...], tuple[str, ...]]:
+    """build_env's result, encoded for the plan. Built from ``os.environ`` (``caller_env``
+    None), it is kept and reused while the raw environment and the rest are unchanged: one
+    C-level comparison instead of decoding and filtering every variable on every run. The
+    environment is read once, as a snapshot, and the result is built from that snapshot."""
+    global _env_memo
+    raw = getattr(os.environ, "_data", None) if caller_env is None else None
+    key = None
+    if isinstance(raw, dict):  # CPython: os.environ's own bytes -> bytes dict
+        snapshot = raw.copy()
+        key = (snapshot, tuple(explicit.items()), tuple(fixed.items()))
+        memo = _env_memo
+        if memo is not None and memo[0] == key:
+            env, removed, replaced = memo[1]
+            return env.copy(), removed, replaced
+        caller = {os.fsdecode(k): os.fsdecode(v) for k, v in snapshot.items()}
+    else:
+        caller = dict(os.environ if caller_env is None else caller_env)
+    text, removed, replaced = build_env(caller, explicit, **fixed)  # type: ignore[arg-type]
+    env = {k.encode(): v.encode() for k, v in text.items()}
+    if key is not None:
+        _env_memo = (key, (env.copy(), removed, replaced))
+    return env, removed, replaced
+
+
+_env_memo: tuple | None = None
 
 
 def _search_path(prefixes: Sequence[str]) -> str:

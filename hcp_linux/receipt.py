@@ -1,8 +1,9 @@
 """The enforcement receipt: per layer, what was put in force and the facts behind it.
 
-A receipt is written before exec from the plan the child executes, never from wishes: a layer
-reads "enforced" only when the child was given that step, "degraded" when the host lacked it
-and the policy allowed running without it, "off" when the policy itself turned it off.
+A receipt is made from the plan the child executes (while the child sets up: it needs nothing
+else), never from wishes: a layer reads "enforced" only when the child was given that step,
+"degraded" when the host lacked it and the policy allowed running without it, "off" when the
+policy itself turned it off.
 """
 from __future__ import annotations
 

@@ -8,12 +8,13 @@ the receipt says.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Generator, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 from . import executor, native
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
@@ -103,7 +104,7 @@ class Sandbox:
         the allowlist draws from (default: ``os.environ``)."""
         attempts = self.attempts(argv, env=env, terminals=_terminals(stdin, stdout, stderr))
         try:
-            plan, receipt = next(attempts)
+            plan, receipt = next(attempts)  # receipt: made by spawn while hcp-exec sets up
             while True:
                 try:
                     return executor.spawn(plan, stdin=stdin, stdout=stdout, stderr=stderr,
@@ -115,8 +116,9 @@ class Sandbox:
 
     def attempts(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                  terminals: Sequence[str] = (), only_with: frozenset[str] = frozenset()
-                 ) -> Generator[tuple[Plan, dict[str, Any]], None, None]:
-        """The plans to try for ``argv``, each with its receipt: the first with every layer
+                 ) -> Generator[tuple[Plan, Callable[[], dict[str, Any]]], None, None]:
+        """The plans to try for ``argv``, each with what makes its receipt (a function of the
+        plan alone, so a caller may make it while the command is being set up): the first with every layer
         the policy wants; throw a setup failure (ChildSetupError) into it and it raises the
         error that failure means, or, when a layer the policy lets degrade turned out to be
         missing, yields the plan without it. Each plan is closed when the next is asked for.
@@ -144,7 +146,8 @@ class Sandbox:
                 wanted -= {e.layer}
                 continue
             try:
-                yield plan, build_receipt(plan, self._wanted_layers(), degraded)
+                yield plan, functools.partial(build_receipt, plan, self._wanted_layers(),
+                                              dict(degraded))
                 raise SandboxError("attempts: the plan was not run")  # next() without a failure
             except ChildSetupError as e:
                 if e.step == "execve":

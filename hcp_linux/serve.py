@@ -215,13 +215,14 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
     attempts = Sandbox(policy, executor="native").attempts(argv, terminals=state["terminals"],
                                                           only_with=SERVED_LAYERS)
     try:
-        plan, receipt = next(attempts)
+        plan, make_receipt = next(attempts)
         while True:
             if not _servable(plan):
                 return say(b"fallback", b"a plan this server does not serve")
             plan.parent_pid = pid  # the client starts hcp-exec
             blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
                                      process=state["process"])
+            receipt = make_receipt()
             receipt["served_by"] = {"pid": os.getpid(), "socket": server.path}
             say(b"plan", os.fsencode(native.binary() or ""), blob,
                 json.dumps(receipt).encode(),
@@ -237,7 +238,7 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             state["done_w"] = int(done_w)
             step = child.STEPS[int(step_i)] if int(step_i) < len(child.STEPS) else "internal"
             failure = ChildSetupError(step, int(err) or errno.EIO, detail.decode(errors="replace"))
-            plan, receipt = attempts.throw(failure)
+            plan, make_receipt = attempts.throw(failure)
     except StopIteration:  # the next plan would lack a layer a served plan needs
         return say(b"fallback", b"a plan this server does not serve")
     except SandboxError as e:

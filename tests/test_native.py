@@ -709,3 +709,34 @@ def test_spares_die_with_the_runtime(jail: Path) -> None:
     alive = [p for p in pids + kids if os.path.exists(f"/proc/{p}")
              and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
     assert not alive, alive
+
+
+@built
+@pytest.mark.parametrize("ex", EXECUTORS)
+def test_a_receipt_that_fails_after_the_hand_over_leaves_no_run(jail: Path, ex: str,
+                                                                 monkeypatch) -> None:
+    """The receipt is made while the child sets up (off the critical path); should making it
+    fail, the spawn raises and the run it started is killed and reaped before it returns.
+    Control: the same spawn with the receipt intact runs the command."""
+    from sandboxing import processes_with, sleep_token, wait_for
+    from hcp_linux import sandbox as sandbox_module
+
+    token = sleep_token(30)
+    proc = Sandbox(Policy(jail=str(jail)), executor=ex).spawn(["sleep", token])
+    try:
+        wait_for(lambda: processes_with(token), "the control's command")
+    finally:
+        proc.kill()
+        proc.wait(TIMEOUT)
+    wait_for(lambda: not processes_with(token), "the control's end")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("receipt broke")
+
+    monkeypatch.setattr(sandbox_module, "build_receipt", broken)
+    token = sleep_token(30)
+    with pytest.raises(RuntimeError, match="receipt broke"):
+        Sandbox(Policy(jail=str(jail)), executor=ex).spawn(["sleep", token])
+    assert processes_with(token) == []  # killed and reaped before spawn raised
+    time.sleep(0.5)  # a run left going would have exec'd by now
+    assert processes_with(token) == []

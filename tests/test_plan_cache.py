@@ -175,3 +175,31 @@ def test_concurrent_runs_while_the_cache_is_cleared(jail: Path) -> None:
     assert not failures, failures[:3]
     plan.clear_cache()
     assert _open_fds() <= fds
+
+
+def test_the_environment_is_read_afresh_for_each_run(jail: Path, monkeypatch) -> None:
+    """The child environment built from os.environ is reused while os.environ is unchanged:
+    a change between runs (set, changed, removed) shows in the next run, and a secret set
+    between runs is dropped as ever (the receipt names it among the removed)."""
+    sb = Sandbox(Policy(jail=str(jail)))
+
+    def env_of() -> tuple[str, list[str]]:
+        r = sb.run(["sh", "-c", 'echo "LC_TIME=${LC_TIME-unset} TOKEN=${HCP_T_TOKEN-unset}"'],
+                   capture_output=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.decode().strip(), r.receipt["env"]["removed"]
+
+    monkeypatch.delenv("LC_TIME", raising=False)
+    first = env_of()
+    assert first == env_of()  # same environment: same child environment
+    assert first[0] == "LC_TIME=unset TOKEN=unset"
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("HCP_T_TOKEN", "secret")
+    out, removed = env_of()
+    assert out == "LC_TIME=C TOKEN=unset" and "HCP_T_TOKEN" in removed
+    monkeypatch.setenv("LC_TIME", "POSIX")
+    assert env_of()[0] == "LC_TIME=POSIX TOKEN=unset"
+    monkeypatch.delenv("LC_TIME")
+    monkeypatch.delenv("HCP_T_TOKEN")
+    out, removed = env_of()
+    assert out == "LC_TIME=unset TOKEN=unset" and "HCP_T_TOKEN" not in removed
