@@ -3,7 +3,9 @@
     python bench/spawn.py [--runs N] [--quick] [--json FILE]
 
 For each command (/bin/true, `git --version`, this venv's `python -c pass`): plain
-subprocess.run, os.posix_spawn, `unshare -rn`, bubblewrap with isolation equivalent to our
+subprocess.run, os.posix_spawn, `unshare -rn`, `unshare -Urnmpi --fork --mount-proc` (the
+default policy's namespaces and a fresh /proc, nothing else: the kernel's floor for that
+isolation), bubblewrap with isolation equivalent to our
 default policy (user/mount/net/ipc/pid namespaces, the same read-only roots, private /tmp,
 minimal /dev, fresh /proc, new session, die-with-parent, no capabilities, and our baseline
 seccomp program through --seccomp), and hcp-linux through the Python API (Sandbox.run, default
@@ -42,6 +44,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import cpu_per_run, measure_rows, summary  # noqa: E402
 
 TRUE = "/bin/true"
+#: util-linux unshare making the namespaces the default policy has (user, mount, net, pid, ipc)
+#: and a fresh /proc, then fork + exec: the kernel's cost of that isolation with no mount view,
+#: no lo, no Landlock, no seccomp: a floor for any sandbox that gives each run its namespaces
+NAMESPACES_ALONE = "unshare -Urnmpi --fork --mount-proc (namespaces alone)"
 PY = sys.executable  # this venv's interpreter (not the pyenv shim)
 COMMANDS = {"/bin/true": [TRUE], "git --version": ["git", "--version"],
             "python -c pass": [PY, "-c", "pass"]}
@@ -174,6 +180,9 @@ def main() -> int:
                     ("os.posix_spawn", posix_spawn(argv), n)]
             if shutil.which("unshare"):
                 rows.append(("unshare -rn", checked(["unshare", "-rn", *argv]), n))
+                rows.append((NAMESPACES_ALONE, checked(["unshare", "-Urnmpi", "--fork",
+                                                         "--kill-child", "--mount-proc",
+                                                         *argv]), n))
             if bpf is not None:
                 rows.append(("bubblewrap (equivalent isolation + seccomp)",
                              bwrap(jail, bpf, argv), n))
@@ -217,7 +226,8 @@ def main() -> int:
             rss = next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
         label = f"/bin/true, runtime RSS {rss} MB"
         rows = [(name, fn, n if "ctypes" not in name else 20)
-                for name, fn, n in rows_for([TRUE], slow=False) if name != "unshare -rn"]
+                for name, fn, n in rows_for([TRUE], slow=False)
+                if name not in ("unshare -rn", NAMESPACES_ALONE)]
         results[label] = {name: summary(s) for name, s in measure_rows(rows).items()}
         del ballast
 
@@ -260,12 +270,15 @@ def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
         tag = ("" if label == "/bin/true" else "_paced" if "between calls" in label
                else "_large_runtime")
         plain, bw = med(label, "subprocess.run"), med(label, "bubblewrap (equivalent isolation + seccomp)")
+        floor = med(label, NAMESPACES_ALONE)
         for ex in ("native", "ctypes"):
             hcp = med(label, f"hcp-linux {ex}")
             if hcp and bw:
                 out[f"{ex}_over_bwrap{tag}"] = round(hcp / bw, 3)
             if hcp and plain:
                 out[f"{ex}_minus_subprocess_ms{tag}"] = round(hcp - plain, 3)
+            if hcp and floor and ex == "native":
+                out[f"native_over_namespaces_alone{tag}"] = round(hcp / floor, 3)
     cli = med("CLI (fresh process)", "hcp-linux run -- /bin/true")
     served = med("CLI (fresh process)", "hcp-linux run -- /bin/true, served")
     py = med("CLI (fresh process)", "python -c pass (same venv)")
@@ -288,6 +301,10 @@ def _print(results: dict[str, dict[str, dict]], extra: dict, ratios: dict[str, f
               "included (ms):")
         for name, v in cpu.items():
             print(f"  {name:<{w - 2}}  {v:>9.3f}")
+        floor = cpu.get(NAMESPACES_ALONE)
+        if floor:  # back to back, n CPUs cannot finish runs faster than CPU per run / n
+            print(f"  back-to-back bound of the namespaces alone on {os.cpu_count()} CPUs: "
+                  f"{floor / (os.cpu_count() or 1):.3f} ms per run")
     tp = extra.get("throughput_8_callers_per_s")
     if tp:
         print("\nthroughput, 8 concurrent callers of /bin/true (runs/s):")
