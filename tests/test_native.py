@@ -345,6 +345,23 @@ def test_build_goes_on_to_the_next_recipe(tmp_path: Path, monkeypatch, capsys) -
     assert subprocess.run([str(odd)], capture_output=True, timeout=TIMEOUT).returncode != 2
 
 
+def test_build_with_no_working_recipe_says_why_and_builds_nothing(tmp_path: Path, monkeypatch,
+                                                                 capsys) -> None:
+    from hcp_linux.native import build
+    out = tmp_path / "hcp-exec-test"
+    monkeypatch.setattr(build, "BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "artifact_path", lambda: str(out))
+    monkeypatch.setattr(build, "recipes", lambda cc, inc: [
+        ("broken", [cc, "-include", str(tmp_path / "no-such-header.h")]),
+        ("aborts", [cc, "-static", "-Wl,-e,abort"])])
+    assert build.build(force=True) is None
+    said = capsys.readouterr().err
+    assert "compiling failed; the ctypes executor will be used" in said
+    assert "[broken]" in said and "no-such-header.h" in said
+    assert "[aborts] the binary did not answer as hcp-exec" in said
+    assert not out.exists() and not list(tmp_path.glob(".hcp-exec-*"))  # nothing left behind
+
+
 def test_untrusted_binary_is_ignored(tmp_path: Path) -> None:
     exe = tmp_path / "hcp-exec"
     exe.write_bytes(b"#!/bin/sh\n")

@@ -102,7 +102,8 @@ def build(force: bool = False, quiet: bool = False) -> str | None:
                     os.chmod(tmp, 0o755)
                     if _runs(tmp):
                         break
-                errors += f"[{name}] {p.stderr or 'the binary did not run'}\n"
+                why = p.stderr if p.returncode else "the binary did not answer as hcp-exec"
+                errors += f"[{name}] {why}\n"
             else:
                 say(f"compiling failed; the ctypes executor will be used\n{errors}")
                 return None
