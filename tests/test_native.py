@@ -498,6 +498,105 @@ def test_a_ready_spare_takes_the_umask_of_the_moment(jail: Path, spares_auto) ->
     assert run.stdout == b"0077\n", run
 
 
+def _memfds_made(monkeypatch) -> list[int]:
+    """Sizes of the plans put in a memfd for a spare, from now on."""
+    sizes: list[int] = []
+    real = native.memfd
+
+    def counting(blob: bytes) -> int:
+        sizes.append(len(blob))
+        return real(blob)
+    monkeypatch.setattr(native, "memfd", counting)
+    return sizes
+
+
+@built
+@pytest.mark.parametrize("size", [100, 100 << 10])  # one argument is at most 128 KiB
+def test_a_plan_reaches_a_spare_in_the_message_or_in_a_memfd(jail: Path, spares_auto,
+                                                            monkeypatch, size: int) -> None:
+    """A plan up to INLINE_MAX travels in the hand-over message; a larger one (here a 100 KiB
+    argument) in a memfd. Either way the command gets every byte of its argv."""
+    sandbox = Sandbox(Policy(jail=str(jail)), executor="native")
+    memfds = _memfds_made(monkeypatch)
+    arg = "x" * size
+    before = native.stats["ready"] + native.stats["on_the_spot"]
+    run = sandbox.run(["sh", "-c", 'printf %s "$1" | wc -c', "sh", arg], capture_output=True,
+                      timeout=TIMEOUT)
+    assert run.returncode == 0 and int(run.stdout) == size, run
+    assert native.stats["ready"] + native.stats["on_the_spot"] == before + 1  # a spare took it
+    plans_in_memfds = [n for n in memfds if n > size]  # view templates are smaller
+    assert len(plans_in_memfds) == (0 if size < native.INLINE_MAX else 1), memfds
+
+
+@built
+def test_a_plan_goes_in_a_memfd_when_the_send_buffer_is_small(jail: Path, spares_auto,
+                                                             monkeypatch) -> None:
+    """A socket whose send buffer cannot hold the plan refuses the message (EMSGSIZE, nothing
+    sent): the plan goes in a memfd instead and the run is the same. Control: the same
+    plan through a spare with the default buffer goes in the message."""
+    import socket
+    sandbox = Sandbox(Policy(jail=str(jail)), executor="native")
+    argv = ["sh", "-c", 'printf %s "$1" | wc -c', "sh", "y" * (20 << 10)]
+    memfds = _memfds_made(monkeypatch)
+    assert sandbox.run(argv, capture_output=True, timeout=TIMEOUT).stdout == b"20480\n"
+    assert not [n for n in memfds if n > 20 << 10]  # control: in the message
+    real = native._make_spare
+
+    def small_buffer(kind, sigmask=None):
+        spare = real(kind, sigmask)
+        spare.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        return spare
+    monkeypatch.setattr(native, "_make_spare", small_buffer)
+    native._pool().clear()
+    run = sandbox.run(argv, capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0 and run.stdout == b"20480\n", run
+    assert len([n for n in memfds if n > 20 << 10]) == 1, memfds
+
+
+@built
+@pytest.mark.parametrize("payload", [b"", b"\0" * 8])
+def test_a_spare_refuses_a_malformed_inline_plan(jail: Path, spares_auto, payload: bytes
+                                                ) -> None:
+    """A hand-over that says the plan is in the message but brings none (or a truncated one)
+    is refused on the error pipe (EPROTO / EINVAL), and nothing runs. Control: the same
+    spare kind with a real plan runs."""
+    import array
+    import socket
+    import struct
+    plan = _plan(jail)
+    key = native._spare_key(plan, native.binary())
+    assert _failure_free(plan)  # control
+    spare = native._make_spare(key + (None,))
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        header = native._U64(native.PLAN_VERSION << 32 | native.PLAN_MAGIC)
+        spare.sock.sendmsg([header, native._U64(native._MSG_INLINE), payload],
+                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                             array.array("i", [err_w, 0, 1, 2]))])
+        spare.sock.close()
+        os.close(err_w)
+        err_w = -1
+        with os.fdopen(err_r, "rb") as f:
+            record = f.read()
+        err_r = -1
+        _, status = os.waitpid(spare.pid, 0)
+    finally:
+        for fd in (err_r, err_w):
+            if fd >= 0:
+                os.close(fd)
+    step_i, err = struct.unpack("<HH", record[:4])
+    assert child.STEPS[step_i] == "internal" and err in (errno.EPROTO, errno.EINVAL), record
+    assert os.WEXITSTATUS(status) == 125
+
+
+def _failure_free(plan) -> bool:
+    try:
+        proc = executor.spawn(plan, executor="native")
+        return proc.wait(TIMEOUT) == 0
+    finally:
+        plan.close()
+
+
 def _inject(plan, spare) -> None:
     """Put ``spare`` where the pool will hand it to ``plan``, first in line. Its kind is
     marked wanted: the keeper (alive since an earlier test) retires idle spares of kinds

@@ -313,30 +313,27 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
         return _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
     view = view_bytes(plan)
     # A ready spare was started a while ago: it takes this moment's umask from the plan.
-    fd = memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view))
-    try:
-        key = _spare_key(plan, exe)
-        pool = _pool()
-        spare = pool.take(key, view if "mountns" in plan.layers else None)
-        if spare is not None:
-            if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd, done_fd):
-                stats["ready"] += 1
-                pool.kick()
-                return spare.pid
-            pool.discard(spare)  # it died idle (killed?): start one now instead
-        try:
-            spare = _make_spare(key + (None,))
-        except OSError as e:
-            return _cannot_exec(executor, exe, e)
-        if _hand_over(spare, fd, err_w, stdio, ruleset, proxy_fd, done_fd):
-            stats["on_the_spot"] += 1
+    blob = plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view)
+    key = _spare_key(plan, exe)
+    pool = _pool()
+    spare = pool.take(key, view if "mountns" in plan.layers else None)
+    if spare is not None:
+        if _hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
+            stats["ready"] += 1
             pool.kick()
             return spare.pid
-        pool.discard(spare)
-        from ..errors import ChildSetupError
-        raise ChildSetupError("internal", errno.EPIPE, "native executor: hcp-exec exited early")
-    finally:
-        os.close(fd)
+        pool.discard(spare)  # it died idle (killed?): start one now instead
+    try:
+        spare = _make_spare(key + (None,))
+    except OSError as e:
+        return _cannot_exec(executor, exe, e)
+    if _hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
+        stats["on_the_spot"] += 1
+        pool.kick()
+        return spare.pid
+    pool.discard(spare)
+    from ..errors import ChildSetupError
+    raise ChildSetupError("internal", errno.EPIPE, "native executor: hcp-exec exited early")
 
 
 def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
@@ -389,7 +386,8 @@ SPARE_MAX_AGE = 5.0  # seconds: an older idle spare is replaced (bounds how stal
 #                      rlimits the plan leaves unset, mounts made under a granted tree since it
 #                      was built; umask and signal dispositions come with the plan)
 KIND_IDLE = 60.0  # seconds without a spawn of a kind: stop keeping spares for it
-_MSG_RULESET, _MSG_PROXY, _MSG_DONE = 1, 2, 4
+_MSG_RULESET, _MSG_PROXY, _MSG_DONE, _MSG_INLINE = 1, 2, 4, 8
+INLINE_MAX = 60 << 10  # bytes: a larger plan goes to a spare in a memfd (as in hcp_exec.c)
 
 
 def set_spares(mode: str) -> None:
@@ -462,13 +460,15 @@ class _Spare:
         self.pid, self.sock, self.born = pid, sock, time.monotonic()
 
 
-def _hand_over(spare: _Spare, plan_fd: int, err_w: int, stdio: Sequence[int],
+def _hand_over(spare: _Spare, plan: bytes, err_w: int, stdio: Sequence[int],
                ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int) -> bool:
-    """Send the plan and the run's fds to a spare; False if it is gone."""
+    """Send the plan and the run's fds to a spare, in one message; False if it is gone. The
+    plan travels in the message up to INLINE_MAX (and the socket's send buffer), else in a
+    memfd."""
     import array
     from socket import SCM_RIGHTS, SOL_SOCKET
     bits = 0
-    fds = [plan_fd, err_w, *stdio]
+    fds = [err_w, *stdio]
     if ruleset is not None and ruleset.fd >= 0:
         fds.append(ruleset.fd)
         bits |= _MSG_RULESET
@@ -478,9 +478,24 @@ def _hand_over(spare: _Spare, plan_fd: int, err_w: int, stdio: Sequence[int],
     if done_fd >= 0:
         fds.append(done_fd)
         bits |= _MSG_DONE
-    msg = _U64(PLAN_VERSION << 32 | PLAN_MAGIC) + _U64(bits)
+    magic = _U64(PLAN_VERSION << 32 | PLAN_MAGIC)
+    sent = False
     try:
-        spare.sock.sendmsg([msg], [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))])
+        if len(plan) <= INLINE_MAX:
+            try:
+                spare.sock.sendmsg([magic, _U64(bits | _MSG_INLINE), plan],
+                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))])
+                sent = True
+            except OSError as e:
+                if e.errno != errno.EMSGSIZE:  # EMSGSIZE: a small send buffer; nothing sent
+                    raise
+        if not sent:
+            fd = memfd(plan)
+            try:
+                spare.sock.sendmsg([magic, _U64(bits)],
+                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", [fd, *fds]))])
+            finally:
+                os.close(fd)
     except OSError:
         return False
     spare.sock.close()  # it has all it needs: from now on it is this run's monitor

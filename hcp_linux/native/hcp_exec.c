@@ -18,10 +18,11 @@
  * A spare does the plan-independent steps at once (session, namespaces, uid/gid maps, pid 1,
  * loopback; with VIEW_FD, what the prepared section of a template says: the mount view and the
  * confinement; a plan whose section is not that template byte for byte is refused) and then
- * waits on SOCK for one message: the plan and fds (error pipe, stdio, the parent's Landlock
- * ruleset when there is no mount view, proxy channel, done pipe), passed with SCM_RIGHTS. A step that
- * failed early is reported then, on the error pipe that came with the plan. EOF instead of a
- * message: the spare was not needed; it exits 0.
+ * waits on SOCK for one message: the plan (in the message; in a memfd when it is large) and
+ * fds (error pipe, stdio, the parent's Landlock ruleset when there is no mount view, proxy
+ * channel, done pipe), passed with SCM_RIGHTS. A step that failed early is reported then, on
+ * the error pipe that came with the plan. EOF instead of a message: the spare was not needed;
+ * it exits 0.
  *
  * Process shape, as in child.py:
  *     this process = the monitor (C1): session, namespaces, uid/gid maps, mirror of the status
@@ -1133,18 +1134,24 @@ static void monitor_steps(void) {
 #define M_RULESET 1u
 #define M_PROXY 2u
 #define M_DONE 4u
+#define M_INLINE 8u
+/* A plan up to this size comes in the message itself (no memfd to make, fill and read); a
+ * larger one (a long argv or environment) in a memfd. As INLINE_MAX in __init__.py. */
+#define INLINE_MAX (60 * 1024)
 
-/* One message: [plan memfd, error pipe, stdin, stdout, stderr, (ruleset), (proxy)]. */
+/* One message: a header (magic, bits), the plan when M_INLINE, and the fds [(plan memfd
+ * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done)]. */
 static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
-    unsigned char hdr[16];
-    struct iovec iov = {hdr, sizeof hdr};
+    static unsigned char data[16 + INLINE_MAX];
+    unsigned char *hdr = data;
+    struct iovec iov = {data, sizeof data};
     union {
         char buf[CMSG_SPACE(8 * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct msghdr m;
     struct cmsghdr *cm;
-    int fds[8], n = 0, want;
+    int fds[8], n = 0, want, inline_plan, first;
     uint64_t magic = 0, bits = 0;
     ssize_t r;
     memset(&m, 0, sizeof m);
@@ -1167,20 +1174,28 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
                 memcpy(&fds[n++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
         }
     }
-    if (n < 2)
-        _exit(125);
-    errfd = above_stdio(fds[1]);
-    if (r == sizeof hdr) {
+    if (r >= 16) {
         for (int i = 7; i >= 0; i--) {
             magic = magic << 8 | hdr[i];
             bits = bits << 8 | hdr[8 + i];
         }
     }
-    want = 5 + !!(bits & M_RULESET) + !!(bits & M_PROXY) + !!(bits & M_DONE);
+    inline_plan = !!(bits & M_INLINE);
+    first = !inline_plan; /* the error pipe: after the plan's memfd, if there is one */
+    if (n < first + 1)
+        _exit(125);
+    errfd = above_stdio(fds[first]);
+    want = first + 4 + !!(bits & M_RULESET) + !!(bits & M_PROXY) + !!(bits & M_DONE);
     if (magic != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC) || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC))
-        || n != want)
+        || n != want || (inline_plan ? r <= 16 : r != 16))
         report(S_INTERNAL, EPROTO, "native executor: malformed message to a spare");
-    read_plan(fds[0]);
+    if (inline_plan) {
+        buf = data + 16;
+        buf_len = (size_t)r - 16;
+        pos = 0;
+    } else {
+        read_plan(fds[0]);
+    }
     parse_plan();
     if (pend_step >= 0) /* a step failed before the plan came: report it now */
         report((enum step)pend_step, pend_err, pend_detail[0] ? pend_detail : NULL);
@@ -1189,10 +1204,10 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
         || (view_template && (P.view_len != view_template_len
                               || memcmp(P.view, view_template, P.view_len) != 0)))
         report(S_INTERNAL, EPROTO, "native executor: the spare was prepared for another plan");
-    P.stdio[0] = fds[2];
-    P.stdio[1] = fds[3];
-    P.stdio[2] = fds[4];
-    n = 5;
+    P.stdio[0] = fds[first + 1];
+    P.stdio[1] = fds[first + 2];
+    P.stdio[2] = fds[first + 3];
+    n = first + 4;
     P.ruleset_fd = (bits & M_RULESET) ? fds[n++] : -1;
     P.proxy_fd = (bits & M_PROXY) ? fds[n++] : -1;
     P.done_fd = (bits & M_DONE) ? fds[n++] : -1;
