@@ -11,15 +11,17 @@ minimal /dev, fresh /proc, new session, die-with-parent, no capabilities, and ou
 seccomp program through --seccomp), and hcp-linux through the Python API (Sandbox.run, default
 policy) with each executor: native (hcp-exec, with its spares), native without spares, ctypes.
 Then: the /bin/true rows again with 5 ms of idleness before each call (as between an agent's
-commands: the spare for the next run is made in the gap, not while the run runs); the CPU a /bin/true run costs the whole machine (every CPU, kernel threads included;
-on a small machine it bounds back-to-back runs); throughput with 8 concurrent callers; the same /bin/true rows from a runtime holding
-~500 MB of resident memory (fork's cost grows with it, vfork/posix_spawn's does not); and the
+commands: the spare for the next run is made in the gap, not while the run runs); the CPU a
+/bin/true run costs the whole machine (every CPU, kernel threads included; on a small machine
+it bounds back-to-back runs); throughput with 8 concurrent callers; the same /bin/true rows
+from a runtime holding ~500 MB of resident memory (fork's cost grows with it, vfork/posix_spawn's does not); and the
 `hcp-linux run` CLI beside `python -c pass` from the same venv, in-process and with its plan
 from a warm `hcp-linux serve`.
 
 Each table is measured in four passes over its rows (a block of back-to-back calls per row and
 pass), so that the host's drift during the run falls on every row alike. Reports median and
-p95 in milliseconds, and the ratios the goals are stated in, as a table and as JSON. Timing only: nothing here asserts a limit (tests/test_native.py does, loosely).
+p95 in milliseconds, and the ratios the goals are stated in, as a table and as JSON. Timing
+only: nothing here asserts a limit (tests/test_native.py does, loosely).
 """
 from __future__ import annotations
 
@@ -269,7 +271,8 @@ def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
             continue
         tag = ("" if label == "/bin/true" else "_paced" if "between calls" in label
                else "_large_runtime")
-        plain, bw = med(label, "subprocess.run"), med(label, "bubblewrap (equivalent isolation + seccomp)")
+        plain = med(label, "subprocess.run")
+        bw = med(label, "bubblewrap (equivalent isolation + seccomp)")
         floor = med(label, NAMESPACES_ALONE)
         for ex in ("native", "ctypes"):
             hcp = med(label, f"hcp-linux {ex}")

@@ -154,8 +154,6 @@ class Plan:
             return value
 
 
-
-
 def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
                  caller_env: Mapping[str, str] | None = None,
                  terminals: Sequence[str] = ()) -> Plan:
@@ -205,7 +203,8 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         argv=[a.encode() for a in argv],
         env=env,
         cwd=os.fsencode(policy.jail), layers=layers, parent_pid=os.getpid(),
-        uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed, env_replaced=replaced,
+        uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
+        env_replaced=replaced,
         proc_fresh="pidns" in layers, rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
         tmp_options=b"mode=1777,size=%d" % policy.limits.tmp_size,
         shm_options=b"mode=1777,size=%d" % policy.limits.shm_size,

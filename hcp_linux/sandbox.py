@@ -118,10 +118,10 @@ class Sandbox:
                  terminals: Sequence[str] = (), only_with: frozenset[str] = frozenset()
                  ) -> Generator[tuple[Plan, Callable[[], dict[str, Any]]], None, None]:
         """The plans to try for ``argv``, each with what makes its receipt (a function of the
-        plan alone, so a caller may make it while the command is being set up): the first with every layer
-        the policy wants; throw a setup failure (ChildSetupError) into it and it raises the
-        error that failure means, or, when a layer the policy lets degrade turned out to be
-        missing, yields the plan without it. Each plan is closed when the next is asked for.
+        plan alone, so a caller may make it while the command is being set up): the first with
+        every layer the policy wants; throw a setup failure (ChildSetupError) into it and it
+        raises the error that failure means, or, when a layer the policy lets degrade turned
+        out to be missing, yields the plan without it. Each plan is closed when the next is asked for.
         ``only_with``: stop (StopIteration), before compiling, when a plan would lack one of
         these layers."""
         policy = self.policy

@@ -151,9 +151,6 @@ class Ruleset:
         stripping, as create() will add them."""
         return [(r.fd, r.access) for r in self._rules if isinstance(r, PathRule)]
 
-    def port_rules(self) -> list[tuple[int, AccessNet]]:
-        return [(r.port, r.access) for r in self._rules if isinstance(r, PortRule)]
-
     def _check_open(self) -> None:
         if self._done:
             raise RulesetError("this Ruleset was already created or closed")

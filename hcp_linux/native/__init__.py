@@ -367,10 +367,10 @@ def _cannot_exec(executor: str | None, exe: str, e: OSError) -> None:
 # Most of a confined spawn's cost that does not depend on the plan (exec of hcp-exec, the user,
 # network and IPC namespaces, uid/gid maps, the pid namespace's init, loopback) can be paid
 # before the plan exists; so can the mount view and the confinement that is the same for every
-# run (no_new_privs, capabilities, seccomp), when the next plan's prepared section is the same as
-# the last one's (same grants, same inodes, same masks, same seccomp program): such a spare waits
-# already confined, and only rlimits and Landlock follow the plan. A spare is an hcp-exec started with
-# ``--spare``: it does those steps of child.py, then waits on a socket for one plan and the
+# run (no_new_privs, capabilities, Landlock, seccomp), when the next plan's prepared section is
+# the same as the last one's (same grants, same inodes, same masks, same rules, same seccomp
+# program): such a spare waits already confined, and only rlimits follow the plan. A spare is
+# an hcp-exec started with ``--spare``: it does those steps of child.py, then waits on a socket for one plan and the
 # run's fds, refuses a plan it was not prepared for, and reports a step that failed meanwhile on
 # that run's error pipe as if it had just failed. Each spare serves one run: no namespace is
 # ever shared. Every confined spawn goes through a spare (started on the spot when none is

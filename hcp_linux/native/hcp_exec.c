@@ -1186,8 +1186,9 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
         _exit(125);
     errfd = above_stdio(fds[first]);
     want = first + 4 + !!(bits & M_RULESET) + !!(bits & M_PROXY) + !!(bits & M_DONE);
-    if (magic != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC) || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC))
-        || n != want || (inline_plan ? r <= 16 : r != 16))
+    if (magic != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC)
+        || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || n != want
+        || (inline_plan ? r <= 16 : r != 16))
         report(S_INTERNAL, EPROTO, "native executor: malformed message to a spare");
     if (inline_plan) {
         buf = data + 16;
