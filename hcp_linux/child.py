@@ -208,6 +208,10 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     pid = _step("fork-command", os.fork)
     if pid == 0:
         _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
+        # A session of its own, so a scheduler autogroup of its own: a fork bomb in the
+        # command's tree then shares the CPU among itself, and the init and monitor, which
+        # must run to end the run, are not starved by it (as bubblewrap's --new-session).
+        _step("setsid", os.setsid)
         _verify(plan)
         _exec(plan)
     # The init keeps nothing but its status pipes: fds it inherited (this run's pipes, and

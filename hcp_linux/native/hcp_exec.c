@@ -1011,6 +1011,10 @@ static char command_stack[64 * 1024] __attribute__((aligned(64)));
 static int command(void *arg) {
     (void)arg;
     TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+    /* A session of its own, so a scheduler autogroup of its own: a fork bomb in the command's
+     * tree then shares the CPU among itself, and the init and monitor, which must run to end
+     * the run, are not starved by it (as bubblewrap's --new-session). */
+    TRY(S_SETSID, setsid(), NULL);
     verify();
     do_exec();
 }
