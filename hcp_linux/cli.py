@@ -1,4 +1,4 @@
-"""`hcp-linux` / `python -m hcp_linux`: run a command confined, or probe the host.
+"""`hcp-linux` / `python -m hcp_linux`: run a command confined, probe the host, reclaim leftovers.
 
 Every refusal is one line on stderr, ``error: sandbox: <what>``, with the exit status of
 DESIGN §5 (the README's table), and nothing spawned or written.
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Any, NoReturn, Sequence
 
-from .errors import EXIT_USAGE, SandboxError
+from .errors import EXIT_USAGE, SandboxError, printable
 from .policy import NETWORK_MODES, Policy
 
 
@@ -82,6 +82,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack)")
     r.add_argument("--executor", choices=("auto", "native", "ctypes"), help=argparse.SUPPRESS)
     r.add_argument("command", nargs=argparse.REMAINDER)
+    g = sub.add_parser("gc", help="remove what runs that died left: ephemeral jails, "
+                                  "staging in idle workspaces, temp files beside outputs")
+    g.add_argument("--dry-run", action="store_true", help="list, remove nothing")
+    g.add_argument("--tmp-dir", metavar="DIR",
+                   help="where ephemeral jails live (default: the system temp dir)")
+    g.add_argument("--state-dir", metavar="DIR",
+                   help="where workspaces live (default: $XDG_STATE_HOME/hcp-linux)")
+    g.add_argument("paths", nargs="*", metavar="PATH",
+                   help="a directory that outputs were written back to: its temp files")
     sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
                                       "(clients: HCP_LINUX_SERVER=SOCKET)")
     sv.add_argument("--socket", required=True, metavar="PATH",
@@ -145,6 +154,7 @@ def command_of(a: argparse.Namespace) -> list[str]:
 
 
 def _run(a: argparse.Namespace) -> int:
+    from .interrupt import EndOnSignal, end_by_signal
     from .launch import end_of_run
     from .sandbox import Sandbox
 
@@ -156,20 +166,30 @@ def _run(a: argparse.Namespace) -> int:
         from .driver_cli import run_pack
         return run_pack(a, argv)
     policy = policy_from_args(a)
-    proc = Sandbox(policy).spawn(argv)
+    # The CLI's own job control: ^C, TERM or HUP kill the whole sandbox, and then the CLI
+    # dies by that signal, as a shell expects (hcp_linux.interrupt).
+    end = EndOnSignal()
+    proc = None
     timed_out = False
-    # The CLI's own job control: ^C or a TERM kills the whole sandbox, then we exit.
-    def _on_signal(signum: int, _frame: object) -> None:
-        proc.kill()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
-    try:
-        status = proc.wait(policy.timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        proc.kill()
-        status = proc.wait()
-    return end_of_run(dict(proc.receipt), a.receipt, status, timed_out, policy.timeout)
+    status = None
+    with end:
+        try:
+            with end.deferred(then_raise=True):
+                proc = Sandbox(policy).spawn(argv)
+            status = proc.wait(policy.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            with end.deferred():
+                if proc is not None:
+                    if proc.returncode is None:
+                        proc.kill()
+                    status = proc.wait()
+    receipt = dict(proc.receipt) if proc is not None else None
+    if end.signum is not None:
+        end_by_signal(end.signum, receipt, a.receipt, status)
+    assert receipt is not None and status is not None
+    return end_of_run(receipt, a.receipt, status, timed_out, policy.timeout)
 
 
 def _probe(a: argparse.Namespace) -> int:
@@ -192,12 +212,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "serve":
             from .serve import serve
             return serve(args.socket)
+        if args.cmd == "gc":
+            from .gc import gc
+            return gc(args.paths, tmp_dir=args.tmp_dir, state_dir=args.state_dir,
+                      dry_run=args.dry_run)
         return _run(args) if args.cmd == "run" else _probe(args)
     except SandboxError as e:
-        print(f"error: sandbox: {e}", file=sys.stderr)
+        print(f"error: sandbox: {printable(str(e))}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt:  # ^C before (or after) a run: end by it, as a shell expects
+        from .interrupt import die_by
+        die_by(signal.SIGINT)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,18 +21,19 @@ import os
 import subprocess
 import tempfile
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .allowlist import is_allowlisted
 from .environment import check_explicit
-from .errors import NotAllowlistedError, PolicyError
+from .errors import NotAllowlistedError, PolicyError, WritebackError
 from .fileref import FileRef, Staging, scan
 from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
 from .sandbox import PIPE, Sandbox, SandboxProcess
 from .workspace import (DEFAULT_PRINCIPAL, Workspace, _Cancelled, check_principal,
-                        diff_snapshots, open_workspace, snapshot)
+                        diff_snapshots, open_workspace, snapshot, sweep_jails)
 
 __all__ = ["LinuxDriver", "Execution", "DriverResult", "WritebackReport"]
 
@@ -47,6 +48,8 @@ class WritebackReport:
     ``new_files`` / ``modified_files``: workspace mode only, jail-relative paths the run created
     or changed; they persist in place (the workspace *is* the local land). ``None`` when not
     workspace mode or when the workspace was too large to list.
+    ``failed`` / ``error``: set only on the report a :class:`WritebackError` carries (its
+    ``report``): which destination failed and why; then ``written`` is empty.
     """
 
     written: tuple[str, ...] = ()
@@ -54,6 +57,18 @@ class WritebackReport:
     skipped: str | None = None
     new_files: tuple[str, ...] | None = None
     modified_files: tuple[str, ...] | None = None
+    failed: str | None = None  # the destination whose failure stopped the writeback
+    error: str | None = None  # why (the WritebackError's cause); nothing was written
+
+    def as_receipt(self) -> dict[str, Any]:
+        """The receipt's ``driver.writeback`` entry."""
+        if self.error is not None:
+            return {"status": "failed", "path": self.failed, "error": self.error,
+                    "written": []}
+        if self.skipped is not None:
+            return {"status": "skipped", "reason": self.skipped, "written": []}
+        return {"status": "written", "written": list(self.written),
+                "missing": list(self.missing)}
 
 
 @dataclass
@@ -205,6 +220,9 @@ class LinuxDriver:
         if not os.path.isdir(pack.root):
             raise PolicyError(f"pack root {pack.root} does not exist")
         self._child_env(pack, credentials, jail="/")  # refuse bad credentials before any I/O
+        # Jails of runtimes that died (SIGKILL, OOM) are reclaimed here: one scandir of the
+        # temp dir when there is nothing to do. Never another live run's (hcp_linux.reclaim).
+        sweep_jails(self.tmp_dir)
         ws = open_workspace(pack, principal, state_dir=self.state_dir, tmp_dir=self.tmp_dir,
                             lock_timeout=self.lock_timeout, cancel=cancel)
         try:
@@ -263,8 +281,13 @@ class LinuxDriver:
         Outputs of a run that failed, timed out or was killed are not written back: a
         killed tool may have written half a file, and a failing one is not trusted to have
         produced its output. Their destinations keep their old content.
+
+        All outputs are written or none: a failure raises :class:`WritebackError` (exit 125)
+        naming the destination and the cause, with every destination as it was; its
+        ``report`` is the :class:`WritebackReport` (``failed``, ``error``).
         """
         self._expect(ex, "spawned")
+        ex.stage = "written-back"  # one attempt: a failed writeback is not retried
         if returncode is None:
             assert ex.process is not None
             returncode = ex.process.returncode
@@ -285,8 +308,11 @@ class LinuxDriver:
         written: list[str] = []
         missing: list[str] = []
         if skipped is None and ex._staging is not None:
-            written, missing = ex._staging.writeback()
-        ex.stage = "written-back"
+            try:
+                written, missing = ex._staging.writeback()
+            except WritebackError as e:
+                e.report = WritebackReport((), (), None, new, modified, e.path, e.cause)
+                raise
         return WritebackReport(tuple(written), tuple(missing), skipped, new, modified)
 
     def cleanup(self, ex: Execution) -> None:
@@ -336,31 +362,59 @@ class LinuxDriver:
         """
         pack = self.load_pack(pack)
         self.check(pack, argv, principal=principal, credentials=credentials, cwd=cwd)
+        ex = self.prepare(pack, principal=principal, credentials=credentials, cwd=cwd)
+        try:
+            return self._execute(ex, argv, input=input, capture_output=capture_output,
+                                 stdin=stdin, stdout=stdout, stderr=stderr, timeout=timeout)
+        finally:
+            self.cleanup(ex)
+
+    def _execute(self, ex: Execution, argv: Sequence[str], *, input: bytes | None = None,
+                 capture_output: bool = False, stdin: Any = None, stdout: Any = None,
+                 stderr: Any = None, timeout: float | None = None,
+                 spawn_guard: AbstractContextManager[Any] | None = None) -> DriverResult:
+        """rewrite_argv, spawn, wait, writeback: :meth:`run` between prepare and cleanup.
+        The CLI calls it too, holding ``ex`` so that it can write the receipt of a run a
+        signal ended, and with a ``spawn_guard`` that holds such a signal until ``spawn``
+        has returned (``ex.process`` set)."""
         if capture_output:
             stdout = stderr = PIPE
         if input is not None:
             stdin = PIPE
-        ex = self.prepare(pack, principal=principal, credentials=credentials, cwd=cwd)
-        try:
-            self.rewrite_argv(ex, argv)
-            timeout = ex.policy.timeout if timeout is None else timeout
+        self.rewrite_argv(ex, argv)
+        timeout = ex.policy.timeout if timeout is None else timeout
+        with spawn_guard if spawn_guard is not None else nullcontext():
             proc = self.spawn(ex, stdin=stdin, stdout=stdout, stderr=stderr)
-            out, err, timed_out = proc.finish(input, timeout, ex.policy.limits.output)
-            return self._finish(ex, proc.wait(), out, err, timed_out,
-                                frozenset(proc.truncated))
-        finally:
-            self.cleanup(ex)
+        out, err, timed_out = proc.finish(input, timeout, ex.policy.limits.output)
+        return self._finish(ex, proc.wait(), out, err, timed_out, frozenset(proc.truncated))
 
-    def _finish(self, ex: Execution, returncode: int, out: bytes | None, err: bytes | None,
-                timed_out: bool, truncated: frozenset[str]) -> DriverResult:
-        report = self.writeback(ex, returncode, timed_out=timed_out)
-        assert ex.process is not None and ex.argv is not None
+    def _receipt(self, ex: Execution, report: WritebackReport | None = None) -> dict[str, Any]:
+        """The engine's receipt of a spawned exec plus a ``driver`` section (and its
+        ``writeback`` entry when ``report`` is given)."""
+        assert ex.process is not None
         receipt = dict(ex.process.receipt)
         receipt["driver"] = {"name": self.name, "mode": ex.mode, "jail": ex.jail,
                              "principal": ex.principal, "pack_root": ex.pack.root,
-                             "written_back": list(report.written)}
-        return DriverResult(list(ex.argv), returncode, out, err, receipt, timed_out, report,
-                            ex.jail, ex.mode, truncated)
+                             "written_back": list(report.written) if report else []}
+        if report is not None:
+            receipt["driver"]["writeback"] = report.as_receipt()
+        return receipt
+
+    def _finish(self, ex: Execution, returncode: int, out: bytes | None, err: bytes | None,
+                timed_out: bool, truncated: frozenset[str]) -> DriverResult:
+        """The DriverResult after writeback. When the writeback fails, the WritebackError
+        carries this result (the command's status, output and receipt are not lost)."""
+        assert ex.process is not None and ex.argv is not None
+        try:
+            report = self.writeback(ex, returncode, timed_out=timed_out)
+        except WritebackError as e:
+            assert isinstance(e.report, WritebackReport)
+            e.result = DriverResult(list(ex.argv), returncode, out, err,
+                                    self._receipt(ex, e.report), timed_out, e.report, ex.jail,
+                                    ex.mode, truncated)
+            raise
+        return DriverResult(list(ex.argv), returncode, out, err, self._receipt(ex, report),
+                            timed_out, report, ex.jail, ex.mode, truncated)
 
     async def run_async(self, pack: Pack | str | os.PathLike[str], argv: Sequence[str], *,
                         principal: str = DEFAULT_PRINCIPAL,

@@ -6,31 +6,27 @@ must be in it *and* in the pack's ``wrap.bin``), ``--env`` values reach the chil
 passed credentials, ``--timeout``, ``--network``, ``--write-root``, ``--read-only-root``,
 ``--allow-degraded``, ``--no-sandbox --native-local`` and ``--receipt`` as without a pack.
 ``--jail`` is refused: the pack's ``wrap.workspace.mode`` chooses the jail.
+
+SIGINT, SIGTERM and SIGHUP end the run as without a pack (hcp_linux.interrupt): the sandbox
+is killed, cleanup runs, nothing is written back, the receipt says which signal, and the CLI
+dies by that signal. A failed writeback is one ``error: sandbox: writeback PATH: CAUSE`` line
+and exit 125; the receipt still records the command's own status.
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import signal
 import sys
 import tempfile
 from typing import Any, Sequence
 
-from .errors import EXIT_TIMEOUT, SandboxError
-
-
-class _Terminated(BaseException):
-    """SIGTERM/SIGHUP: unwind like ^C so that cleanup runs, then exit 128+N."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+from .errors import EXIT_TIMEOUT, SandboxError, WritebackError, printable
+from .interrupt import SIGNAL_NAMES, EndOnSignal, end_by_signal
 
 
 def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
     from .cli import policy_from_args
-    from .driver import LinuxDriver
-    from .receipt import write_receipt
+    from .driver import DriverResult, Execution, LinuxDriver, WritebackReport
 
     if a.pack is None:
         raise SandboxError("--principal: only with --pack")
@@ -42,26 +38,57 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
     driver = LinuxDriver(policy)
     principal = a.principal if a.principal is not None else "default"
 
-    def _on_signal(signum: int, _frame: Any) -> None:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # one unwind is enough; let cleanup finish
-        raise _Terminated(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
-    try:
-        result = driver.run(a.pack, list(argv), principal=principal)
-    except _Terminated as t:
-        return 128 + t.signum
-    receipt = dict(result.receipt)
-    receipt["exit"] = {"returncode": result.returncode, "timed_out": result.timed_out}
-    if a.receipt == "-":
-        write_receipt(receipt, sys.stderr)
-    elif a.receipt:
-        write_receipt(receipt, a.receipt)
+    end = EndOnSignal()
+    ex: Execution | None = None
+    result: DriverResult | None = None
+    failed: WritebackError | None = None
+    with end:
+        pack = driver.load_pack(a.pack)
+        driver.check(pack, argv, principal=principal)
+        try:
+            ex = driver.prepare(pack, principal=principal)
+            result = driver._execute(ex, argv, spawn_guard=end.deferred(then_raise=True))
+        except WritebackError as e:
+            failed = e
+        finally:
+            with end.deferred():
+                if ex is not None:
+                    driver.cleanup(ex)
+    if end.signum is not None:
+        receipt = None
+        if result is not None:
+            receipt = dict(result.receipt)
+        elif ex is not None and ex.process is not None:
+            why = f"ended by {SIGNAL_NAMES.get(end.signum, end.signum)}"
+            receipt = driver._receipt(ex, WritebackReport(skipped=why))
+        returncode = ex.process.returncode if ex is not None and ex.process else None
+        end_by_signal(end.signum, receipt, a.receipt, returncode)
+    if failed is not None:
+        assert isinstance(failed.result, DriverResult)
+        try:
+            _write_receipt(failed.result, a.receipt)
+        except SandboxError:
+            pass  # one line: the writeback's, the failure that matters
+        raise failed  # main prints its one line; exit 125
+    assert result is not None
+    _write_receipt(result, a.receipt)
     if result.timed_out:
         print(f"error: sandbox: timed out after {policy.timeout:g}s; the sandbox was killed",
               file=sys.stderr)
         return EXIT_TIMEOUT
     status = result.returncode
     return 128 - status if status < 0 else status
+
+
+def _write_receipt(result: Any, receipt_to: str | None) -> None:
+    """The run's receipt with its exit (the command's own status, also when the writeback
+    failed: the ``driver.writeback`` entry says what failed)."""
+    if not receipt_to:
+        return
+    from .receipt import write_receipt
+    receipt = dict(result.receipt)
+    receipt["exit"] = {"returncode": result.returncode, "timed_out": result.timed_out}
+    try:
+        write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
+    except OSError as e:
+        raise SandboxError(f"receipt {printable(receipt_to)}: {e.strerror}") from None

@@ -12,6 +12,26 @@ EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
 
 
+def printable(text: str) -> str:
+    """``text`` fit for a one-line message: control characters (and the lone surrogates that
+    stand for undecodable bytes in file names) are shown as escapes, never emitted, so a file
+    name cannot add a line to a message or move a terminal's cursor."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        o = ord(c)
+        if 0xDC80 <= o <= 0xDCFF:  # os.fsdecode's stand-in for the byte o - 0xDC00
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif c.isprintable():
+            out.append(c)
+        elif o < 0x100:
+            out.append(f"\\x{o:02x}")
+        else:
+            out.append(f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+    return "".join(out)
+
+
 class SandboxError(Exception):
     """Base class: the sandbox refused or failed before the command ran."""
 
@@ -41,6 +61,24 @@ class BinNotFoundError(SandboxError):
 
 class BinNotExecutableError(SandboxError):
     exit_code = EXIT_NOT_EXECUTABLE
+
+
+class WritebackError(SandboxError):
+    """An output could not be written back (exit 125). Writeback is all-or-nothing: no
+    destination of the run was changed (docs/driver.md says what a crash can leave).
+
+    ``path`` is the destination that failed, ``cause`` why (strerror, or what was found).
+    From the driver, ``report`` is the :class:`~hcp_linux.driver.WritebackReport` and, from
+    ``LinuxDriver.run``/``run_async``, ``result`` the whole
+    :class:`~hcp_linux.driver.DriverResult`: the command's own status, output and receipt
+    are not lost because its outputs were.
+    """
+
+    def __init__(self, path: str, cause: str) -> None:
+        super().__init__(f"writeback {printable(path)}: {printable(cause)}")
+        self.path, self.cause = path, cause
+        self.report: object = None
+        self.result: object = None
 
 
 class HostPathError(SandboxError):

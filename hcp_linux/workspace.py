@@ -1,8 +1,11 @@
 """Where a pack's process may write: the jail of each workspace mode (HCP §10.6).
 
 - ``none`` and ``ephemeral``: a fresh, private (0700) directory per exec under the temp dir,
-  removed in cleanup whatever happened to the child. (Why ``none`` does not use the pack root
-  as a writable cwd: see docs/driver.md, "mode none".)
+  removed in cleanup whatever happened to the child. Its name carries the owner's identity
+  (:mod:`hcp_linux.reclaim`), so one left by a runtime that was killed is removed by a later
+  sweep (:func:`sweep_jails`, run at the start of every driver run, and ``hcp-linux gc``).
+  (Why ``none`` does not use the pack root as a writable cwd: see docs/driver.md, "mode
+  none".)
 - ``workspace``: a persistent directory per (pack, principal) under the state dir
   (``$XDG_STATE_HOME/hcp-linux`` or ``~/.local/state/hcp-linux``). Concurrent execs in one
   workspace are serialised by ``flock`` on a lock file kept *beside* the jail, not in it: the
@@ -14,6 +17,7 @@ elsewhere.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -26,10 +30,12 @@ from typing import Mapping
 
 from .errors import PolicyError, SandboxError
 from .pack import EPHEMERAL, NONE, WORKSPACE, Pack
+from .reclaim import (RENAME_NOREPLACE, Sweep, jail_name, jail_owner, owner_gone,
+                      renameat2)
 
 __all__ = ["Workspace", "WorkspaceBusyError", "check_principal", "default_state_dir",
            "open_workspace", "remove_tree", "snapshot", "diff_snapshots", "DEFAULT_PRINCIPAL",
-           "IO_DIR", "ENGINE_TMP_DIR"]
+           "IO_DIR", "ENGINE_TMP_DIR", "sweep_jails", "sweep_workspaces"]
 
 #: The principal of a workspace-mode exec when the caller names none.
 DEFAULT_PRINCIPAL = "default"
@@ -130,7 +136,7 @@ def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
     check_principal(principal)
     mode = pack.workspace.mode
     if mode in (NONE, EPHEMERAL):
-        parent = tempfile.mkdtemp(prefix=f"hcp-linux-{mode}-", dir=tmp_dir)  # 0700, unique
+        parent = _new_jail_parent(mode, tmp_dir)
         try:
             jail = os.path.join(parent, "jail")
             os.mkdir(jail, 0o700)
@@ -152,6 +158,140 @@ def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
         raise
     return Workspace(mode=mode, jail=jail, persistent=True, principal=principal,
                      lock_path=lock_path, _lock_fd=fd)
+
+
+def _new_jail_parent(mode: str, tmp_dir: str | None) -> str:
+    """A fresh 0700 directory ``<tmp>/hcp-linux-<mode>-<owner>-<rand>``: the name says which
+    process owns it, so that a later sweep can reclaim it once that process is gone."""
+    base = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
+    for _ in range(100):
+        path = os.path.join(base, jail_name(mode))
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no unused jail name", base)
+
+
+def sweep_jails(tmp_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
+    """Remove the ephemeral jails in ``tmp_dir`` whose owner process is gone.
+
+    One ``scandir`` of the temp dir; only names matching :data:`~hcp_linux.reclaim.JAIL_RE`,
+    only real directories (``lstat``) of our uid, whose owner is certainly dead. A jail is
+    first *claimed*: renamed (``RENAME_NOREPLACE``, in place) to a jail name owned by this
+    process, so a concurrent sweep sees a live owner and leaves it, and a sweep killed half-way
+    leaves a name the next one reclaims. Errors are recorded, never raised.
+    """
+    out = Sweep()
+    base = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
+    uid = os.geteuid()
+    try:
+        dfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        out.failed.append((base, os.strerror(e.errno or errno.EIO)))
+        return out
+    try:
+        with os.scandir(dfd) as it:
+            names = [e.name for e in it if e.name.startswith("hcp-linux-")]
+        for name in names:
+            owner = jail_owner(name)
+            if owner is None:
+                continue
+            path = os.path.join(base, name)
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or not owner_gone(*owner):
+                    continue
+                if not dry_run:
+                    mine = _claim(dfd, name)
+                    remove_tree(os.path.join(base, mine))
+            except FileNotFoundError:
+                continue  # another sweep took it
+            except OSError as e:
+                out.failed.append((path, os.strerror(e.errno or errno.EIO)))
+                continue
+            out.removed.append(path)
+    except OSError as e:
+        out.failed.append((base, os.strerror(e.errno or errno.EIO)))
+    finally:
+        os.close(dfd)
+    return out
+
+
+def _claim(dfd: int, name: str) -> str:
+    """Rename a dead owner's jail to a name of ours (its mode kept); the new name."""
+    mine = jail_name(name.split("-")[2])
+    try:
+        renameat2(dfd, name, dfd, mine, RENAME_NOREPLACE)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOSYS):  # EINVAL: the fs lacks the flag
+            raise
+        os.rename(name, mine, src_dir_fd=dfd, dst_dir_fd=dfd)  # mine is fresh: no replace
+    return mine
+
+
+def sweep_workspaces(state_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
+    """Remove the driver's staging dir (``.hcp-io``) left in persistent workspaces by a run
+    that died, in each workspace whose lock is free (taken without waiting, held meanwhile:
+    a live run keeps its lock, so its staging is never touched). The next run in a workspace
+    clears it too; this is for workspaces nobody runs in any more."""
+    out = Sweep()
+    root = os.path.join(os.path.abspath(state_dir or default_state_dir()), "workspaces")
+    uid = os.geteuid()
+    try:
+        packs = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return out
+    except OSError as e:
+        out.failed.append((root, os.strerror(e.errno or errno.EIO)))
+        return out
+    for pack in packs:
+        pack_dir = os.path.join(root, pack)
+        try:
+            st = os.lstat(pack_dir)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+                continue
+            locks = sorted(n for n in os.listdir(pack_dir) if n.endswith(".lock"))
+        except OSError as e:
+            out.failed.append((pack_dir, os.strerror(e.errno or errno.EIO)))
+            continue
+        for lock in locks:
+            _sweep_one_workspace(os.path.join(pack_dir, lock[:-len(".lock")]), uid, dry_run,
+                                 out)
+    return out
+
+
+def _sweep_one_workspace(jail: str, uid: int, dry_run: bool, out: Sweep) -> None:
+    io = os.path.join(jail, IO_DIR)
+    try:
+        fd = os.open(jail + ".lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        out.failed.append((jail + ".lock", os.strerror(e.errno or errno.EIO)))
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a run is using it
+        jst = os.lstat(jail)
+        if not stat.S_ISDIR(jst.st_mode) or jst.st_uid != uid:
+            return
+        st = os.lstat(io)
+        if st.st_uid != uid:
+            return
+        if not dry_run:
+            if stat.S_ISDIR(st.st_mode):
+                remove_tree(io)
+            else:
+                os.unlink(io)
+        out.removed.append(io)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        out.failed.append((io, os.strerror(e.errno or errno.EIO)))
+    finally:
+        os.close(fd)
 
 
 def _private_dir(parent: str, name: str) -> str:

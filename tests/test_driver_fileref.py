@@ -242,7 +242,7 @@ def test_writeback_refuses_what_the_tool_left_in_staging(host, jail, tmp_path):
                 os.mkfifo(staged)
             else:
                 os.mkdir(staged)
-            with pytest.raises(WritebackError, match=f"-o {dest}: the tool left"):
+            with pytest.raises(WritebackError, match=f"writeback {dest}: the tool left"):
                 st.writeback()
         finally:
             st.close(remove=True)
