@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                          HostPathError, LayerUnavailableError, NotAllowlistedError,
                          PolicyError, SandboxError)
+    from .plan import release_resources
     from .policy import Policy
     from .probe import ProbeReport, probe
     from .sandbox import DEVNULL, PIPE, CompletedRun, Sandbox, SandboxProcess, confine
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "Policy": "policy", "Sandbox": "sandbox", "CompletedRun": "sandbox",
     "SandboxProcess": "sandbox", "confine": "sandbox", "PIPE": "sandbox", "DEVNULL": "sandbox",
-    "probe": "probe", "ProbeReport": "probe",
+    "probe": "probe", "ProbeReport": "probe", "release_resources": "plan",
     "SandboxError": "errors", "PolicyError": "errors", "NotAllowlistedError": "errors",
     "BinNotFoundError": "errors", "BinNotExecutableError": "errors", "HostPathError": "errors",
     "LayerUnavailableError": "errors", "ChildSetupError": "errors",

@@ -1,12 +1,15 @@
 """Compile a Policy and a command into a Plan: everything that may fail, done in the parent.
 
-The plan opens each granted path once (O_PATH) and records its inode; the child's mount view
-is checked against those inodes and Landlock's rules are made from those very fds, so a path
-swapped between check and use is caught (no TOCTOU). The seccomp program is compiled here
-(cached per profile set); argv and env become bytes. The child only executes.
+The plan records each granted path's identity (device, inode); the child's mount view is
+checked against it, and so is every fd a Landlock rule is made from (opened when the ruleset
+is made, closed right after), so a path swapped between check and use is caught (no TOCTOU).
+Between runs the runtime holds no fd of a granted root: only the idle spares of the native
+executor hold its mounts (release_resources lets them go). The seccomp program is compiled
+here (cached per profile set); argv and env become bytes. The child only executes.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
@@ -22,7 +25,7 @@ from . import _libc as L
 from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
 from .child import CANARY, PROXY_ADDRESS
 from .environment import build_env
-from .errors import LayerUnavailableError, PolicyError
+from .errors import ChildSetupError, LayerUnavailableError, PolicyError
 from .limits import pid_fence
 from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
 
@@ -91,8 +94,9 @@ class Bind:
 
 @dataclass
 class Plan:
-    """What the child executes. Built by :func:`compile_plan`; holds a use of the shared
-    confinement whose O_PATH fds its binds and Landlock rules name (close() releases it)."""
+    """What the child executes. Built by :func:`compile_plan`; shares the cached confinement
+    its view and rules come from (close() lets go of it). It holds no fd: its Landlock ruleset
+    opens the granted paths when it is made (create), and closes them then."""
 
     policy: Policy
     mode: str
@@ -125,16 +129,14 @@ class Plan:
     env_removed: tuple[str, ...] = ()
     env_replaced: tuple[str, ...] = ()
     facts: dict = field(default_factory=dict)
-    _shared: "_Confinement | None" = None  # holds the fds the binds and Landlock rules name
+    _shared: "_Confinement | None" = None  # the cached confinement (Plan.derived's memo)
 
     @property
     def confined(self) -> bool:
         return self.mode != NATIVE_LOCAL
 
     def close(self) -> None:
-        shared, self._shared = self._shared, None
-        if shared is not None:
-            shared.release()
+        self._shared = None
 
     def derived(self, key: Hashable, make: Callable[[], _T]) -> _T:
         """``make()``, computed once per shared confinement and ``key``: for what the receipt
@@ -218,7 +220,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     plan._shared = shared
     plan.binds, plan.symlinks, plan.masks = shared.binds, shared.symlinks, shared.masks
     plan.late_rules, plan.canary = shared.late_rules, shared.canary
-    plan.landlock = shared.ruleset.copy() if shared.ruleset is not None else None
+    plan.landlock = shared.ruleset.copy() if shared.ruleset is not None else None  # no fd
     plan.facts["absent_system_roots"] = shared.absent
     try:
         _plan_seccomp(plan, policy, layers)
@@ -292,11 +294,12 @@ def _private_tmp_in_jail(jail: str) -> str:
 
 class _Confinement:
     """The part of a plan that depends on the policy's roots and the host's paths: the mount
-    view (binds with their inodes, symlinks, masks), the Landlock rules (on O_PATH fds it
-    owns) and the sandbox PATH. Building it costs ~0.5 ms of stats, realpaths and globs, so it
-    is made once per key and reused while a cheap re-stat of every path it was made from (the
-    *stamp*) is unchanged; any change (a root swapped, a secret file added under /etc) makes a
-    new one. Plans share it; its fds close when it is replaced and no plan uses it."""
+    view (binds with their inodes, symlinks, masks), the Landlock rules (each granted path with
+    its inode: the grants) and the sandbox PATH. Building it costs ~0.5 ms of stats, realpaths
+    and globs, so it is made once per key and reused while a cheap re-stat of every path it was
+    made from (the *stamp*) is unchanged; any change (a root swapped, a secret file added under
+    /etc) makes a new one. Plans share it. It holds no fd and no mount: identities only, so the
+    cache never keeps a granted root's file system busy."""
 
     def __init__(self) -> None:
         # tuples: plans share these very objects (Plan.derived checks that by identity)
@@ -305,38 +308,65 @@ class _Confinement:
         self.masks: tuple[tuple[bytes, bool], ...] = ()
         self.late_rules: tuple[tuple[bytes, int], ...] = ()
         self.canary: str | None = None
-        self.ruleset: landlock.Ruleset | None = None  # a template, never created: copied
+        self.ruleset: _GrantedRuleset | None = None  # a template, never created: copied
         self.absent: tuple[str, ...] = ()
         self.search_path = ""
-        self.fds: list[int] = []
         self.watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] = ((), (), ())
         self.stamp: tuple | None = None  # None: made while its paths changed; not reused
-        self.users = 0
-        self.retired = False
         self.memo: dict = {}  # Plan.derived
-
-    def open_path(self, path: str) -> tuple[int, os.stat_result]:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        self.fds.append(fd)
-        return fd, os.fstat(fd)
 
     def current(self) -> bool:
         """True while every path it was made from is as it was."""
         return _stamp(self.watched) == self.stamp
 
-    def release(self) -> None:
-        with _confinements_lock:
-            self.users -= 1
-            done = self.retired and self.users == 0
-        if done:
-            self.close()
 
-    def close(self) -> None:
-        if self.ruleset is not None:
-            self.ruleset.close()
-        for fd in self.fds:
-            os.close(fd)
-        self.fds.clear()
+#: A path a Landlock rule is granted on: (path, st_dev, st_ino, requested access).
+_Grant = tuple[str, int, int, int]
+
+
+class _GrantedRuleset(landlock.Ruleset):
+    """A plan's Landlock ruleset: the confinement's handled rights, and a rule on each of its
+    grants, added only when the kernel ruleset is made (:meth:`create`, by the ctypes executor,
+    or by hcp-exec's parent when there is no mount view). Each path is then opened
+    (``O_PATH``), checked to be the very inode the plan (and the mount view) recorded, given
+    its rule, and closed once the ruleset is made: nothing stays open between runs. A path
+    that changed since it was checked refuses the run (step ``landlock-rules``, ESTALE)."""
+
+    _grants: tuple[_Grant, ...] = ()
+
+    @staticmethod
+    def of(template: landlock.Ruleset, grants: tuple[_Grant, ...]) -> "_GrantedRuleset":
+        """A copy of ``template`` (no path rules of its own) that adds ``grants`` at create()."""
+        twin = landlock.Ruleset.copy(template)  # a plain Ruleset, whatever template is
+        twin.__class__ = _GrantedRuleset  # the same state: only create() and copy() differ
+        twin._grants = grants  # type: ignore[attr-defined]
+        return twin  # type: ignore[return-value]
+
+    def copy(self) -> "_GrantedRuleset":
+        """An uncreated twin with the same rights and grants (a plan's own, from the cache's)."""
+        return _GrantedRuleset.of(self, self._grants)
+
+    def create(self) -> "landlock.CreatedRuleset":
+        fds: list[int] = []
+        try:
+            for path, dev, ino, access in self._grants:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError as e:
+                    raise ChildSetupError("landlock-rules", e.errno or errno.EIO, path) from None
+                fds.append(fd)
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != (dev, ino):
+                    raise ChildSetupError("landlock-rules", errno.ESTALE,
+                                          path + " changed since it was checked")
+                self.add_path(fd, landlock.AccessFs(access))
+            return super().create()
+        except BaseException:
+            self.close()  # created once or never: no half-made rules left for a retry
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 _CONFINEMENTS_MAX = 16
@@ -352,52 +382,66 @@ cache_stats = {"reused": 0, "made": 0, "not_kept": 0}
 def _confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
                  terminals: tuple[str, ...]) -> _Confinement:
     """The confinement for this policy, layers, terminals and install prefixes, reused while
-    current. The caller holds one use of it (Plan.close releases it)."""
+    current."""
     key = (policy.system_roots, policy.read_only_roots, policy.writable_roots, policy.network,
            layers, terminals, candidates)
     with _confinements_lock:
         conf = _confinements.get(key)
-        if conf is not None:
-            conf.users += 1
     if conf is not None:
         if conf.current():
             cache_stats["reused"] += 1
             return conf
-        conf.release()
         with _confinements_lock:
             if _confinements.get(key) is conf:  # stale: forget it
-                _drop(_confinements.pop(key))
+                del _confinements[key]
     conf = _make_confinement(policy, candidates, layers, terminals)
-    conf.users = 1
     with _confinements_lock:
         if conf.stamp is None:  # its paths changed while it was made: this plan's alone
             cache_stats["not_kept"] += 1
-            conf.retired = True
             return conf
         cache_stats["made"] += 1
-        old = _confinements.pop(key, None)
-        if old is not None:  # another thread made one meanwhile
-            _drop(old)
+        _confinements.pop(key, None)  # another thread's, made meanwhile: this one is newer
         _confinements[key] = conf
-        conf.users += 1  # the cache's own use
         while len(_confinements) > _CONFINEMENTS_MAX:
-            _drop(_confinements.pop(next(iter(_confinements))))
+            del _confinements[next(iter(_confinements))]
     return conf
 
 
-def _drop(conf: _Confinement) -> None:
-    """The cache lets go of ``conf`` (lock held): closed now, or by its last plan."""
-    conf.retired = True
-    conf.users -= 1
-    if conf.users == 0:
-        conf.close()
-
-
 def clear_cache() -> None:
-    """Forget every cached confinement (their fds close when no plan uses them)."""
+    """Forget every cached confinement: the next plan of each policy is made afresh."""
     with _confinements_lock:
-        while _confinements:
-            _drop(_confinements.pop(next(iter(_confinements))))
+        _confinements.clear()
+
+
+def release_resources(timeout: float = 5.0) -> bool:
+    """Let go of everything this process keeps between runs that holds a granted root's file
+    system: forget the confinement cache and retire the native executor's idle spares.
+
+    Why: a spare is an hcp-exec started ahead of the next run, waiting in its own mount
+    namespace with the mount view already built (clones of the jail's and every granted
+    root's mounts) or, not yet knowing the view, a private copy of the host's whole mount
+    tree. Either keeps the file systems it holds alive: ``umount`` of the jail's file system
+    succeeds, but the file system is not released (a loop device stays claimed, the
+    superblock lives on) until the spare goes, which it does by itself within
+    ``native.KIND_IDLE + native.SPARE_MAX_AGE`` seconds of the last run. Call this before
+    unmounting or detaching a jail's file system, and after mounting one at a jail (a spare
+    made before the mount sees the old directory there, and refuses the run). The cache
+    holds no fd and no mount; it is forgotten too, so the next run checks every path afresh.
+
+    Runs in progress keep what they use until they end; a run's helpers, and a spare the pool
+    retired just before (by age), finish exiting in the background, within moments. Later
+    runs work as ever: the cache is rebuilt, and spares come back once a kind of run repeats.
+    Bounded: waits up to ``timeout`` seconds for the idle spares (and one being made at this
+    moment) to exit; one still there then is killed. True when every one was seen to exit,
+    False otherwise.
+    """
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 <= timeout < float("inf")):
+        raise PolicyError(f"release_resources: timeout: expected a finite number of seconds "
+                          f">= 0, got {timeout!r}")
+    clear_cache()
+    from . import native  # only the native executor has spares (imported lazily, as ever)
+    return native._pool().clear(float(timeout))
 
 
 def _stamp(watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]) -> tuple:
@@ -433,12 +477,8 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
     conf.watched = (tuple(dict.fromkeys((*grant_paths, *bins))), tuple(policy.system_roots),
                     _MASK_DIRS if view else ())
     before = _stamp(conf.watched)  # before looking: a change while we look shows as a miss
-    try:
-        conf.search_path = _search_path(prefixes)
-        _plan_view_and_rules(conf, policy, prefixes, layers, terminals)
-    except BaseException:
-        conf.close()
-        raise
+    conf.search_path = _search_path(prefixes)
+    _plan_view_and_rules(conf, policy, prefixes, layers, terminals)
     after = _stamp(conf.watched)
     listings = after[len(after) - len(conf.watched[2]):]
     racy = time.time_ns() - _RACY_NS
@@ -487,26 +527,35 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
         grants.append(("/proc", _PROC_ACCESS,
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
 
-    ruleset = None
-    if "landlock" in layers:
-        ruleset = _landlock_ruleset(policy, layers)
+    template = _landlock_ruleset(policy, layers) if "landlock" in layers else None
+    # Each path is opened once, for its identity and (in a scratch copy of the ruleset, which
+    # masks and strips as create() will) its effective rule, then closed: the confinement
+    # keeps identities only. A plan's ruleset opens them again when it is made, and checks.
     opened = []
-    for path, access, attrs, writable in grants:
-        fd, st = conf.open_path(path)
-        opened.append((path, fd, st, attrs, writable))
-        if ruleset is not None:
-            ruleset.add_path(fd, landlock.AccessFs(access))
+    fds: list[int] = []
+    try:
+        scratch = template.copy() if template is not None else None
+        for path, access, attrs, writable in grants:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            fds.append(fd)
+            st = os.fstat(fd)
+            opened.append((path, access, fd, st, attrs, writable))
+            if scratch is not None:
+                scratch.add_path(fd, landlock.AccessFs(access))
+        rules = dict(scratch.path_rules()) if scratch is not None else {}
+    finally:
+        for fd in fds:
+            os.close(fd)
     # Each bind carries its Landlock rule: the native executor adds it on the very mount it
     # cloned (and checked), so that a spare can be Landlocked before the plan comes.
-    rules = dict(ruleset.path_rules()) if ruleset is not None else {}
     binds = [Bind(os.fsencode(path), os.fsencode(path), stat.S_ISDIR(st.st_mode), st.st_dev,
                   st.st_ino, attrs, writable, int(rules.get(fd, 0)))
-             for path, fd, st, attrs, writable in opened] if view else []
+             for path, _, fd, st, attrs, writable in opened] if view else []
     binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
     conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
     if view:
         conf.masks = tuple(_masks(policy))
-    if ruleset is not None:
+    if template is not None:
         if view:
             conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
                                (b"/tmp", full), (b"/dev/shm", full))
@@ -514,7 +563,8 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
         else:
             conf.late_rules = ((b"/proc", int(_PROC_ACCESS)),)
             conf.canary = "/"  # no rule grants the host root itself
-        conf.ruleset = ruleset
+        conf.ruleset = _GrantedRuleset.of(template, tuple(
+            (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened))
 
 
 def _masks(policy: Policy) -> list[tuple[bytes, bool]]:

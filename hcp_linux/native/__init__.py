@@ -536,13 +536,36 @@ def _make_spare(kind: tuple, sigmask: "set[int] | None" = None) -> _Spare:
     return _Spare(pid, socket.socket(fileno=ours))
 
 
-def _retire(spare: _Spare) -> None:
-    """An unused spare: EOF on its socket makes it exit; reap it."""
+def _retire(spare: _Spare, deadline: float | None = None) -> bool:
+    """An unused spare: EOF on its socket makes it exit; reap it. With ``deadline`` (a
+    time.monotonic() value), one still running then is killed, through a pidfd taken before
+    (never a pid that could have been reused), and reaped; returns False then (its pid 1,
+    killed by PDEATHSIG, may outlive the reaping by a moment), else True."""
     spare.sock.close()
+    if deadline is None:  # never wait on a spare here: the reaper kills one that hangs on
+        from ..executor import _reaper
+        _reaper().reap(spare.pid)
+        return True
+    exited = True
+    if deadline is not None:
+        import select
+        import signal
+        try:
+            pidfd = os.pidfd_open(spare.pid)
+        except ProcessLookupError:  # reaped already
+            return True
+        try:
+            exited = bool(select.select([pidfd], [], [],
+                                        max(0.0, deadline - time.monotonic()))[0])
+            if not exited:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
     try:
         os.waitpid(spare.pid, 0)
     except ChildProcessError:
         pass
+    return exited
 
 
 class _Pool:
@@ -560,6 +583,8 @@ class _Pool:
         self.doomed: list[_Spare] = []
         self.thread: threading.Thread | None = None
         self.sigmask: set[int] = set()  # of the thread that started the keeper
+        self.busy = False  # the keeper is retiring or making spares, out of the lock
+        self.clearing = 0  # clear()s waiting: the doomed are theirs to retire, not the keeper's
 
     def take(self, key: tuple, view: bytes | None) -> _Spare | None:
         """A ready spare for this plan (its view built, else namespaces only), or None."""
@@ -598,16 +623,35 @@ class _Pool:
             with self.cond:
                 self.cond.notify()
 
-    def clear(self) -> None:
-        """Forget every kind and retire every idle spare."""
+    def clear(self, timeout: float = 5.0) -> bool:
+        """Forget every kind and retire every spare that is not a run (idle, doomed, and one
+        the keeper is making or retiring at this moment, waited for); spares come back once a
+        kind repeats. Bounded by ``timeout`` seconds: a spare that has not exited by then is
+        killed. True when every spare was seen to exit, so that none is left holding a mount
+        (release_resources)."""
+        deadline = time.monotonic() + timeout
         with self.cond:
-            spares = [s for kind in self.idle.values() for s in kind]
-            self.idle.clear()
             self.wanted.clear()
             self.seen.clear()
             self.last_view.clear()
+            self.clearing += 1
+            try:
+                while self.busy:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+            finally:
+                self.clearing -= 1
+            spares = [s for kind in self.idle.values() for s in kind] + self.doomed
+            self.idle.clear()
+            self.doomed = []
+            done = not self.busy
+        for spare in spares:  # EOF to all first: they exit side by side
+            spare.sock.close()
         for spare in spares:
-            _retire(spare)
+            done = _retire(spare, deadline) and done
+        return done
 
     def discard(self, spare: _Spare) -> None:
         with self.cond:
@@ -658,13 +702,19 @@ class _Pool:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         while True:
             with self.cond:
+                if self.busy:
+                    self.busy = False
+                    self.cond.notify_all()  # clear() may wait for it
                 while True:
                     timeout = self._expire()
-                    if self.doomed or self._short() is not None:
+                    if (self.doomed and not self.clearing) or self._short() is not None:
                         break
                     self.cond.wait(None if timeout is None else timeout + 0.01)
-                doomed, self.doomed = self.doomed, []
+                doomed: list[_Spare] = []
+                if not self.clearing:  # else the waiting clear() retires them, and waits
+                    doomed, self.doomed = self.doomed, []
                 key = self._short()
+                self.busy = True
             time.sleep(0.001)  # the spawning thread that kicked us is on its way to block
             for spare in doomed:
                 _retire(spare)
