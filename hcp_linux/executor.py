@@ -6,7 +6,6 @@ errno over a close-on-exec pipe; EOF on that pipe means execve succeeded.
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import selectors
@@ -18,7 +17,7 @@ import threading
 import time
 from typing import IO, Any, Callable
 
-from . import child, native
+from . import child, native, teardown
 from .errors import ChildSetupError
 from .plan import Plan
 
@@ -29,12 +28,15 @@ DEVNULL = subprocess.DEVNULL
 class SandboxProcess:
     """A running confined command, shaped like :class:`subprocess.Popen`.
 
-    ``pid`` is the monitor process; signalling it reaches the whole sandbox: SIGKILL to the
-    monitor kills pid 1 of the sandbox (PDEATHSIG) and with it every process in its namespace.
+    ``pid`` is the monitor process. ``send_signal`` asks: the monitor forwards SIGTERM,
+    SIGINT and SIGHUP to the command through the sandbox's init. ``kill`` (and a timeout)
+    acts: the runtime SIGKILLs the init itself, whatever state the monitor is in, and the
+    kernel empties the pid namespace (see :mod:`hcp_linux.teardown`).
     """
 
     def __init__(self, pid: int, stdin: IO[bytes] | None, stdout: IO[bytes] | None,
-                 stderr: IO[bytes] | None, receipt: dict[str, Any]) -> None:
+                 stderr: IO[bytes] | None, receipt: dict[str, Any], *,
+                 pidns: bool = False, done: int | None = None) -> None:
         self.pid = pid
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.receipt = receipt
@@ -43,16 +45,21 @@ class SandboxProcess:
         self._chunks: dict[str, list[bytes]] = {}  # communicate() state across calls
         self._pending_in: memoryview | None = None
         self._proxy: Any = None  # the egress proxy serving this run (network = "allow")
-        self._pidns = False  # set by spawn(): the run has a pid namespace and an init
-        # set by spawn() with a pid namespace: the init writes the command's wait status here
-        # once every process of the run is gone, before the namespaces are torn down
-        self._done: int | None = None
+        self._monitor = teardown.Monitor(pid, pidns)
+        # with a pid namespace: the init writes the command's wait status here once every
+        # process of the run is gone, before the namespaces are torn down
+        self._done = done
+        self._ended_by: str | None = None  # "kill", "timeout": who ended the run early
 
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
         if self._proxy is not None:  # the run is over: so is its way out
             self._proxy.stop()
             self._proxy = None
+        end: dict[str, Any] = {"by": self._ended_by or "exit"}
+        if self._monitor.notes:
+            end["notes"] = list(self._monitor.notes)
+        self.receipt["end"] = end
         return self.returncode
 
     def _reported(self) -> int | None:
@@ -65,18 +72,21 @@ class SandboxProcess:
         finally:
             os.close(self._done)
             self._done = None
+        self._monitor.over()  # the init is gone: the monitor's time to exit counts
         if len(data) != 4:
             return None
+        status = self._set_status(struct.unpack("<i", data)[0])
+        self._monitor.close()
         _reaper().reap(self.pid)
-        return self._set_status(struct.unpack("<i", data)[0])
+        return status
 
     def poll(self) -> int | None:
         if self.returncode is None and self._done is not None:
-            if not _readable(self._done, 0) or self._reported() is not None:
+            if not teardown.readable(self._done, 0) or self._reported() is not None:
                 return self.returncode
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
+            status = self._monitor.poll()
+            if status is not None:
                 self._set_status(status)
         return self.returncode
 
@@ -85,21 +95,14 @@ class SandboxProcess:
             return self.returncode
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._done is not None:
-            if timeout is not None and not _readable(self._done, timeout):
-                raise subprocess.TimeoutExpired(self.pid, timeout)
-            if self._reported() is not None:  # without a timeout: a blocking read
-                return self.returncode  # type: ignore[return-value]
-        if deadline is None:
-            _, status = os.waitpid(self.pid, 0)
-            return self._set_status(status)
-        # pidfd: sleep in the kernel until the monitor exits, no polling loop.
-        pidfd = os.pidfd_open(self.pid)
-        try:
-            if not _readable(pidfd, max(0.0, deadline - time.monotonic())):
+            if not teardown.readable(self._done, timeout):
                 raise subprocess.TimeoutExpired(self.pid, timeout or 0)
-        finally:
-            os.close(pidfd)
-        _, status = os.waitpid(self.pid, 0)
+            if self._reported() is not None:
+                return self.returncode  # type: ignore[return-value]
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        status = self._monitor.wait(remaining)
+        if status is None:
+            raise subprocess.TimeoutExpired(self.pid, timeout or 0)
         return self._set_status(status)
 
     def end_fd(self) -> tuple[int, bool]:
@@ -121,18 +124,17 @@ class SandboxProcess:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """Kill the whole sandbox. With a pid namespace the monitor kills the sandbox's init
-        and exits only once the kernel has emptied the namespace, so ``wait()`` returning
-        means no process of the run is left. Without one, SIGKILL the run's session."""
+        """Kill the whole sandbox, by the runtime's own hand (no helper is asked). With a pid
+        namespace ``wait()`` returning means no process of the run is left (up to
+        ``teardown.TEARDOWN_WAIT``; the receipt's ``end.notes`` says when not). Without one,
+        SIGKILL the run's session."""
+        self._end("kill")
+
+    def _end(self, by: str) -> None:
         if self.returncode is not None:
             return
-        if self._pidns:
-            self.send_signal(child.KILL_REQUEST)
-            return
-        try:
-            os.killpg(self.pid, signal.SIGKILL)  # the session made by setsid
-        except ProcessLookupError:
-            pass
+        self._ended_by = self._ended_by or by
+        self._monitor.kill()
 
     def communicate(self, input: bytes | None = None, timeout: float | None = None,
                     max_bytes: int | None = None) -> tuple[bytes | None, bytes | None]:
@@ -188,18 +190,32 @@ class SandboxProcess:
                max_bytes: int | None = None) -> tuple[bytes | None, bytes | None, bool]:
         """Run to the end: communicate, and kill the whole sandbox on timeout or on any
         exception (a cancel), so no path leaves it running. Returns (stdout, stderr,
-        timed_out)."""
+        timed_out). After a kill, what the streams still hold is read for
+        ``teardown.TEARDOWN_WAIT`` at most (a process that cannot die yet may hold them)."""
         try:
             out, err = self.communicate(input, timeout=timeout, max_bytes=max_bytes)
             return out, err, False
         except subprocess.TimeoutExpired:
-            self.kill()
-            out, err = self.communicate(max_bytes=max_bytes)
+            self._end("timeout")
+            out, err = self._drain(max_bytes)
             return out, err, True
         except BaseException:
             self.kill()
             self.wait()
             raise
+
+    def _drain(self, max_bytes: int | None) -> tuple[bytes | None, bytes | None]:
+        """After a kill: the rest of the output, within bounds; then the status."""
+        try:
+            return self.communicate(max_bytes=max_bytes, timeout=teardown.TEARDOWN_WAIT)
+        except subprocess.TimeoutExpired:
+            for stream in (self.stdin, self.stdout, self.stderr):
+                if stream is not None:
+                    stream.close()
+            self.wait()
+            return tuple(None if stream is None else b"".join(self._chunks.get(name, []))
+                         for stream, name in ((self.stdout, "stdout"),
+                                              (self.stderr, "stderr")))  # type: ignore
 
     def _write_some(self, sel: selectors.BaseSelector) -> None:
         assert self.stdin is not None and self._pending_in is not None
@@ -213,61 +229,16 @@ class SandboxProcess:
             self.stdin.close()
 
 
-def _readable(fd: int, timeout: float | None) -> bool:
-    """Whether ``fd`` is readable (or at EOF) within ``timeout`` seconds (None: no limit)."""
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        return bool(sel.select(timeout))
-
-
-class _Reaper:
-    """Reaps monitors after their run is over. The init reports a run's end as soon as its
-    processes are gone; its monitor still has the namespaces to tear down (~0.3 ms), which
-    the caller need not wait for. One thread per process, started on first use; it blocks
-    every signal so that they reach the runtime's own threads."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.pids: list[int] = []
-        self.thread: threading.Thread | None = None
-
-    def reap(self, pid: int) -> None:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return
-        except ChildProcessError:  # someone else reaped it (a waitpid(-1) of the runtime's)
-            return
-        with self.cond:
-            self.pids.append(pid)
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="hcp-linux reaper",
-                                               daemon=True)
-                self.thread.start()
-            self.cond.notify()
-
-    def _run(self) -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        while True:
-            with self.cond:
-                while not self.pids:
-                    self.cond.wait()
-                pid = self.pids.pop(0)
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-
-
-_the_reaper: _Reaper | None = None
+_the_reaper: teardown.Reaper | None = None
 _reaper_lock = threading.Lock()
 
 
-def _reaper() -> _Reaper:
+def _reaper() -> teardown.Reaper:
     """This process's reaper, started on first use."""
     global _the_reaper
     with _reaper_lock:
         if _the_reaper is None:
-            _the_reaper = _Reaper()
+            _the_reaper = teardown.Reaper()
         return _the_reaper
 
 
@@ -305,15 +276,22 @@ def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | No
 
 def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
           receipt: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
-          executor: str | None = None) -> SandboxProcess:
-    """Fork the confined command. Raises ChildSetupError when a setup step failed.
+          executor: str | None = None, setup_timeout: float | None = None) -> SandboxProcess:
+    """Start the confined command. Raises ChildSetupError when a setup step failed.
     ``executor``: "native", "ctypes" or "auto" (None: the process default, see native).
     ``receipt``, given as the function that makes it, is made once the child has the plan,
-    while it sets up (it is a function of the plan alone): off the spawn's critical path."""
+    while it sets up (it is a function of the plan alone): off the spawn's critical path.
+
+    The setup is bounded: a ready spare that does not confirm the exec within
+    ``teardown.SPARE_ANSWER`` seconds is killed and the run started afresh; a setup not done
+    within ``setup_timeout`` seconds (default ``teardown.SETUP_TIMEOUT``) is killed and
+    raises :class:`SetupTimeoutError`."""
+    setup_by = time.monotonic() + (teardown.SETUP_TIMEOUT if setup_timeout is None
+                                   else setup_timeout)
     to_close: list[int] = []
     ends: list[int | None] = []
     fds: list[int] = []
-    ruleset = None
+    pidns = plan.confined and "pidns" in plan.layers
     try:
         for i, spec in enumerate((stdin, stdout, stderr)):
             fd, end = _stdio_fd(spec, i, to_close)
@@ -326,56 +304,64 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             proxy_end, child_end = proxy_sock.detach(), child_sock.detach()
             ends.append(proxy_end)
             to_close.append(child_end)
-        done_r = done_w = -1
-        if plan.confined and "pidns" in plan.layers:
-            done_r, done_w = os.pipe2(os.O_CLOEXEC)
-            ends.append(done_r)
-            to_close.append(done_w)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        to_close.append(err_w)
-        try:  # hcp-exec through posix_spawn; None: this process forks the ctypes executor
-            pid = native.spawn(executor, plan, err_w, fds, child_end, done_w)
-        except BaseException:
+        ready_ok = True
+        while True:
+            pid, ready, err_r, done_r = _start(plan, executor, fds, child_end, pidns, ready_ok)
+            try:
+                if callable(receipt):
+                    receipt = receipt()
+                answer_by = min(setup_by, time.monotonic() + teardown.SPARE_ANSWER) \
+                    if ready else setup_by
+                record = _answer(err_r, answer_by)
+            except BaseException:  # interrupted (^C) before exec was confirmed: no run left
+                _abandon(pid, pidns)
+                os.close(err_r)
+                if done_r >= 0:
+                    os.close(done_r)
+                raise
             os.close(err_r)
-            raise
-        if pid is None:  # the ctypes executor: the child restricts itself with our ruleset
-            if plan.landlock is not None:
-                ruleset = plan.landlock.create()
-            pid = os.fork()
-        if pid == 0:
-            os.close(err_r)
-            child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end, done_w)
+            if record and ready and _stale_spare(record):
+                _abandon(pid, pidns)  # its view predates a change (a mount on the jail)
+                if done_r >= 0:
+                    os.close(done_r)
+                ready_ok = False
+                continue
+            if record is not None:
+                break
+            _abandon(pid, pidns)  # no answer in time: it never gets to run the command
+            if done_r >= 0:
+                os.close(done_r)
+            if not ready or time.monotonic() >= setup_by:
+                raise SetupTimeoutError(teardown.SETUP_TIMEOUT if setup_timeout is None
+                                        else setup_timeout)
+            ready_ok = False  # a ready spare did not answer: start one now
     except BaseException:
         for fd in to_close + [e for e in ends if e is not None]:
             os.close(fd)
-        if ruleset is not None:
-            ruleset.close()
         raise
     for fd in to_close:
         os.close(fd)
-    if ruleset is not None:
-        ruleset.close()
-    with io.FileIO(err_r, "r") as f:
-        try:
-            if callable(receipt):
-                receipt = receipt()
-            record = f.readall()
-        except BaseException:  # interrupted (^C) before exec was confirmed: leave no run behind
-            _kill_unowned(pid, ends)
-            raise
     if record:
-        os.waitpid(pid, 0)
+        monitor = teardown.Monitor(pid, pidns)
+        monitor.over()  # it exits 125 after its report; bounded if it does not
+        monitor.wait(None)
+        monitor.close()
         for end in ends:
             if end is not None:
                 os.close(end)
+        if done_r >= 0:
+            os.close(done_r)
         step_i, err = struct.unpack("<HH", record[:4])
         step = child.STEPS[step_i] if step_i < len(child.STEPS) else "internal"
         raise ChildSetupError(step, err or errno.EIO, record[4:].decode(errors="replace"))
     streams = [None if e is None else os.fdopen(e, "wb" if i == 0 else "rb", buffering=0)
                for i, e in enumerate(ends[:3])]
-    proc = SandboxProcess(pid, *streams, receipt=receipt or {})  # type: ignore[arg-type]
-    proc._pidns = "pidns" in plan.layers
-    proc._done = done_r if done_r >= 0 else None
+    proc = SandboxProcess(pid, *streams, receipt=receipt or {},  # type: ignore[arg-type]
+                          pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None)
+    if ready_ok is False:
+        proc.receipt.setdefault("spawn", {})["notes"] = [
+            f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; it was killed "
+            f"and the run started afresh"]
     if plan.proxy:
         try:
             proc._proxy = _start_proxy(plan, proxy_end, proc.receipt)
@@ -386,17 +372,86 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     return proc
 
 
-def _kill_unowned(pid: int, ends: list[int | None]) -> None:
-    """SIGKILL a run no SandboxProcess owns yet (its session: the monitor, the sandbox's init
-    and with it the namespace), reap it, close our ends of its pipes."""
+class SetupTimeoutError(ChildSetupError):
+    """The sandbox's setup did not reach exec in time; it was killed (nothing ran)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("setup", errno.ETIMEDOUT,
+                         f"not done after {seconds:g}s (a stopped or starved hcp-exec?); "
+                         f"killed")
+
+
+def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pidns: bool,
+           ready_ok: bool) -> tuple[int, bool, int, int]:
+    """Start one attempt: (monitor pid, whether a ready spare took it, error pipe's read end,
+    done pipe's read end or -1). Each attempt has its own error and done pipes: a spare that
+    was given up on may hold the last ones until it is gone."""
+    done_r = done_w = -1
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    ruleset = None
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:  # not yet its own session
-        os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    for end in ends:
-        if end is not None:
-            os.close(end)
+        if pidns:
+            done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        # hcp-exec through posix_spawn; None: this process forks the ctypes executor
+        started = native.spawn(executor, plan, err_w, fds, child_end, done_w, ready_ok)
+        if started is not None:
+            pid, ready = started
+        else:  # the ctypes executor: the child restricts itself with our ruleset
+            if plan.landlock is not None:
+                ruleset = plan.landlock.create()
+
+            def fork() -> int:
+                pid = os.fork()
+                if pid == 0:
+                    os.close(err_r)
+                    child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end,
+                              done_w)
+                return pid
+            pid, ready = fork(), False
+    except BaseException:
+        for fd in (err_r, done_r):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    finally:
+        for fd in (err_w, done_w):
+            if fd >= 0:
+                os.close(fd)
+        if ruleset is not None:
+            ruleset.close()
+    return pid, ready, err_r, done_r
+
+
+def _answer(err_r: int, by: float) -> bytes | None:
+    """The child's answer on the error pipe: b"" (EOF: it reached exec), a failure record,
+    or None when neither came by ``by`` (time.monotonic())."""
+    parts = []
+    while True:
+        if not teardown.readable(err_r, max(0.0, by - time.monotonic())):
+            return None
+        chunk = os.read(err_r, 4096)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+def _stale_spare(record: bytes) -> bool:
+    """Whether a ready spare's failure is its age, not the plan's: a tree it cloned is not
+    the one the plan checked (a file system mounted on a granted path since the spare made
+    its mount namespace). A spare started now sees what the plan saw."""
+    step_i, err = struct.unpack("<HH", record[:4])
+    return (step_i < len(child.STEPS) and child.STEPS[step_i] == "bind-clone"
+            and err in (errno.ESTALE, errno.ENOENT))
+
+
+def _abandon(pid: int, pidns: bool) -> None:
+    """SIGKILL a run no SandboxProcess owns (a setup that was interrupted or never answered):
+    its init, whose exit empties the namespace (the monitor then exits; the reaper reaps it,
+    and kills it if it does not). Waits for nothing."""
+    monitor = teardown.Monitor(pid, pidns)
+    monitor.kill()
+    monitor.close()
+    _reaper().reap(pid)
 
 
 def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:

@@ -56,7 +56,8 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         try:
             code = run_via_server(server, args)
         except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
-            return 128 + 2
+            from .interrupt import die_by
+            die_by(2)
         if code is not None:
             _served = True
             return code
@@ -232,21 +233,32 @@ class _Client:
                     return int(reply[1])
                 if kind != b"plan" or len(reply) != 7:
                     raise ValueError(f"unexpected reply {kind!r}")
-                exe, plan, receipt, timeout, kill_request, receipt_to = reply[1:]
-                monitor = _spawn(exe, plan, pipes)
+                exe, plan, receipt, timeout, _kill_request, receipt_to = reply[1:]
+                from .teardown import SETUP_TIMEOUT, Monitor
+                pid = _spawn(exe, plan, pipes)
+                monitor = Monitor(pid, True)
                 self.started = True
                 pipes.close_ours()
-                try:
-                    record = _read_all(pipes.err_r)  # EOF: the command was exec'd
+                try:  # EOF: the command was exec'd; None: no answer in time
+                    record = _read_all(pipes.err_r, SETUP_TIMEOUT)
                 except BaseException:  # ^C before the wait took over: leave nothing behind
-                    _kill(monitor, int(kill_request))
-                    os.waitpid(monitor, 0)
+                    monitor.kill()
+                    monitor.wait(None)
                     raise
+                if record is None:
+                    monitor.kill()
+                    monitor.wait(None)
+                    sys.stderr.write(f"error: sandbox: setup: not done after "
+                                     f"{SETUP_TIMEOUT:g}s (a stopped or starved hcp-exec?); "
+                                     f"killed\n")
+                    return 125
                 if not record:
                     self.sock.close()  # the server is free for the next client
                     return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,
-                                 int(kill_request), receipt, receipt_to.decode())
-                os.waitpid(monitor, 0)  # it exited 125 after its report: nothing ran
+                                 receipt, receipt_to.decode())
+                monitor.over()  # it exits 125 after its report: nothing ran
+                monitor.wait(None)
+                monitor.close()
                 self.started = False
                 from _struct import unpack_from
                 step, errno_ = unpack_from("<HH", record)
@@ -344,51 +356,66 @@ def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
         os.close(fd)
 
 
-def _read_all(fd: int) -> bytes:
-    parts = []
-    while chunk := os.read(fd, 4096):
+def _read_all(fd: int, timeout: float) -> bytes | None:
+    """Everything until EOF, or None when EOF has not come within ``timeout`` seconds."""
+    import time
+    from .teardown import readable
+    parts, deadline = [], time.monotonic() + timeout
+    while True:
+        if not readable(fd, max(0.0, deadline - time.monotonic())):
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(parts)
         parts.append(chunk)
-    return b"".join(parts)
 
 
-def _kill(monitor: int, kill_request: int) -> None:
-    """SandboxProcess.kill with a pid namespace: the monitor kills the init, the kernel the
-    rest of the namespace."""
-    try:
-        os.kill(monitor, kill_request)
-    except ProcessLookupError:
-        pass
-
-
-def _wait(monitor: int, done_r: int, timeout: float | None, kill_request: int, receipt: bytes,
+def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore
           receipt_to: str) -> int:
     """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
-    and so does the timeout; then the receipt, and the exit status."""
+    and so does the timeout (the runtime's own SIGKILL, hcp_linux.teardown); then the
+    receipt, and the exit status."""
     import _signal
-    import select
     import time
     from _struct import unpack
 
-    def on_signal(_signum: int, _frame: object) -> None:
-        _kill(monitor, kill_request)
+    from .teardown import TEARDOWN_WAIT, readable
+
+    class Killed(Exception):
+        pass
+
+    def on_signal(signum: int, _frame: object) -> None:
+        monitor.kill()
+        raise Killed(signum)  # out of the wait: from now on it is bounded
     for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
         _signal.signal(sig, on_signal)
-    poller = select.poll()
-    poller.register(done_r, select.POLLIN)
-    timed_out = False
+    by, signum = "exit", 0
     deadline = None if timeout is None else time.monotonic() + timeout
-    while not poller.poll(None if deadline is None
-                          else max(0, int((deadline - time.monotonic()) * 1000) + 1)):
-        if deadline is not None and time.monotonic() >= deadline:
-            timed_out, deadline = True, None
-            _kill(monitor, kill_request)
-    data = _read_all(done_r)  # the init's report, or EOF when it was killed
-    _, status = os.waitpid(monitor, 0)
+    try:
+        while not readable(done_r, None if deadline is None
+                           else max(0.0, deadline - time.monotonic())):
+            if deadline is not None and time.monotonic() >= deadline:
+                by = "timeout"
+                monitor.kill()
+                break
+    except Killed as k:
+        by, signum = "kill", k.args[0]
+    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(sig, _signal.SIG_IGN)  # the run is ending already
+    data = os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT) else b""
+    monitor.over()  # the init reported, or is gone: the monitor's time to exit counts
+    status = monitor.wait(None)
+    monitor.close()
     if len(data) == 4:
         status = unpack("<i", data)[0]
+    timed_out = by == "timeout"
     import json
-    return end_of_run(json.loads(receipt) if receipt_to else {}, receipt_to,
-                      os.waitstatus_to_exitcode(status), timed_out, timeout)
+    rec = json.loads(receipt) if receipt_to else {}
+    rec["end"] = {"by": by, **({"notes": monitor.notes} if monitor.notes else {})}
+    if signum:  # as the in-process run: the receipt, then die by that signal
+        from .interrupt import end_by_signal
+        end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status))
+    return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout)
 
 
 def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_out: bool,

@@ -283,10 +283,12 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
 
 
 def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
-          proxy_fd: int, done_fd: int = -1) -> int | None:
-    """Start the monitor through hcp-exec and return its pid; None: use the ctypes executor.
+          proxy_fd: int, done_fd: int = -1, ready_ok: bool = True) -> tuple[int, bool] | None:
+    """Start the monitor through hcp-exec: (its pid, whether a ready spare took the plan);
+    None: use the ctypes executor.
 
-    A confined plan goes to a spare: a ready one when the pool has it, else one started now
+    A confined plan goes to a spare: a ready one when the pool has it (and ``ready_ok``:
+    the caller may refuse one, after a ready spare did not answer), else one started now
     (see "spares" below). A native-local plan (or any, with ``set_spares("never")``) is
     handed to a fresh hcp-exec on its command line, its fds inherited by number. The
     Landlock ruleset is hcp-exec's to make with a mount view; without one it is made here and
@@ -300,37 +302,41 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
     ruleset = (plan.landlock.create() if plan.landlock is not None and not makes_ruleset(plan)
                else None)
     try:
-        return _spawn(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
+        return _spawn(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd,
+                      ready_ok)
     finally:
         if ruleset is not None:
             ruleset.close()
 
 
 def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequence[int],
-           ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int) -> int | None:
+           ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
+           ready_ok: bool) -> tuple[int, bool] | None:
     if not plan.confined or _spares == "never":
         stats["direct"] += 1
-        return _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
+        pid = _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
+        return None if pid is None else (pid, False)
     view = view_bytes(plan)
     # A ready spare was started a while ago: it takes this moment's umask from the plan.
     blob = plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view)
     key = _spare_key(plan, exe)
     pool = _pool()
-    spare = pool.take(key, view if "mountns" in plan.layers else None)
+    spare = pool.take(key, view if "mountns" in plan.layers else None) if ready_ok else None
     if spare is not None:
         if _hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
             stats["ready"] += 1
             pool.kick()
-            return spare.pid
-        pool.discard(spare)  # it died idle (killed?): start one now instead
+            return spare.pid, True
+        pool.discard(spare)  # it died idle (killed?), or takes no message: start one now
     try:
         spare = _make_spare(key + (None,))
     except OSError as e:
-        return _cannot_exec(executor, exe, e)
+        pid = _cannot_exec(executor, exe, e)
+        return None if pid is None else (pid, False)
     if _hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
         stats["on_the_spot"] += 1
         pool.kick()
-        return spare.pid
+        return spare.pid, False
     pool.discard(spare)
     from ..errors import ChildSetupError
     raise ChildSetupError("internal", errno.EPIPE, "native executor: hcp-exec exited early")
@@ -462,11 +468,11 @@ class _Spare:
 
 def _hand_over(spare: _Spare, plan: bytes, err_w: int, stdio: Sequence[int],
                ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int) -> bool:
-    """Send the plan and the run's fds to a spare, in one message; False if it is gone. The
-    plan travels in the message up to INLINE_MAX (and the socket's send buffer), else in a
-    memfd."""
+    """Send the plan and the run's fds to a spare, in one message; False if it is gone (or
+    its socket is full: never block on a spare). The plan travels in the message up to
+    INLINE_MAX (and the socket's send buffer), else in a memfd."""
     import array
-    from socket import SCM_RIGHTS, SOL_SOCKET
+    from socket import MSG_DONTWAIT, SCM_RIGHTS, SOL_SOCKET
     bits = 0
     fds = [err_w, *stdio]
     if ruleset is not None and ruleset.fd >= 0:
@@ -484,7 +490,8 @@ def _hand_over(spare: _Spare, plan: bytes, err_w: int, stdio: Sequence[int],
         if len(plan) <= INLINE_MAX:
             try:
                 spare.sock.sendmsg([magic, _U64(bits | _MSG_INLINE), plan],
-                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))])
+                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))],
+                                   MSG_DONTWAIT)
                 sent = True
             except OSError as e:
                 if e.errno != errno.EMSGSIZE:  # EMSGSIZE: a small send buffer; nothing sent
@@ -493,7 +500,8 @@ def _hand_over(spare: _Spare, plan: bytes, err_w: int, stdio: Sequence[int],
             fd = memfd(plan)
             try:
                 spare.sock.sendmsg([magic, _U64(bits)],
-                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", [fd, *fds]))])
+                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", [fd, *fds]))],
+                                   MSG_DONTWAIT)
             finally:
                 os.close(fd)
     except OSError:

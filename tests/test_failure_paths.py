@@ -1,0 +1,350 @@
+"""When the runtime's own helpers misbehave, a run still ends, on time, and leaves nothing.
+
+The helpers of a run are real processes (the monitor, the sandbox's init, spares); these
+tests stop them from outside (SIGSTOP, as a debugger, a job-control accident or an attacker
+on the same uid would), and check by /proc that every process of the run is gone afterwards —
+not a zombie, not stopped. Each has its control: the same run with nothing stopped, or the
+same stop without the action under test, showing the stop is real and the check can fail.
+Run under whichever executor the suite was started with (CI: ctypes and native, as root and
+as nobody).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from hcp_linux import Policy, Sandbox, native, teardown
+from hcp_linux.executor import _reaper
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def jail(tmp_path: Path) -> Path:
+    d = tmp_path / "jail"
+    d.mkdir()
+    return d
+
+
+# --- observing processes from /proc ---------------------------------------------------------
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat(pid)
+    return None if fields is None else fields[0]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _run_tree(monitor: int, depth: int = 3) -> list[int]:
+    """The monitor, the init and the command (waits until all three are there)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        chain = [monitor]
+        while len(chain) < depth:
+            kids = _children(chain[-1])
+            if not kids:
+                break
+            chain.append(kids[0])
+        if len(chain) == depth:
+            return chain
+        assert time.monotonic() < deadline, f"the run's processes never all appeared: {chain}"
+        time.sleep(0.01)
+
+
+def _wait_state(pid: int, want: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while _state(pid) != want:
+        assert time.monotonic() < deadline, f"{pid} never reached state {want}"
+        time.sleep(0.005)
+
+
+def _left(pids: list[int], within: float = 15.0) -> list[int]:
+    """Those of ``pids`` still present (running, stopped or zombie) after up to ``within``
+    seconds of waiting for them to go."""
+    deadline = time.monotonic() + within
+    while True:
+        left = [p for p in pids if _state(p) is not None]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
+
+
+def _within(seconds: float, fn: Callable[[], object]) -> object:
+    """``fn()`` on a thread; its result, or AssertionError if it has not returned in time
+    (the hang this file is about: the thread is left behind, the test fails)."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still waiting after {seconds}s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]
+
+
+def _resume_and_kill(pids: list[int]) -> None:
+    """Cleanup after a failed test: only our own run's processes, by pid."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+# --- kill and timeout do not depend on the monitor --------------------------------------------
+
+@pytest.mark.parametrize("who", ["monitor", "init"])
+def test_kill_ends_the_run_whatever_helper_is_stopped(jail: Path, who: str) -> None:
+    proc = Sandbox(Policy(jail=str(jail))).spawn(["sleep", "1000"])
+    tree = _run_tree(proc.pid)
+    stopped = tree[0] if who == "monitor" else tree[1]
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        _wait_state(stopped, "T")
+        proc.kill()
+        rc = _within(TIMEOUT, proc.wait)
+        assert rc == -signal.SIGKILL
+        assert _left(tree) == [], "a process of the run is left"
+        assert proc.receipt["end"]["by"] == "kill"
+        if who == "monitor":  # it had to be resumed to reap the init and exit
+            assert any("SIGCONT" in n for n in proc.receipt["end"]["notes"])
+    finally:
+        _resume_and_kill(tree)
+
+
+def test_control_a_stopped_monitor_keeps_its_run_without_a_kill(jail: Path) -> None:
+    """The stop is real: without a kill the command runs on and wait() times out."""
+    proc = Sandbox(Policy(jail=str(jail))).spawn(["sleep", "1000"])
+    tree = _run_tree(proc.pid)
+    try:
+        os.kill(tree[0], signal.SIGSTOP)
+        _wait_state(tree[0], "T")
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.5)
+        assert _state(tree[2]) in ("S", "R"), "the command should still be running"
+    finally:
+        os.kill(tree[0], signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+    assert _left(tree) == []
+
+
+def test_timeout_ends_the_run_with_the_monitor_stopped(jail: Path) -> None:
+    proc = Sandbox(Policy(jail=str(jail))).spawn(["sleep", "1000"], stdout=subprocess.PIPE)
+    tree = _run_tree(proc.pid)
+    try:
+        os.kill(tree[0], signal.SIGSTOP)
+        _wait_state(tree[0], "T")
+        out, _, timed_out = _within(TIMEOUT, lambda: proc.finish(timeout=0.5))  # type: ignore
+        assert timed_out and out == b""
+        assert proc.returncode == -signal.SIGKILL
+        assert proc.receipt["end"]["by"] == "timeout"
+        assert _left(tree) == []
+    finally:
+        _resume_and_kill(tree)
+
+
+def test_cli_timeout_with_the_monitor_stopped(jail: Path) -> None:
+    cli = subprocess.Popen([sys.executable, "-m", "hcp_linux", "run", "--jail", str(jail),
+                            "--timeout", "1", "--", "sleep", "1000"],
+                           stderr=subprocess.PIPE, text=True)
+    tree: list[int] = []
+    try:
+        tree = _run_tree(cli.pid, 4)  # the CLI, the monitor, the init, sleep
+        os.kill(tree[1], signal.SIGSTOP)
+        _, err = cli.communicate(timeout=TIMEOUT)
+        assert cli.returncode == 124, err
+        assert "timed out after 1s" in err
+        assert _left(tree[1:]) == []
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        _resume_and_kill(tree[1:])
+
+
+# --- a run that ended with its monitor stopped ------------------------------------------------
+
+def test_a_stopped_monitor_whose_command_ended_is_resumed_and_reaped(jail: Path) -> None:
+    proc = Sandbox(Policy(jail=str(jail))).spawn(["sh", "-c", "cat >/dev/null"],
+                                                 stdin=subprocess.PIPE)
+    tree = _run_tree(proc.pid)
+    sent = _reaper().sent["SIGCONT"]
+    try:
+        os.kill(tree[0], signal.SIGSTOP)
+        _wait_state(tree[0], "T")
+        proc.stdin.close()  # type: ignore[union-attr]  # the command ends: EOF on read
+        assert _within(TIMEOUT, proc.wait) == 0  # the init's report: the command's status
+        assert _state(tree[0]) == "T", "control: the monitor was still stopped at the report"
+        assert _left(tree) == [], "the monitor or a zombie init is left"
+        assert _reaper().sent["SIGCONT"] > sent
+    finally:
+        _resume_and_kill(tree)
+
+
+def test_one_stuck_monitor_does_not_hold_up_the_reaping_of_others(
+        jail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(teardown, "MONITOR_GRACE", 60.0)  # it stays stopped meanwhile
+    sb = Sandbox(Policy(jail=str(jail)))
+    proc = sb.spawn(["sh", "-c", "cat >/dev/null"], stdin=subprocess.PIPE)
+    tree = _run_tree(proc.pid)
+    try:
+        os.kill(tree[0], signal.SIGSTOP)
+        _wait_state(tree[0], "T")
+        proc.stdin.close()  # type: ignore[union-attr]
+        assert proc.wait(TIMEOUT) == 0
+        later = []
+        for _ in range(20):
+            p = sb.spawn(["true"])
+            later.append(p.pid)
+            assert p.wait(TIMEOUT) == 0
+        assert _left(later) == [], "later monitors were left unreaped (zombies)"
+        assert _state(tree[0]) == "T", "control: the first monitor was still stopped"
+    finally:
+        _resume_and_kill(tree)
+    assert _left(tree) == []
+
+
+# --- spawning is bounded ----------------------------------------------------------------------
+
+def _native() -> str:
+    """Spares are the native executor's: these tests ask for it whatever the suite's
+    default executor is (CI's ctypes leg included)."""
+    assert native.available(), "hcp-exec is not built (make setup)"
+    return "native"
+
+
+def _ready_spares(sb: Sandbox) -> list[int]:
+    """Warm the pool for ``sb``'s policy until it holds ready spares; their pids."""
+    for _ in range(3):
+        assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        pool = native._pool()
+        with pool.cond:
+            pids = [s.pid for kind in pool.idle.values() for s in kind]
+        if len(pids) >= native.SPARE_TARGET:
+            return pids
+        assert time.monotonic() < deadline, "no ready spare appeared"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("stop", [True, False], ids=["stuck-spares", "control-healthy"])
+def test_a_ready_spare_that_does_not_answer_is_passed_over(jail: Path, stop: bool) -> None:
+    sb = Sandbox(Policy(jail=str(jail)), executor=_native())
+    spares = _ready_spares(sb)
+    inits = [_run_tree(pid, 2)[1] for pid in spares]  # the spare's init takes the plan
+    try:
+        if stop:
+            for pid in inits:
+                os.kill(pid, signal.SIGSTOP)
+                _wait_state(pid, "T")
+        ready = native.stats["ready"]
+        run = _within(TIMEOUT, lambda: sb.run(["echo", "ran"], capture_output=True,
+                                              timeout=TIMEOUT))
+        assert run.returncode == 0 and run.stdout == b"ran\n"  # type: ignore[attr-defined]
+        notes = run.receipt.get("spawn", {}).get("notes", [])  # type: ignore[attr-defined]
+        if stop:
+            assert any("did not answer" in n for n in notes)
+            assert _left(spares[:1] + inits[:1]) == [], "the stuck spare was not killed"
+        else:
+            assert notes == [] and native.stats["ready"] == ready + 1
+    finally:
+        _resume_and_kill(spares + inits if stop else [])
+        native._pool().clear()
+
+
+def test_a_stopped_idle_spare_does_not_hold_up_the_pool(jail: Path) -> None:
+    sb = Sandbox(Policy(jail=str(jail)), executor=_native())
+    spares = _ready_spares(sb)
+    try:
+        for pid in spares:
+            os.kill(pid, signal.SIGSTOP)
+            _wait_state(pid, "T")
+        native._pool().clear()  # retires them: EOF, then the reaper's escalation
+        assert _left(spares) == []
+        assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
+    finally:
+        _resume_and_kill(spares)
+        native._pool().clear()
+
+
+# --- a fork bomb does not make the timeout late -----------------------------------------------
+
+BOMB = "#include <unistd.h>\nint main(void) { for (;;) fork(); }\n"
+
+
+def _session(pid: int) -> int:
+    fields = _stat(pid)
+    assert fields is not None
+    return int(fields[3])  # state ppid pgrp session
+
+
+def _in_namespace(ns: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.readlink(f"/proc/{name}/ns/pid") == ns:
+                    out.append(int(name))
+            except OSError:
+                continue
+    return out
+
+
+def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Path) -> None:
+    """The order of events, not a wall-clock bound (bench/faults.py measures how late): the
+    command runs in a session (so a scheduler autogroup) of its own, apart from the init and
+    the monitor; at the timeout the run is killed; when finish() returns no process of the
+    run's pid namespace is left."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler (scripts/install-system-deps installs gcc)")
+    (jail / "bomb.c").write_text(BOMB)
+    subprocess.run([gcc, "-O1", "-o", str(jail / "bomb"), str(jail / "bomb.c")], check=True,
+                   timeout=TIMEOUT)
+    proc = Sandbox(Policy(jail=str(jail), allow_bins=("./bomb",))).spawn(["./bomb"])
+    tree = _run_tree(proc.pid)
+    try:
+        ns = os.readlink(f"/proc/{tree[1]}/ns/pid")
+        assert _session(tree[2]) != _session(tree[1]) == _session(tree[0])
+        deadline = time.monotonic() + TIMEOUT
+        while len(_in_namespace(ns)) < 100:  # control: the bomb forks
+            assert time.monotonic() < deadline, "the bomb never forked"
+            time.sleep(0.05)
+        _, _, timed_out = proc.finish(timeout=2)
+        assert timed_out and proc.returncode == -signal.SIGKILL
+        assert _in_namespace(ns) == [], "a process of the run outlived finish()"
+    finally:
+        _resume_and_kill(tree)
