@@ -17,7 +17,7 @@ import threading
 import time
 from typing import IO, Any, Callable
 
-from . import child, native, teardown
+from . import child, native, spawner, teardown
 from .errors import ChildSetupError
 from .plan import Plan
 
@@ -407,7 +407,8 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
                     child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end,
                               done_w)
                 return pid
-            pid, ready = fork(), False
+            # from a thread that lasts: the run must not die with the spawning thread
+            pid, ready = spawner.on_lasting_thread(fork), False
     except BaseException:
         for fd in (err_r, done_r):
             if fd >= 0:

@@ -348,3 +348,26 @@ def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Pa
         assert _in_namespace(ns) == [], "a process of the run outlived finish()"
     finally:
         _resume_and_kill(tree)
+
+
+# --- the spawning thread's exit ---------------------------------------------------------------
+
+@pytest.mark.parametrize("warm", [False, True], ids=["no-spare", "ready-spare"])
+def test_a_run_outlives_the_thread_that_spawned_it(jail: Path, warm: bool) -> None:
+    """Documented behaviour: a run belongs to the runtime process, not to a thread. The
+    kernel's PDEATHSIG follows the parent *thread*, so without care a run spawned from a
+    worker thread would die with it, and one handed to a ready spare would not."""
+    sb = Sandbox(Policy(jail=str(jail)), executor=_native() if warm else None)
+    if warm:
+        _ready_spares(sb)
+    else:
+        native._pool().clear()
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.setdefault("proc", sb.spawn(
+        ["sh", "-c", "sleep 1; echo done"], stdout=subprocess.PIPE)))
+    t.start()
+    t.join(TIMEOUT)
+    assert not t.is_alive()
+    proc = box["proc"]
+    out, _ = proc.communicate(timeout=TIMEOUT)  # type: ignore[attr-defined]
+    assert (proc.returncode, out) == (0, b"done\n")  # type: ignore[attr-defined]

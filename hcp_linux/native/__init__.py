@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from ..launch import memfd, parse_status, spawn_hcp_exec
+from ..spawner import on_lasting_thread
 
 if TYPE_CHECKING:
     import socket
@@ -328,8 +329,8 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
             pool.kick()
             return spare.pid, True
         pool.discard(spare)  # it died idle (killed?), or takes no message: start one now
-    try:
-        spare = _make_spare(key + (None,))
+    try:  # from a thread that lasts: the run must not die with the spawning thread
+        spare = on_lasting_thread(lambda: _make_spare(key + (None,)))
     except OSError as e:
         pid = _cannot_exec(executor, exe, e)
         return None if pid is None else (pid, False)
@@ -348,8 +349,8 @@ def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
     fd = memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd))
     try:
         keep = {proxy_fd, done_fd, ruleset.fd if ruleset is not None else -1, *stdio}
-        try:
-            return spawn_hcp_exec(exe, fd, err_w, keep)
+        try:  # from a thread that lasts: the run must not die with the spawning thread
+            return on_lasting_thread(lambda: spawn_hcp_exec(exe, fd, err_w, keep))
         except OSError as e:
             return _cannot_exec(executor, exe, e)
     finally:
