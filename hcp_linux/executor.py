@@ -51,8 +51,22 @@ class SandboxProcess:
         self._done = done
         self._ended_by: str | None = None  # "kill", "timeout": who ended the run early
 
+    def __del__(self) -> None:
+        """Dropped without a wait: the run goes on (as a Popen's child would); the reaper
+        reaps its monitor when it ends, so it never stays a zombie."""
+        try:
+            if self.returncode is None and self._monitor.status is None:
+                _reaper().reap(self.pid, escalate=False)
+            self._monitor.close()
+            if self._done is not None:
+                os.close(self._done)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to do
+            pass
+
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
+        if self._monitor.status is not None:  # reaped here, not by the reaper: its fds go
+            self._monitor.close()
         if self._proxy is not None:  # the run is over: so is its way out
             self._proxy.stop()
             self._proxy = None

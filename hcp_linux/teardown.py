@@ -283,13 +283,15 @@ class Reaper:
         self.thread: threading.Thread | None = None
         self.sent = {"SIGCONT": 0, "SIGKILL": 0}  # escalations so far (tests, bench)
 
-    def reap(self, pid: int, grace: float | None = None) -> None:
+    def reap(self, pid: int, grace: float | None = None, *, escalate: bool = True) -> None:
         """Reap ``pid`` (our child) once it exits, escalating after ``grace`` seconds
-        (default ``MONITOR_GRACE``)."""
+        (default ``MONITOR_GRACE``); with ``escalate=False`` only reap it, whenever it
+        exits (a run its owner dropped without waiting: it goes on, as a Popen would)."""
         import threading
         import time
         if grace is None:
             grace = MONITOR_GRACE
+        sent0 = 0 if escalate else 2  # 2: both escalation steps counted as done
         try:
             if os.waitpid(pid, os.WNOHANG)[0]:
                 return
@@ -302,7 +304,7 @@ class Reaper:
             old = self.entries.pop(pid, None)
             if old is not None:
                 os.close(old[0])
-            self.entries[pid] = [fd, time.monotonic(), grace, 0]
+            self.entries[pid] = [fd, time.monotonic(), grace, sent0]
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="hcp-linux reaper",
                                                daemon=True)

@@ -371,3 +371,18 @@ def test_a_run_outlives_the_thread_that_spawned_it(jail: Path, warm: bool) -> No
     proc = box["proc"]
     out, _ = proc.communicate(timeout=TIMEOUT)  # type: ignore[attr-defined]
     assert (proc.returncode, out) == (0, b"done\n")  # type: ignore[attr-defined]
+
+
+def test_a_run_dropped_without_a_wait_goes_on_and_is_reaped(jail: Path) -> None:
+    """As with Popen, dropping the handle does not end the run; unlike a dropped Popen it
+    leaves no zombie: the reaper reaps its monitor when it ends."""
+    import gc
+    proc = Sandbox(Policy(jail=str(jail))).spawn(["sh", "-c", "sleep 0.5; echo x > done"])
+    monitor = proc.pid
+    del proc
+    gc.collect()
+    deadline = time.monotonic() + TIMEOUT
+    while not (jail / "done").exists():  # it went on
+        assert time.monotonic() < deadline, "the dropped run was ended"
+        time.sleep(0.02)
+    assert _left([monitor]) == [], "the monitor stayed (a zombie)"
