@@ -334,3 +334,31 @@ def test_no_server_listening_runs_in_process(tmp_path: Path, jail: Path) -> None
     env = caller_env({"HCP_LINUX_SERVER": str(tmp_path / "nobody-listens.sock")})
     p = run_cli(jail, "sh", "-c", "echo ran", env=env)
     assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
+
+
+def test_timeout_with_the_monitor_stopped_served_and_not(server: Server, jail: Path) -> None:
+    """The served client ends a run by its own hand too (hcp_linux.teardown): with the
+    monitor stopped from outside, `--timeout 1` still returns 124 and leaves nothing."""
+    token = sleep_token(30)
+    argv = hcp_argv(jail, "sh", "-c", f"exec sleep {token}", extra=["--timeout", "1"])
+    for env in (caller_env(), server.env()):  # control: the in-process run, then served
+        client = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/",
+                                  stderr=subprocess.PIPE)
+        monitor = -1
+        try:
+            wait_for(lambda: processes_with(f"sleep\0{token}", client.pid) != [],
+                     "the command never started")
+            with open(f"/proc/{client.pid}/task/{client.pid}/children") as f:
+                monitor = int(f.read().split()[0])
+            os.kill(monitor, signal.SIGSTOP)
+            rc = client.wait(timeout=TIMEOUT)
+            assert rc == 124, client.stderr.read()  # type: ignore[union-attr]
+        finally:
+            if monitor > 0:
+                try:
+                    os.kill(monitor, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            kill_by_pid(client)
+            client.stderr.close()  # type: ignore[union-attr]
+        wait_for(lambda: processes_with(token) == [], "a process of the run survived")
