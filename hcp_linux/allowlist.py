@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from .errors import BinNotExecutableError, BinNotFoundError, NotAllowlistedError, PolicyError
+from .errors import (BinNotExecutableError, BinNotFoundError, NotAllowlistedError, PolicyError,
+                     printable)
 
 #: The PATH of the sandbox: only the read-only system roots.
 SANDBOX_PATH: tuple[str, ...] = ("/usr/local/bin", "/usr/bin", "/bin",
@@ -40,26 +41,32 @@ def _search(name: str, path: Sequence[str]) -> str | None:
 
 def resolve_bin(bin_: str, allow: Sequence[str], *, cwd: str, native_local: bool = False,
                 host_path: str | None = None) -> str:
-    """The absolute path to execute for ``bin_``, or the error HCP prescribes."""
-    if not bin_ or "\0" in bin_:
-        raise PolicyError(f"invalid bin {bin_!r}")
+    """The absolute path to execute for ``bin_``, or the error HCP prescribes.
+
+    In native-local mode only absolute entries of the host PATH are searched: a relative one
+    ("." or "bin") would be looked up from the runtime's directory here and from the jail at
+    exec, two different files. Names in messages are escaped (one line each)."""
+    if not isinstance(bin_, str) or not bin_ or "\0" in bin_:
+        raise PolicyError(f"invalid bin {printable(repr(bin_))}")
     if not is_allowlisted(bin_, allow):
         raise NotAllowlistedError(bin_)
+    shown = printable(bin_)
     if "/" in bin_:
         path = os.path.normpath(os.path.join(cwd, bin_))
     else:
         search = SANDBOX_PATH
         if native_local:
-            search = tuple(p for p in (host_path or "").split(os.pathsep) if p) or SANDBOX_PATH
+            search = tuple(p for p in (host_path or "").split(os.pathsep)
+                           if os.path.isabs(p)) or SANDBOX_PATH
         found = _search(bin_, search)
         if found is None:
-            raise BinNotFoundError(f'bin "{bin_}" not found on the sandbox PATH '
-                                   f'({":".join(search)})')
+            raise BinNotFoundError(f'bin "{shown}" not found on the sandbox PATH '
+                                   f'({printable(":".join(search))})')
         path = found
     if not os.path.exists(path):
-        raise BinNotFoundError(f'bin "{bin_}" not found')
+        raise BinNotFoundError(f'bin "{shown}" not found')
     if os.path.isdir(path) or not os.access(path, os.X_OK):
-        raise BinNotExecutableError(f'bin "{bin_}" is not executable')
+        raise BinNotExecutableError(f'bin "{shown}" is not executable')
     return path
 
 

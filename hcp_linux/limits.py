@@ -12,85 +12,142 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import resource
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from . import values
 from .errors import PolicyError
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 #: policy key -> resource constant, for the rlimits set in the child.
 RLIMITS = {"nofile": resource.RLIMIT_NOFILE, "nproc": resource.RLIMIT_NPROC,
            "fsize": resource.RLIMIT_FSIZE, "as": resource.RLIMIT_AS,
            "cpu": resource.RLIMIT_CPU}
-_SIZE_KEYS = {"fsize", "as", "tmp_size", "shm_size", "output", "memory"}
 _CGROUP_KEYS = ("memory", "pids", "cpu_quota")
+
+#: The kernel's largest pid_max (PID_MAX_LIMIT on 64-bit: 4 * 1024 * 1024). The pid fence
+#: sets a sandbox's pid_max to nproc + 1, so nproc stays below it; no more processes than
+#: that can exist anyway, and a larger value is spelled 'unlimited'.
+PID_MAX_LIMIT = 4 * 1024 * 1024
+#: RLIMIT_CPU is in seconds and the kernel multiplies it by 10**9 into a u64 of nanoseconds
+#: (kernel/time/posix-cpu-timers.c): beyond this it would wrap to a shorter limit.
+CPU_SECONDS_MAX = ((1 << 64) - 1) // 10**9
+#: cgroup v2 cpu.max: quota and period in microseconds. The quota is cpu_quota * period;
+#: the kernel takes a quota from 1 ms up to 2**44 - 1 us (kernel/sched: min_cfs_quota_period,
+#: max_cfs_runtime), so with the default 100 ms period, 0.01 to ~1.76e8 CPUs.
+CPU_PERIOD_US = 100_000
+CPU_QUOTA_MIN = 1_000 / CPU_PERIOD_US
+CPU_QUOTA_MAX = ((1 << 44) - 1) / CPU_PERIOD_US
+#: fs.nr_open's default, the bound on RLIMIT_NOFILE where the sysctl cannot be read.
+NR_OPEN_DEFAULT = 1 << 20
+
+
+def nr_open() -> int:
+    """The most files a process may be allowed to open (fs.nr_open): the kernel refuses a
+    larger RLIMIT_NOFILE (EPERM). Read once per process: should the sysctl be lowered
+    later, the child's setrlimit fails and the run is refused (exit 125) all the same."""
+    global _nr_open
+    if _nr_open is None:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                _nr_open = int(f.read())
+        except (OSError, ValueError):
+            _nr_open = NR_OPEN_DEFAULT
+    return _nr_open
+
+
+_nr_open: int | None = None
 
 
 def parse_size(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise PolicyError(f"limits.{what}: expected a size, got {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and (m := _SIZE.match(value)):
-        n = int(m.group(1)) * _UNITS[m.group(2).lower()]
-    else:
-        raise PolicyError(f"limits.{what}: expected bytes or a size like '512m', got {value!r}")
-    if n <= 0:
-        raise PolicyError(f"limits.{what}: must be positive, got {value!r}")
-    return n
+    """A size limit in bytes (kept for callers of the old name; see :func:`values.size`)."""
+    return values.size(value, f"limits.{what}")
 
 
-def _parse_count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PolicyError(f"limits.{what}: expected a positive whole number, got {value!r}")
-    return value
+_Parser = Callable[[Any, str, str], Any]  # (value, field, hint) -> normalised value
+
+
+def _count(lo: int, hi: Callable[[], int]) -> _Parser:
+    return lambda value, field, hint: values.bounded_int(value, field, lo, hi(), hint=hint)
+
+
+def _bytes(value: Any, field: str, hint: str) -> int:
+    return values.size(value, field, hint=hint)
+
+
+def _cpu_seconds(value: Any, field: str, hint: str) -> int:
+    return int(values.duration(value, field, CPU_SECONDS_MAX, whole=True, hint=hint))
+
+
+def _cpus(value: Any, field: str, hint: str) -> float:
+    return values.decimal(value, field, CPU_QUOTA_MIN, CPU_QUOTA_MAX, hint=hint)
+
+
+#: key -> (parser, may be 'unlimited'). Each parser range-checks against what the kernel takes.
+_PARSERS: dict[str, tuple[_Parser, bool]] = {
+    "nofile": (_count(1, nr_open), True),
+    "nproc": (_count(1, lambda: PID_MAX_LIMIT - 1), True),
+    "fsize": (_bytes, True),
+    "as": (_bytes, True),
+    "cpu": (_cpu_seconds, True),
+    "tmp_size": (_bytes, False),
+    "shm_size": (_bytes, False),
+    "output": (_bytes, True),
+    "memory": (_bytes, True),
+    "pids": (_count(1, lambda: PID_MAX_LIMIT), True),
+    "cpu_quota": (_cpus, True),
+}
+
+
+def _key(name: str) -> str:
+    return "as" if name == "as_" else name
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-run limits. ``None`` means: not limited by this mechanism."""
+    """Per-run limits. ``None`` means: not limited by this mechanism.
 
-    nofile: int | None = 4096
-    nproc: int | None = 4096
-    fsize: int | None = None
-    as_: int | None = None
-    cpu: int | None = None  # CPU seconds
-    tmp_size: int = 1 << 30
-    shm_size: int = 64 << 20
+    Every field is parsed and range-checked here, whether it comes from ``Limits(...)``,
+    :meth:`from_mapping` (a policy file's ``[limits]``, ``--limit KEY=VALUE``) or
+    ``Policy(limits={...})``: counts are whole numbers, sizes are bytes or text like
+    ``'512m'``, ``cpu`` is whole CPU seconds (or text like ``'2m'``), ``cpu_quota`` is a
+    number of CPUs and may be fractional (``0.5`` is half of one CPU's time), and the text
+    ``'unlimited'`` lifts a limit (not the tmpfs sizes: a tmpfs always has one). A value
+    outside what the kernel takes is refused, never wrapped or clamped into a weaker limit.
+    """
+
+    nofile: int | None = 4096  # RLIMIT_NOFILE, 1 .. fs.nr_open
+    nproc: int | None = 4096  # RLIMIT_NPROC and the pid fence, 1 .. PID_MAX_LIMIT - 1
+    fsize: int | None = None  # RLIMIT_FSIZE, bytes
+    as_: int | None = None  # RLIMIT_AS, bytes
+    cpu: int | None = None  # RLIMIT_CPU, whole CPU seconds
+    tmp_size: int = 1 << 30  # bytes of the private /tmp tmpfs
+    shm_size: int = 64 << 20  # bytes of the private /dev/shm tmpfs
     output: int | None = 64 << 20  # bytes kept of each captured stream
-    memory: int | None = None  # cgroup v2 memory.max
+    memory: int | None = None  # cgroup v2 memory.max, bytes
     pids: int | None = None  # cgroup v2 pids.max
     cpu_quota: float | None = None  # cgroup v2 cpu.max, in CPUs (0.5 = half a core)
 
+    def __post_init__(self) -> None:
+        for f in _FIELDS:
+            value = getattr(self, f.name)
+            if value is not f.default:  # a default is valid by construction
+                object.__setattr__(self, f.name, _parse(_key(f.name), value))
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "Limits":
+        """From a table of ``key: value`` (``as`` for ``as_``); unknown keys are refused."""
         if isinstance(data, Limits):
             return data
         if not isinstance(data, Mapping):
-            raise PolicyError("limits: expected a table of limits")
-        known = {("as" if f.name == "as_" else f.name) for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
+            raise PolicyError(f"limits: expected a table of limits, got {type(data).__name__}")
+        values_: dict[str, Any] = {}
         for key, value in data.items():
-            if key not in known:
-                raise PolicyError(f"limits: unknown limit {key!r} (known: {', '.join(sorted(known))})")
-            name = "as_" if key == "as" else key
-            if value is None or value == "unlimited":
-                if key in ("tmp_size", "shm_size"):
-                    raise PolicyError(f"limits.{key}: a tmpfs needs a size")
-                values[name] = None
-            elif key == "cpu_quota":
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                    raise PolicyError(f"limits.cpu_quota: expected CPUs > 0, got {value!r}")
-                values[name] = float(value)
-            elif key in _SIZE_KEYS:
-                values[name] = parse_size(value, key)
-            else:
-                values[name] = _parse_count(value, key)
-        return cls(**values)
+            if key not in _PARSERS:
+                raise PolicyError(f"limits: unknown limit {values.show(key)} "
+                                  f"(known: {', '.join(sorted(_PARSERS))})")
+            values_["as_" if key == "as" else key] = value
+        return cls(**values_)
 
     def rlimits(self) -> list[tuple[str, int, int]]:
         """(key, resource, value) for every rlimit to set, clamped to this process's hard
@@ -109,9 +166,28 @@ class Limits:
     def cgroup_requested(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _CGROUP_KEYS if getattr(self, k) is not None}
 
+    def cpu_max(self) -> str | None:
+        """cgroup v2 ``cpu.max`` for ``cpu_quota`` ("$QUOTA $PERIOD", microseconds)."""
+        if self.cpu_quota is None:
+            return None
+        return f"{max(1_000, round(self.cpu_quota * CPU_PERIOD_US))} {CPU_PERIOD_US}"
+
     def as_dict(self) -> dict[str, Any]:
-        return {("as" if f.name == "as_" else f.name): getattr(self, f.name)
-                for f in dataclasses.fields(self)}
+        return {_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+_FIELDS = dataclasses.fields(Limits)
+
+
+def _parse(key: str, value: Any) -> Any:
+    """One limit's value, normalised, or PolicyError naming ``limits.<key>`` and the range."""
+    parser, may_lift = _PARSERS[key]
+    field = f"limits.{key}"
+    if value is None or (isinstance(value, str) and value.strip() == "unlimited"):
+        if not may_lift:
+            raise PolicyError(f"{field}: a tmpfs needs a size (it cannot be 'unlimited')")
+        return None
+    return parser(value, field, ", or 'unlimited'" if may_lift else "")
 
 
 #: pid_max cannot go below RESERVED_PIDS + 1 (kernel/pid.c).

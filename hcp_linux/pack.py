@@ -17,22 +17,16 @@ What is validated strictly and why:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from . import values
 from .environment import is_injection_key
-from .errors import PolicyError
+from .errors import PolicyError, printable
 from .policy import check_env_text
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 __all__ = ["Pack", "WorkspaceSpec", "PackError", "load_pack", "MODES", "NONE", "EPHEMERAL",
            "WORKSPACE", "DEFAULT_FILE_FLAGS", "OUTPUT_FLAGS"]
@@ -83,11 +77,11 @@ class Pack:
     manifest: str | None = None
 
     def __post_init__(self) -> None:
-        where = f"pack {self.manifest}" if self.manifest else "pack"
+        where = f"pack {printable(self.manifest)}" if isinstance(self.manifest, str) else "pack"
         if not isinstance(self.root, str) or not os.path.isabs(self.root):
-            raise PackError(f"{where}: pack root {self.root!r} is not an absolute path")
+            raise PackError(f"{where}: pack root {values.show(self.root)} is not an absolute path")
         if not os.path.isdir(self.root):
-            raise PackError(f"{where}: pack root {self.root} does not exist")
+            raise PackError(f"{where}: pack root {printable(self.root)} does not exist")
         object.__setattr__(self, "root", os.path.realpath(self.root))
         if isinstance(self.bins, str) or not self.bins or \
                 not all(isinstance(b, str) and b for b in self.bins):
@@ -103,20 +97,24 @@ class Pack:
     def from_mapping(cls, data: Any, *, root: str | os.PathLike[str],
                      manifest: str | None = None) -> "Pack":
         """Validate a parsed manifest (the top-level table) whose pack root is ``root``."""
-        source = f"pack {manifest}" if manifest else "pack"
-        root = os.fspath(root)
+        source = f"pack {printable(manifest)}" if manifest else "pack"
+        try:
+            root = values.file_name(root, "pack root")
+        except PolicyError as e:
+            raise PackError(f"{source}: {e}") from None
         if not os.path.isabs(root):
-            raise PackError(f"{source}: pack root {root!r} is not an absolute path")
+            raise PackError(f"{source}: pack root {values.show(root)} is not an absolute path")
         if not os.path.isdir(root):
-            raise PackError(f"{source}: pack root {root} does not exist")
+            raise PackError(f"{source}: pack root {printable(root)} does not exist")
         root = os.path.realpath(root)
+        try:  # it becomes a read-only root of every run: refused now, before any workspace
+            values.check_grantable(root, "pack root")
+        except PolicyError as e:
+            raise PackError(f"{source}: {e}") from None
         if not isinstance(data, Mapping):
             raise PackError(f"{source}: expected a table at the top level, "
                             f"got {_type(data)}")
-        name = data.get("name")
-        if name is not None and (not isinstance(name, str) or not name.strip()
-                                 or "\0" in name):
-            raise PackError(f"{source}: name: expected a non-empty string, got {_show(name)}")
+        name = _name(data.get("name"), source)
         wrap = data.get("wrap")
         if wrap is None:
             raise PackError(f"{source}: wrap: missing (expected a table with wrap.bin)")
@@ -137,32 +135,22 @@ class Pack:
 
 
 def load_pack(path: str | os.PathLike[str]) -> Pack:
-    """Read and validate a manifest (``.json`` or ``.toml``); its directory is the pack root."""
-    path = os.path.abspath(os.fspath(path))
+    """Read and validate a manifest (``.json`` or ``.toml``); its directory is the pack root.
+    At most values.MAX_DOCUMENT bytes and values.MAX_DEPTH levels deep; every failure is one
+    line naming the manifest."""
+    try:
+        path = os.path.abspath(values.file_name(path, "pack"))
+    except PolicyError as e:
+        raise PackError(str(e)) from None
+    source = f"pack {printable(path)}"
     root = os.path.dirname(path)
     if not os.path.isdir(root):
-        raise PackError(f"pack {path}: pack root {root} does not exist")
+        raise PackError(f"{source}: pack root {printable(root)} does not exist")
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".json", ".toml"):
-        raise PackError(f"pack {path}: expected a .json or .toml manifest")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except IsADirectoryError:
-        raise PackError(f"pack {path}: is a directory (give the manifest file)") from None
-    except OSError as e:
-        raise PackError(f"pack {path}: {e.strerror}") from None
-    try:
-        if ext == ".json":
-            data = json.loads(raw.decode("utf-8"))
-        else:
-            data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise PackError(f"pack {path}: not valid UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise PackError(f"pack {path}: malformed JSON: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise PackError(f"pack {path}: malformed TOML: {e}") from None
+        raise PackError(f"{source}: expected a .json or .toml manifest")
+    raw = values.read_document(path, source, PackError)
+    data = values.parse_document(raw, source, ext[1:], PackError)
     return Pack.from_mapping(data, root=root, manifest=path)
 
 
@@ -174,7 +162,9 @@ def _type(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
-    return f"{_type(value)} {value!r}" if isinstance(value, (str, int, float)) else _type(value)
+    if isinstance(value, (str, int, float)):
+        return f"{_type(value)} {values.show(value)}"
+    return _type(value)
 
 
 def _known_keys(table: Mapping[str, Any], known: tuple[str, ...], where: str,
@@ -182,7 +172,7 @@ def _known_keys(table: Mapping[str, Any], known: tuple[str, ...], where: str,
     for key in table:
         if key not in known:
             hint = " (packs must not name a driver, HCP §10.6)" if key == "driver" else ""
-            raise PackError(f"{source}: {where}: unknown key {key!r}{hint} "
+            raise PackError(f"{source}: {where}: unknown key {values.show(key)}{hint} "
                             f"(expected: {', '.join(known)})")
 
 
@@ -198,7 +188,7 @@ def _str_list(value: Any, what: str, source: str, *, allow_str: bool = False) ->
     seen: set[str] = set()
     for item in value:
         if item in seen:
-            raise PackError(f"{source}: {what}: duplicate entry {item!r}")
+            raise PackError(f"{source}: {what}: duplicate entry {values.show(item)}")
         seen.add(item)
     return list(value)
 
@@ -215,17 +205,44 @@ def _bins(value: Any, root: str, source: str) -> tuple[str, ...]:
         if "\0" in b:
             raise PackError(f"{source}: {what}: contains a NUL byte")
         if "/" in b and not os.path.isabs(b):
-            # A pack-shipped executable: relative to the pack root, and inside it.
-            resolved = os.path.normpath(os.path.join(root, b))
-            if not (resolved + "/").startswith(root.rstrip("/") + "/"):
-                raise PackError(f"{source}: {what}: {b!r} points outside the pack root")
-            b = resolved
+            b = _pack_bin(b, root, f"{source}: {what}")
         elif "/" in b:
             b = os.path.normpath(b)
         if b in out:
-            raise PackError(f"{source}: wrap.bin: duplicate entry {b!r}")
+            raise PackError(f"{source}: wrap.bin: duplicate entry {values.show(b)}")
         out.append(b)
     return tuple(out)
+
+
+def _name(value: Any, source: str) -> str | None:
+    """The manifest's ``name``, which names the pack's workspaces on disk: printable text
+    that encodes as UTF-8 (a lone surrogate from a JSON ``\\udc80`` would not)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise PackError(f"{source}: name: expected a non-empty string, got {_show(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PackError(f"{source}: name: {values.show(value)} is not valid UTF-8") from None
+    if not value.isprintable():
+        raise PackError(f"{source}: name: {values.show(value)} contains a control character")
+    return value
+
+
+def _pack_bin(b: str, root: str, where: str) -> str:
+    """A pack-shipped executable (``bin/tool``): relative to the pack root, and inside it
+    both as written and as it resolves, symlinks followed. ``bin/x -> /bin/sh`` would put a
+    shell on the allow-list under a name the pack chose. Returned as written, made absolute
+    (the allow-list compares exact paths)."""
+    resolved = os.path.normpath(os.path.join(root, b))
+    if not values.is_within(resolved, root):
+        raise PackError(f"{where}: {values.show(b)} points outside the pack root")
+    real = os.path.realpath(resolved)
+    if not values.is_within(real, root):
+        raise PackError(f"{where}: {values.show(b)} resolves to {printable(real)}, outside the "
+                        f"pack root (symlinks are followed)")
+    return resolved
 
 
 def _agent_env(value: Any, source: str) -> dict[str, str]:
@@ -235,9 +252,10 @@ def _agent_env(value: Any, source: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, val in value.items():
         if not isinstance(val, str):
-            raise PackError(f"{source}: wrap.agent_env.{key}: expected a string, got {_show(val)}")
+            raise PackError(f"{source}: wrap.agent_env.{printable(str(key))}: expected a string, "
+                            f"got {_show(val)}")
         if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise PackError(f"{source}: wrap.agent_env: invalid variable name {key!r} "
+            raise PackError(f"{source}: wrap.agent_env: invalid variable name {values.show(key)} "
                             f"(expected letters, digits and _)")
         if is_injection_key(key):
             what = "is set by the sandbox" if key == "HCP_SANDBOX" else "injects code"
@@ -266,7 +284,8 @@ def _workspace(value: Any, source: str) -> WorkspaceSpec:
         home_env = ["HOME"] if mode == WORKSPACE else []
     for key in home_env:
         if not _ENV_NAME.match(key):
-            raise PackError(f"{source}: wrap.workspace.home_env: invalid variable name {key!r}")
+            raise PackError(f"{source}: wrap.workspace.home_env: invalid variable name "
+                            f"{values.show(key)}")
         if is_injection_key(key) or key == "PATH":
             raise PackError(f"{source}: wrap.workspace.home_env: variable \"{key}\" not allowed "
                             f"(it is not a home directory)")
@@ -276,6 +295,6 @@ def _workspace(value: Any, source: str) -> WorkspaceSpec:
         flags = list(DEFAULT_FILE_FLAGS)
     for flag in flags:
         if not _FLAG.match(flag):
-            raise PackError(f"{source}: wrap.workspace.file_flags: {flag!r} is not a flag "
-                            f"(expected -x or --name, without '=')")
+            raise PackError(f"{source}: wrap.workspace.file_flags: {values.show(flag)} is not a "
+                            f"flag (expected -x or --name, without '=')")
     return WorkspaceSpec(mode=mode, home_env=tuple(home_env), file_flags=tuple(flags))

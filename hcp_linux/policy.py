@@ -8,14 +8,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
-import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from .errors import PolicyError
+from . import values
+from .errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
 
 #: Read-only system roots of the default policy (DESIGN §4). Missing ones are simply absent.
@@ -34,39 +33,51 @@ MAX_TIMEOUT = 2_147_483
 SANDBOX, NATIVE_LOCAL = "sandbox", "native-local"
 
 
-def _abs_path(value: Any, what: str) -> str:
-    if not isinstance(value, (str, os.PathLike)):
-        raise PolicyError(f"{what}: expected a path, got {type(value).__name__}")
-    path = os.fspath(value)
-    if not isinstance(path, str):
-        raise PolicyError(f"{what}: expected a text path")
-    if "\0" in path:
-        raise PolicyError(f"{what}: path contains a NUL byte")
-    if not os.path.isabs(path):
-        raise PolicyError(f"{what}: {path!r} is not an absolute path")
-    return os.path.normpath(path)
+#: Whether ``path`` is ``root`` or beneath it (plan.py uses it too).
+_is_within = values.is_within
 
 
-def _existing_dir(path: str, what: str) -> str:
-    """The canonical form of an existing directory (symlinks resolved once, here)."""
-    real = os.path.realpath(path)
-    if not os.path.isdir(real):
-        raise PolicyError(f"{what}: {path} is not an existing directory")
-    return real
-
-
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+def _items(value: Any, what: str, expected: str = "a list of strings") -> tuple[Any, ...]:
+    """The items of a list-like field; a string (a list of its characters to Python) or a
+    mapping is refused."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise PolicyError(f"{what}: expected {expected}, got {_kind(value)}")
+    try:
+        return tuple(value)
+    except Exception:  # a generator raising half-way: one line, not its traceback
+        raise PolicyError(f"{what}: expected {expected}, could not read the items") from None
 
 
 def _str_tuple(value: Any, what: str) -> tuple[str, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise PolicyError(f"{what}: expected a list of strings")
-    items = tuple(value)
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)):
-            raise PolicyError(f"{what}: expected strings, got {type(item).__name__}")
-    return tuple(os.fspath(i) for i in items)
+    out = []
+    for item in _items(value, what):
+        text = item
+        if isinstance(item, os.PathLike):
+            try:
+                text = os.fspath(item)
+            except Exception:
+                text = None
+        if not isinstance(text, str):
+            raise PolicyError(f"{what}: expected strings, got {_kind(item)} {values.show(item)}")
+        out.append(text)
+    return tuple(out)
+
+
+def _path_tuple(value: Any, what: str) -> tuple[str, ...]:
+    """A list of absolute paths (``str``, ``bytes`` or ``os.PathLike`` each), normalised."""
+    return tuple(values.text_path(p, what) for p in _items(value, what, "a list of paths"))
+
+
+def _kind(value: Any) -> str:
+    return {str: "a string", bytes: "bytes", bool: "a boolean", int: "an integer",
+            float: "a number", list: "a list", tuple: "a tuple", dict: "a table"
+            }.get(type(value), type(value).__name__)
+
+
+def _choice(value: Any, what: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise PolicyError(f"{what}: expected one of {', '.join(choices)}, got {values.show(value)}")
+    return value
 
 
 def expand_layers(names: Iterable[str]) -> frozenset[str]:
@@ -82,18 +93,27 @@ def expand_layers(names: Iterable[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+#: The longest single "KEY=VALUE" string execve takes (MAX_ARG_STRLEN, 32 pages, with the
+#: NUL): a longer one fails the exec with E2BIG after everything was set up.
+MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
+
+
 def check_env_text(key: str, value: str) -> None:
+    """One variable for the child: text keys and values, a name execve can carry (no '=',
+    no NUL), valid UTF-8, and short enough for the kernel."""
     if not isinstance(key, str) or not isinstance(value, str):
-        raise PolicyError(f"env: {key!r}: keys and values must be strings")
+        raise PolicyError(f"env: {values.show(key)}: keys and values must be strings")
     if not key or "=" in key or "\0" in key:
-        raise PolicyError(f"env: invalid variable name {key!r}")
+        raise PolicyError(f"env: invalid variable name {values.show(key)}")
     if "\0" in value:
-        raise PolicyError(f"env: {key}: value contains a NUL byte")
-    for text in (key, value):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise PolicyError(f"env: {key!r}: not valid UTF-8") from None
+        raise PolicyError(f"env: {values.show(key)}: value contains a NUL byte")
+    try:
+        length = len(key.encode("utf-8")) + len(value.encode("utf-8")) + 2
+    except UnicodeEncodeError:
+        raise PolicyError(f"env: {values.show(key)}: not valid UTF-8") from None
+    if length > MAX_ARG_STRLEN:
+        raise PolicyError(f"env: {values.show(key)}: {length} bytes with its name, more than "
+                          f"the kernel takes for one variable ({MAX_ARG_STRLEN})")
 
 
 #: The seccomp profiles a policy names unless it says otherwise.
@@ -128,53 +148,76 @@ class Policy:
     on_exit: str = "kill"
 
     def __post_init__(self) -> None:
+        """Check every field, in one pass, before anything is opened, spawned or written;
+        normalise each (canonical paths, tuples, a read-only env, parsed limits)."""
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         if not isinstance(self.sandbox, bool) or not isinstance(self.native_local, bool):
-            raise PolicyError("sandbox/native_local: expected true or false")
+            raise PolicyError("sandbox/native_local: expected true or false, got "
+                              f"{values.show(self.sandbox)}/{values.show(self.native_local)}")
         if self.sandbox == self.native_local:
             # HCP §10.1/10.5: native-local only by an explicit, positive action on both switches.
             raise PolicyError("native-local needs both sandbox=false and native_local=true "
                               "(--no-sandbox --native-local); give both or neither")
-        jail = os.getcwd() if self.jail is None else _abs_path(self.jail, "jail")
-        set_("jail", _existing_dir(jail, "jail"))
-        set_("write_roots", tuple(_existing_dir(_abs_path(p, "write_roots"), "write_roots")
-                                  for p in _str_tuple(self.write_roots, "write_roots")))
-        set_("read_only_roots", tuple(
-            _existing_dir(_abs_path(p, "read_only_roots"), "read_only_roots")
-            for p in _str_tuple(self.read_only_roots, "read_only_roots")))
-        set_("system_roots", tuple(_abs_path(p, "system_roots")
-                                   for p in _str_tuple(self.system_roots, "system_roots")))
-        if self.network not in NETWORK_MODES:
-            raise PolicyError(f"network: unknown mode {self.network!r} "
-                              f"(expected one of: {', '.join(NETWORK_MODES)})")
+        self._check_roots(set_)
+        set_("network", _choice(self.network, "network", NETWORK_MODES))
         self._check_egress(set_)
         bins = _str_tuple(self.allow_bins, "allow_bins")
         for b in bins:
             if not b or "\0" in b:
-                raise PolicyError(f"allow_bins: invalid entry {b!r}")
+                raise PolicyError(f"allow_bins: invalid entry {values.show(b)}")
         set_("allow_bins", bins)
         if not isinstance(self.env, Mapping):
-            raise PolicyError("env: expected a table of KEY = VALUE")
+            raise PolicyError(f"env: expected a table of KEY = VALUE, got {_kind(self.env)}")
         for k, v in self.env.items():
             check_env_text(k, v)
         set_("env", MappingProxyType(dict(self.env)))
         set_("allow_degraded", expand_layers(_str_tuple(self.allow_degraded, "allow_degraded")))
         set_("seccomp_profiles", _str_tuple(self.seccomp_profiles, "seccomp_profiles"))
         if self.timeout is not None:
-            t = self.timeout
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
-                    or not 0 < t <= MAX_TIMEOUT:
-                raise PolicyError(f"timeout: expected seconds in (0, {MAX_TIMEOUT}], got {t!r}")
+            set_("timeout", values.duration(self.timeout, "timeout", MAX_TIMEOUT))
         set_("limits", Limits.from_mapping(self.limits))
         if self.limits.cgroup_requested():
             status = cgroup_v2_status()
             if not status.startswith("available") or "not yet applied" in status:
                 keys = ", ".join(sorted(self.limits.cgroup_requested()))
                 raise PolicyError(f"limits {keys}: cgroup v2 limits cannot be applied here "
-                                  f"({status.split(': ', 1)[-1]})")
-        if self.on_exit not in ON_EXIT:
-            raise PolicyError(f"on_exit: expected one of {', '.join(ON_EXIT)}, got {self.on_exit!r}")
-        self._check_overlaps()
+                                  f"({printable(status.split(': ', 1)[-1])})")
+        set_("on_exit", _choice(self.on_exit, "on_exit", ON_EXIT))
+        system = tuple(os.path.realpath(p) for p in self.system_roots)  # resolved once
+        self._check_overlaps(system)
+        self._check_grantable(system)
+
+    def _check_roots(self, set_) -> None:  # type: ignore[no-untyped-def]
+        """Jail, write and read-only roots: absolute paths of existing directories, made
+        canonical. System roots: absolute paths (a missing one is simply absent from the
+        view, as documented)."""
+        if self.jail is None:
+            try:
+                jail = os.getcwd()
+            except OSError as e:
+                raise PolicyError(f"jail: not given, and the current directory cannot be "
+                                  f"used ({e.strerror})") from None
+        else:
+            jail = self.jail
+        set_("jail", values.existing_dir(jail, "jail"))
+        for name in ("write_roots", "read_only_roots"):
+            set_(name, tuple(values.existing_dir(p, name)
+                             for p in _path_tuple(getattr(self, name), name)))
+        set_("system_roots", _path_tuple(self.system_roots, "system_roots"))
+
+    def _check_grantable(self, system: tuple[str, ...]) -> None:
+        """No root is, holds or lies on a kernel pseudo file system (/proc, /sys, /dev, a
+        sysfs or cgroupfs mounted anywhere...): granting one hands the command a kernel
+        interface, writable as root. Checked last, so that a plainer error (a read-only root
+        inside the jail, as with ``jail = "/"``) is the one reported."""
+        mounts = values.mount_table()  # read once for every root
+        roots = [("jail", self.jail)] + [("write_roots", p) for p in self.write_roots] \
+            + [("read_only_roots", p) for p in self.read_only_roots]
+        for real in system:
+            if os.path.isdir(real):  # a missing one is absent from the view: nothing to grant
+                roots.append(("system_roots", real))
+        for what, real in roots:
+            values.check_grantable(real, what, mounts)
 
     def _check_egress(self, set_) -> None:  # type: ignore[no-untyped-def]
         allow = _str_tuple(self.allow_hosts, "allow_hosts")
@@ -192,22 +235,22 @@ class Policy:
         from .egress import EgressPolicy  # validates every pattern, naming the culprit
         EgressPolicy.parse(allow, deny)
         if self.proxy_log is not None:
-            set_("proxy_log", _abs_path(self.proxy_log, "proxy_log"))
+            set_("proxy_log", values.output_file(self.proxy_log, "proxy_log"))
 
     def egress(self):  # type: ignore[no-untyped-def]
         """The parsed allow/deny lists (network = "allow" only)."""
         from .egress import EgressPolicy
         return EgressPolicy.parse(self.allow_hosts, self.deny_hosts)
 
-    def _check_overlaps(self) -> None:
+    def _check_overlaps(self, system: tuple[str, ...]) -> None:
         # Landlock rules only add rights: a read-only root inside a writable one would be
         # writable after all. Refuse the combination instead of silently granting it.
         writable = self.writable_roots
-        for ro in self.read_only_roots + tuple(os.path.realpath(p) for p in self.system_roots):
+        for ro in self.read_only_roots + system:
             for rw in writable:
                 if _is_within(ro, rw):
-                    raise PolicyError(f"overlapping roots: read-only root {ro} is inside "
-                                      f"writable root {rw}")
+                    raise PolicyError(f"overlapping roots: read-only root {printable(ro)} "
+                                      f"is inside writable root {printable(rw)}")
 
     @property
     def writable_roots(self) -> tuple[str, ...]:
@@ -242,12 +285,14 @@ class Policy:
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "policy",
                      **overrides: Any) -> "Policy":
         """Build from a parsed config table (TOML keys = field names; ``nativeLocal`` too)."""
+        if not isinstance(data, Mapping):
+            raise PolicyError(f"{source}: expected a table, got {_kind(data)}")
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             name = "native_local" if key == "nativeLocal" else key
             if name not in known:
-                raise PolicyError(f"{source}: unknown key {key!r}")
+                raise PolicyError(f"{source}: unknown key {values.show(key)}")
             kwargs[name] = value
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         try:
@@ -257,16 +302,9 @@ class Policy:
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> "Policy":
-        if sys.version_info >= (3, 11):  # imported here: `hcp-linux run` without a file
-            import tomllib               # does not pay ~3 ms for it
-        else:  # pragma: no cover - exercised on 3.10 only
-            import tomli as tomllib
-        path = os.fspath(path)
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as e:
-            raise PolicyError(f"policy file {path}: {e.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise PolicyError(f"policy file {path}: malformed TOML: {e}") from None
-        return cls.from_mapping(data, source=f"policy file {path}", **overrides)
+        """Read a TOML policy file (at most values.MAX_DOCUMENT bytes, values.MAX_DEPTH
+        levels deep); every failure is one line naming the file."""
+        text = values.file_name(path, "policy file")
+        source = f"policy file {printable(text)}"
+        data = values.parse_document(values.read_document(text, source), source, "toml")
+        return cls.from_mapping(data, source=source, **overrides)
