@@ -8,13 +8,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 from typing import Any, NoReturn, Sequence
 
-from .errors import EXIT_USAGE, SandboxError, printable
+from . import __version__
+from .environment import is_injection_key
+from .errors import EXIT_USAGE, PolicyError, SandboxError, printable
 from .policy import NETWORK_MODES, Policy
+
+#: What `--env` accepts as a name: the portable shell name, as a pack's wrap.agent_env
+#: (anything else cannot be read by a shell and is most likely a mistake: "A B=1").
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: The subcommands, for the hint a bare `hcp-linux` prints.
+COMMANDS = ("probe", "conformance", "run", "gc", "serve")
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -23,14 +33,26 @@ class _Formatter(argparse.HelpFormatter):
 
     def __init__(self, prog: str, **kwargs: Any) -> None:
         if kwargs.get("width") is None:
-            try:
-                kwargs["width"] = int(os.environ.get("COLUMNS", "")) - 2
-            except ValueError:
-                try:
-                    kwargs["width"] = os.get_terminal_size(sys.__stdout__.fileno()).columns - 2
-                except (AttributeError, ValueError, OSError):
-                    kwargs["width"] = 78
+            kwargs["width"] = _columns() - 2
         super().__init__(prog, **kwargs)
+
+
+def _columns() -> int:
+    """The terminal's width: ``COLUMNS`` when it is a sensible number (as shutil reads it,
+    a hint, so a bad value is ignored, not refused), else the terminal's, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+        if 10 <= columns <= 1000:
+            return columns
+    except ValueError:
+        pass
+    try:
+        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        if 10 <= columns <= 1000:
+            return columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return 80
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,72 +60,108 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> NoReturn:  # one line, our prefix, exit 2
-        print(f"error: sandbox: {message} (see '{self.prog} --help')", file=sys.stderr)
+    def error(self, message: str) -> NoReturn:
+        """A usage error is one line, with the prefix of every refusal, and exit 2 (DESIGN
+        §5); argparse's own form is two (usage, then "prog: error: ...") and shows what the
+        user typed raw: a control character in argv could add lines or move the cursor."""
+        print(f"error: sandbox: {printable(message)} (see '{self.prog} --help')",
+              file=sys.stderr)
         sys.exit(EXIT_USAGE)
+
+
+class _Once(argparse.Action):
+    """An option that takes one value and may be given once: argparse keeps the last of
+    ``--timeout 5 --timeout 500`` without a word; which one the caller meant is unknown, so
+    the command line is refused (exit 2). Repeatable options are ``action="append"``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = namespace.__dict__.setdefault("_given", set())
+        if self.dest in given:
+            parser.error(f"{option_string or self.dest}: given more than once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hcp-linux", description="Linux confinement backend for HCP §10 Sandbox.")
+    p.add_argument("--version", action="version", version=f"hcp-linux {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
     c = sub.add_parser("conformance", help="check the HCP §10 rules on this host, with evidence")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
+    c.add_argument("--junit", action=_Once, metavar="FILE",
+                   help="also write a JUnit XML report to FILE")
     c.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER",
                    help="let LAYER degrade in every run the checks make (repeatable)")
     r = sub.add_parser("run", help="run one command confined",
                        usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
-    r.add_argument("--jail", help="working directory and first writable root (default: cwd)")
+    r.add_argument("--jail", action=_Once,
+                   help="working directory and first writable root (default: cwd)")
     r.add_argument("--write-root", action="append", default=[], metavar="DIR")
     r.add_argument("--read-only-root", action="append", default=[], metavar="DIR")
-    r.add_argument("--network", help=f"one of {', '.join(NETWORK_MODES)} (default none)")
+    r.add_argument("--network", action=_Once,
+                   help=f"one of {', '.join(NETWORK_MODES)} (default none)")
     r.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="with --network allow: egress allowed to HOST (repeatable; *.example.com, "
                         "IP literals, CIDRs)")
     r.add_argument("--deny-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="with --network allow: refused even when an allow entry matches")
-    r.add_argument("--proxy-log", metavar="FILE", help="append each egress decision as JSON")
+    r.add_argument("--proxy-log", action=_Once, metavar="FILE",
+                   help="append each egress decision as JSON")
     r.add_argument("--allow-bin", action="append", default=[], metavar="BIN")
-    r.add_argument("--policy", metavar="FILE", help="TOML policy file (keys as in Policy)")
+    r.add_argument("--policy", action=_Once, metavar="FILE",
+                   help="TOML policy file (keys as in Policy)")
     r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    r.add_argument("--timeout", type=float, metavar="SECONDS")
+    r.add_argument("--timeout", action=_Once, type=float, metavar="SECONDS")
     r.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER")
     r.add_argument("--no-sandbox", action="store_true")
     r.add_argument("--native-local", action="store_true")
     r.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
                    help="resource limit, e.g. nproc=256 fsize=1g as=4g tmp_size=512m "
                         "(repeatable; 'unlimited' lifts one)")
-    r.add_argument("--on-exit", choices=("kill", "wait"),
+    r.add_argument("--on-exit", action=_Once, choices=("kill", "wait"),
                    help="when the command exits: kill what it left running (default) or wait")
-    r.add_argument("--receipt", metavar="FILE|-", help="write the receipt as JSON ('-': stderr)")
-    r.add_argument("--pack", metavar="FILE", help="HCP pack manifest: run via the driver")
-    r.add_argument("--principal", metavar="NAME", help="whose workspace (with --pack)")
-    r.add_argument("--executor", choices=("auto", "native", "ctypes"), help=argparse.SUPPRESS)
+    r.add_argument("--receipt", action=_Once, metavar="FILE|-",
+                   help="write the receipt as JSON ('-': stderr)")
+    r.add_argument("--pack", action=_Once, metavar="FILE",
+                   help="HCP pack manifest: run via the driver")
+    r.add_argument("--principal", action=_Once, metavar="NAME",
+                   help="whose workspace (with --pack)")
+    r.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                   help=argparse.SUPPRESS)
     r.add_argument("command", nargs=argparse.REMAINDER)
     g = sub.add_parser("gc", help="remove what runs that died left: ephemeral jails, "
                                   "staging in idle workspaces, temp files beside outputs")
     g.add_argument("--dry-run", action="store_true", help="list, remove nothing")
-    g.add_argument("--tmp-dir", metavar="DIR",
+    g.add_argument("--tmp-dir", action=_Once, metavar="DIR",
                    help="where ephemeral jails live (default: the system temp dir)")
-    g.add_argument("--state-dir", metavar="DIR",
+    g.add_argument("--state-dir", action=_Once, metavar="DIR",
                    help="where workspaces live (default: $XDG_STATE_HOME/hcp-linux)")
     g.add_argument("paths", nargs="*", metavar="PATH",
                    help="a directory that outputs were written back to: its temp files")
     sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
                                       "(clients: HCP_LINUX_SERVER=SOCKET)")
-    sv.add_argument("--socket", required=True, metavar="PATH",
+    sv.add_argument("--socket", action=_Once, required=True, metavar="PATH",
                     help="the unix socket to listen on (made mode 0600)")
     return p
 
 
 def policy_from_args(a: argparse.Namespace) -> Policy:
+    """The policy of `run`'s flags (over a ``--policy`` file's), validated (PolicyError)."""
+    if a.jail is None:
+        check_cwd(" (give --jail DIR)")
+    if a.policy == "":
+        raise PolicyError("--policy: empty path")
     env: dict[str, str] = {}
     for item in a.env:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SandboxError(f"--env {item!r}: expected KEY=VALUE")
+            raise PolicyError(f"--env {item!r}: expected KEY=VALUE")
+        if not ENV_NAME.match(key) and not is_injection_key(key):  # that one has its message
+            raise PolicyError(f"--env: invalid variable name {key!r} (letters, digits and "
+                              f"_, not starting with a digit)")  # not the value: a secret?
         env[key] = value
     base: dict = {}
     if a.policy:
@@ -143,6 +201,28 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
     return Policy(**fields)
 
 
+def check_cwd(hint: str = "") -> None:
+    """The jail defaults to the current directory, and relative paths start there: one that
+    was removed is refused here, by name, rather than as a traceback from deep inside."""
+    try:
+        os.getcwd()
+    except OSError as e:
+        raise PolicyError(f"run: the current directory: {e.strerror}{hint}") from None
+
+
+def check_outputs(a: argparse.Namespace, policy: Policy | None = None) -> None:
+    """`run`'s output files, checked before anything starts (receipt.check_output_path):
+    ``--receipt`` (``-``: standard error) and the proxy log, of the flag or of the policy
+    file. Found after the run, a bad one would cost the command's exit status."""
+    from .receipt import check_output_path
+    if a.receipt is not None and a.receipt != "-":
+        check_output_path(a.receipt, "--receipt", hint="; '-' writes it to standard error")
+    if a.proxy_log is not None:
+        check_output_path(a.proxy_log, "--proxy-log", replace=False)
+    if policy is not None and policy.proxy_log and policy.proxy_log != a.proxy_log:
+        check_output_path(policy.proxy_log, "proxy_log", replace=False)
+
+
 def command_of(a: argparse.Namespace) -> list[str]:
     """The command `run` was given (after ``--``); refused when there is none."""
     argv = list(a.command)
@@ -159,6 +239,7 @@ def _run(a: argparse.Namespace) -> int:
     from .sandbox import Sandbox
 
     argv = command_of(a)
+    check_outputs(a)
     if a.executor is not None:  # hidden: the test suite runs once per executor
         from .native import set_default
         set_default(a.executor)
@@ -166,6 +247,7 @@ def _run(a: argparse.Namespace) -> int:
         from .driver_cli import run_pack
         return run_pack(a, argv)
     policy = policy_from_args(a)
+    check_outputs(a, policy)
     # The CLI's own job control: ^C, TERM or HUP kill the whole sandbox, and then the CLI
     # dies by that signal, as a shell expects (hcp_linux.interrupt).
     end = EndOnSignal()
@@ -203,19 +285,76 @@ def _probe(a: argparse.Namespace) -> int:
     return 0 if report.fully_enforceable else 1
 
 
+def _gc(a: argparse.Namespace) -> int:
+    """`gc`, its directories checked before anything is removed: each PATH and ``--tmp-dir``
+    must be an existing directory, ``--state-dir`` a directory or absent (no workspace was
+    ever made: nothing to reclaim), none of them "" (which is not "the default"), and the
+    defaults' variables (TMPDIR, XDG_STATE_HOME, HOME) valid, as for a run."""
+    from .gc import gc
+    from .workspace import default_state_dir, default_tmp_dir
+    for flag, value in (("--tmp-dir", a.tmp_dir), *(("PATH", p) for p in a.paths)):
+        if value is not None:
+            _check_dir(value, flag, missing_ok=False)
+    if a.state_dir is not None:
+        _check_dir(a.state_dir, "--state-dir", missing_ok=True)
+    tmp_dir = a.tmp_dir if a.tmp_dir is not None else default_tmp_dir()
+    state_dir = a.state_dir if a.state_dir is not None else default_state_dir()
+    return gc(a.paths, tmp_dir=tmp_dir, state_dir=state_dir, dry_run=a.dry_run)
+
+
+def _check_dir(path: str, what: str, *, missing_ok: bool) -> None:
+    shown = f"gc {what}" if what != "PATH" else "gc"
+    if not path:
+        raise PolicyError(f"{shown}: empty path")
+    shown += f" {printable(path)}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as e:
+        if missing_ok:
+            return
+        raise PolicyError(f"{shown}: {e.strerror}") from None
+    except OSError as e:
+        raise PolicyError(f"{shown}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise PolicyError(f"{shown}: not a directory")
+
+
+def _conformance(a: argparse.Namespace) -> int:
+    """`conformance`: the JUnit file checked, and the temp dir its runs use, before the
+    checks run (they take a while; a bad path found after them loses the report)."""
+    from .conformance import main as conformance
+    from .workspace import default_tmp_dir
+    if a.junit is not None:
+        from .receipt import check_output_path
+        check_output_path(a.junit, "--junit")
+    default_tmp_dir()
+    return conformance(a.allow_degraded, json_out=a.json, junit=a.junit)
+
+
+def bare_usage(parser: argparse.ArgumentParser) -> int:
+    """`hcp-linux` alone: the usage, on one line whatever the terminal's width, and a hint
+    (argparse would say "the following arguments are required: cmd"); exit 2."""
+    usage = " ".join(parser.format_usage().split())
+    print(usage, file=sys.stderr)
+    print(f"error: sandbox: no command given: {', '.join(COMMANDS)} (see 'hcp-linux --help')",
+          file=sys.stderr)
+    return EXIT_USAGE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if not args_list:
+        return bare_usage(parser)
+    args = parser.parse_args(args_list)
     try:
         if args.cmd == "conformance":
-            from .conformance import main as conformance
-            return conformance(args.allow_degraded, json_out=args.json, junit=args.junit)
+            return _conformance(args)
         if args.cmd == "serve":
             from .serve import serve
             return serve(args.socket)
         if args.cmd == "gc":
-            from .gc import gc
-            return gc(args.paths, tmp_dir=args.tmp_dir, state_dir=args.state_dir,
-                      dry_run=args.dry_run)
+            return _gc(args)
         return _run(args) if args.cmd == "run" else _probe(args)
     except SandboxError as e:
         print(f"error: sandbox: {printable(str(e))}", file=sys.stderr)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import tempfile
 from typing import Any, Sequence
 
 from .errors import EXIT_TIMEOUT, SandboxError, WritebackError, printable
@@ -25,25 +24,35 @@ from .interrupt import SIGNAL_NAMES, EndOnSignal, end_by_signal
 
 
 def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .cli import policy_from_args
+    from .cli import check_cwd, check_outputs, policy_from_args
     from .driver import DriverResult, Execution, LinuxDriver, WritebackReport
+    from .pack import WORKSPACE
+    from .workspace import default_state_dir, default_tmp_dir
 
     if a.pack is None:
         raise SandboxError("--principal: only with --pack")
     if a.jail is not None:
         raise SandboxError("--jail: not with --pack (the pack's wrap.workspace chooses the jail)")
+    if not a.pack:
+        raise SandboxError("--pack: empty path")
+    check_cwd()  # relative file references and the pack path are resolved from it
+    # Where jails are made, from the environment, checked before anything is: TMPDIR (every
+    # mode: the sweep, the jails of none and ephemeral), the state dir (workspace mode).
+    tmp_dir = default_tmp_dir()
     b = copy.copy(a)
-    b.jail = tempfile.gettempdir()  # replaced per exec by the driver
+    b.jail = tmp_dir  # replaced per exec by the driver
     policy = policy_from_args(b)
-    driver = LinuxDriver(policy)
+    check_outputs(a, policy)
     principal = a.principal if a.principal is not None else "default"
+    pack = LinuxDriver.load_pack(a.pack)
+    state_dir = default_state_dir() if pack.workspace.mode == WORKSPACE else None
+    driver = LinuxDriver(policy, state_dir=state_dir, tmp_dir=tmp_dir)
 
     end = EndOnSignal()
     ex: Execution | None = None
     result: DriverResult | None = None
     failed: WritebackError | None = None
     with end:
-        pack = driver.load_pack(a.pack)
         driver.check(pack, argv, principal=principal)
         try:
             ex = driver.prepare(pack, principal=principal)

@@ -53,16 +53,59 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     server = os.environ.get("HCP_LINUX_SERVER")
     if server and args[:1] == ["run"]:
-        try:
-            code = run_via_server(server, args)
-        except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
-            from .interrupt import die_by
-            die_by(2)
-        if code is not None:
-            _served = True
-            return code
+        why = bad_server_path(server)
+        if why is not None:
+            _not_using(f"HCP_LINUX_SERVER={server}", why)
+        else:
+            try:
+                code = run_via_server(server, args)
+            except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
+                from .interrupt import die_by
+                die_by(2)
+            if code is not None:
+                _served = True
+                return code
     from .cli import main as cli_main
     return cli_main(args)
+
+
+#: The longest path a unix socket can have (sun_path, with its NUL).
+MAX_SOCKET_PATH = 107
+
+
+def bad_server_path(path: str) -> str | None:
+    """Why ``HCP_LINUX_SERVER`` cannot name a server's socket, or None. A relative path
+    would depend on the caller's cwd (the server prints the absolute one to use)."""
+    if not path.startswith("/"):
+        return "not an absolute path"
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        return f"longer than {MAX_SOCKET_PATH} bytes, the limit of a unix socket's path"
+    return None
+
+
+def _not_using(what: str, why: str) -> None:
+    """The one line that says a server is not used, and why (the run goes on in-process,
+    with the same result); control characters in the path are escaped."""
+    from .errors import printable
+    print(f"hcp-linux: not using {printable(what)}: {printable(why)}; running in-process",
+          file=sys.stderr)
+
+
+def _unreachable(path: str, error: OSError) -> str | None:
+    """Why a failed connect to ``path`` is worth a word, or None: no socket there, or a
+    socket nobody listens on (a server that stopped), is the documented quiet case;
+    anything else there (a file, a directory) or in the way is a misconfiguration."""
+    import errno
+    if error.errno == errno.ENOENT:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return e.strerror or str(e)
+    from stat import S_ISSOCK
+    if not S_ISSOCK(st.st_mode):
+        return "not a socket"
+    return None if error.errno == errno.ECONNREFUSED else (error.strerror or str(error))
 
 
 # --- framing: u32 length, then items (u32 length + bytes each) -----------------------------
@@ -179,8 +222,11 @@ def run_via_server(path: str, args: list[str]) -> int | None:
         sock.settimeout(SERVER_TIMEOUT)
         try:
             sock.connect(path)
-        except OSError:
-            return None  # no server there: nothing to say, run in-process
+        except OSError as e:  # no server there: nothing to say (unless a misconfiguration)
+            why = _unreachable(path, e)
+            if why is not None:
+                _not_using(f"HCP_LINUX_SERVER={path}", why)
+            return None
         pid, uid, gid = peer(sock)
         why = None
         if (uid, gid) != (os.geteuid(), os.getegid()):
@@ -188,8 +234,7 @@ def run_via_server(path: str, args: list[str]) -> int | None:
         else:
             why = same_place(pid) or more_confined(pid)
         if why is not None:
-            print(f"hcp-linux: not using the server at {path}: {why}; running in-process",
-                  file=sys.stderr)
+            _not_using(f"the server at {path}", why)
             return None
         client = _Client(sock)
         try:
@@ -425,7 +470,13 @@ def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_o
     if receipt_to:
         from .receipt import write_receipt
         receipt["exit"] = {"returncode": returncode, "timed_out": timed_out}
-        write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
+        try:
+            write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
+        except OSError as e:  # checked before the run; this is a race with its removal
+            from .errors import EXIT_REFUSED, printable
+            print(f"error: sandbox: receipt {printable(receipt_to)}: "
+                  f"{e.strerror or e}", file=sys.stderr)
+            return EXIT_REFUSED
     if timed_out:
         from .errors import EXIT_TIMEOUT
         print(f"error: sandbox: timed out after {timeout:g}s; the sandbox was killed",

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import IO, Any, Mapping
 
+from .errors import PolicyError, printable
 from .limits import cgroup_v2_status
 from .policy import LAYERS, NAMESPACE_LAYERS
 
@@ -143,14 +145,67 @@ def _names(flags) -> list[str]:
 _flag_names: dict[tuple[type, int], tuple[str, ...]] = {}
 
 
+def check_output_path(path: str, what: str, *, replace: bool = True,
+                      hint: str = "") -> None:
+    """Refuse, before anything runs, an output file that could not be written once it has
+    (``what`` names the flag: ``--receipt``, ``--proxy-log``). Found after the run, the
+    failure would lose the command's exit status; found now it is one line, exit 125, and
+    nothing ran. The parent must be a directory we can write in; the target must not be a
+    directory, and when it is ``replace``d (a receipt: temp file + rename) it must be a
+    regular file if it exists, or the rename would replace a symlink, a device or a FIFO
+    (``/dev/stdout``) itself. Appended to (``replace=False``), it may be any writable
+    non-directory. ``hint`` is added to the "not a regular file" refusal."""
+    if not path:
+        raise PolicyError(f"{what}: empty path")
+    shown = f"{what} {printable(path)}"
+    if os.path.basename(path) in ("", ".", ".."):
+        raise PolicyError(f"{shown}: names a directory, not a file")
+    try:
+        st = os.lstat(path) if replace else os.stat(path)
+    except FileNotFoundError:
+        st = None  # created by the write; its parent is checked below
+    except OSError as e:
+        raise PolicyError(f"{shown}: {e.strerror}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise PolicyError(f"{shown}: is a directory")
+        if replace and not stat.S_ISREG(st.st_mode):
+            raise PolicyError(f"{shown}: not a regular file (it would be replaced){hint}")
+        if not replace and not os.access(path, os.W_OK, effective_ids=True):
+            raise PolicyError(f"{shown}: not writable")
+    parent = os.path.dirname(path) or "."
+    try:
+        pst = os.stat(parent)
+    except OSError as e:
+        raise PolicyError(f"{shown}: directory {printable(parent)}: {e.strerror}") from None
+    if not stat.S_ISDIR(pst.st_mode):
+        raise PolicyError(f"{shown}: {printable(parent)} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK, effective_ids=True):
+        raise PolicyError(f"{shown}: directory {printable(parent)} is not writable")
+
+
 def write_receipt(receipt: Mapping[str, Any], dest: str | IO[str]) -> None:
-    """Write as JSON; to a path atomically (temp file + rename), or to an open stream."""
+    """Write as JSON; to a path atomically (temp file + rename), or to an open stream.
+
+    The temp file has a name of bounded length beside ``dest`` that says whose it is
+    (hcp_linux.reclaim: ``hcp-linux gc`` removes one a killed CLI left) and is removed when
+    the write fails; OSError then, for the caller to report in one line."""
     text = json.dumps(receipt, indent=2, sort_keys=True) + "\n"
     if not isinstance(dest, str):
         dest.write(text)
         dest.flush()
         return
-    tmp = f"{dest}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, dest)
+    from .reclaim import temp_name
+    tmp = os.path.join(os.path.dirname(dest), temp_name(os.path.basename(dest)))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666)
+    try:
+        with open(fd, "w", closefd=True) as f:
+            f.write(text)
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

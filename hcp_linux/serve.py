@@ -27,12 +27,13 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 from typing import Any
 
 from . import child, native
-from .cli import _parser, command_of, policy_from_args
-from .errors import ChildSetupError, SandboxError
+from .cli import _parser, check_outputs, command_of, policy_from_args
+from .errors import ChildSetupError, SandboxError, printable
 from .launch import (PROTOCOL, encode, hard_limits, more_confined, peer, recv_frame,
                      same_place)
 from .plan import Plan
@@ -49,9 +50,10 @@ SERVED_LAYERS = frozenset({"userns", "mountns", "pidns"})
 
 def serve(path: str) -> int:
     """Listen on ``path`` until SIGTERM or SIGINT; then remove it."""
-    server = _Server(os.path.abspath(path))
-    print(f"hcp-linux serve: listening on {server.path} (clients: "
-          f"HCP_LINUX_SERVER={server.path})", file=sys.stderr, flush=True)
+    server = _Server(_socket_path(path))
+    shown = printable(server.path)
+    print(f"hcp-linux serve: listening on {shown} (clients: HCP_LINUX_SERVER={shown})",
+          file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     try:
         server.loop()
@@ -62,13 +64,37 @@ def serve(path: str) -> int:
     return 0
 
 
+#: The longest path a unix socket can be bound to (sun_path, with its NUL).
+MAX_SOCKET_PATH = 107
+
+
+def _socket_path(path: str) -> str:
+    """``--socket`` as the absolute path the server binds and clients are told; refused
+    when empty or too long for a unix socket (bind's own error says neither)."""
+    if not path:
+        raise SandboxError("serve: --socket: empty path")
+    try:
+        absolute = os.path.abspath(path)
+    except OSError as e:  # a relative path, from a directory that was removed
+        raise SandboxError(f"serve: {printable(path)}: the current directory: "
+                           f"{e.strerror}") from None
+    if len(os.fsencode(absolute)) > MAX_SOCKET_PATH:
+        raise SandboxError(f"serve: {printable(absolute)}: longer than {MAX_SOCKET_PATH} "
+                           f"bytes, the limit of a unix socket's path")
+    return absolute
+
+
 class _Server:
     def __init__(self, path: str) -> None:
         self.path = path
-        self.listener = _listen(path)
+        self.listener, self.inode = _listen(path)
         self.parser = _parser()  # holds no state between parses
         self.stopping = False
-        _warm()
+        try:
+            _warm()
+        except BaseException:
+            self.close()
+            raise
 
     def loop(self) -> None:
         while not self.stopping:
@@ -90,9 +116,13 @@ class _Server:
         self.listener.shutdown(socket.SHUT_RDWR)  # accept() returns
 
     def close(self) -> None:
+        """Stop listening; remove the socket, if what is at the path is still the one we
+        bound (whatever replaced it meanwhile is not ours to delete)."""
         self.listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self.inode:
+                os.unlink(self.path)
 
     def serve_one(self, conn: socket.socket) -> None:
         conn.settimeout(REQUEST_TIMEOUT)
@@ -115,30 +145,62 @@ class _Server:
             _answer(self, conn, pid, state, args)
 
 
-def _listen(path: str) -> socket.socket:
-    if os.path.lexists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:  # a socket nobody serves: left by a server that died
-            os.unlink(path)
-        except OSError as e:
-            raise SandboxError(f"serve: {path}: {e.strerror}") from None
-        else:
-            raise SandboxError(f"serve: {path}: another server is listening there")
-        finally:
-            probe.close()
+def _listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """A listening socket bound at ``path`` (mode 0600), and its (device, inode).
+
+    Something already at ``path`` is removed only when it is a stale socket: a socket inode
+    of ours that nobody answers on (a server that died). Anything else (a file, a directory,
+    another user's socket, one a server listens on) is refused and left as it is."""
+    shown = printable(path)
+    _remove_stale_socket(path, shown)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket is born 0600: only this user can connect
     try:
         listener.bind(path)
+        st = os.lstat(path)
     except OSError as e:
         listener.close()
-        raise SandboxError(f"serve: {path}: {e.strerror}") from None
+        raise SandboxError(f"serve: {shown}: {e.strerror or e}") from None
     finally:
         os.umask(old)
     listener.listen(16)
-    return listener
+    return listener, (st.st_dev, st.st_ino)
+
+
+def _remove_stale_socket(path: str, shown: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise SandboxError(f"serve: {shown}: {e.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a socket"
+        raise SandboxError(f"serve: {shown}: exists and is {what} (left as it is)")
+    if st.st_uid != os.geteuid():
+        raise SandboxError(f"serve: {shown}: a socket of uid {st.st_uid}, not ours "
+                           f"(left as it is)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(REQUEST_TIMEOUT)
+        probe.connect(path)
+    except ConnectionRefusedError:  # a socket nobody serves: left by a server that died
+        try:
+            again = os.lstat(path)  # still that inode: not one swapped in meanwhile
+        except FileNotFoundError:
+            return
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+            raise SandboxError(f"serve: {shown}: replaced while it was checked") from None
+        try:
+            os.unlink(path)
+        except OSError as e:
+            raise SandboxError(f"serve: {shown}: {e.strerror}") from None
+    except OSError as e:
+        raise SandboxError(f"serve: {shown}: {e.strerror or e}") from None
+    else:
+        raise SandboxError(f"serve: {shown}: another server is listening there")
+    finally:
+        probe.close()
 
 
 def _warm() -> None:
@@ -204,9 +266,11 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
         return say(b"fallback", b"not served here")
     try:
         argv = command_of(a)
+        check_outputs(a)
         policy = policy_from_args(a)
+        check_outputs(a, policy)
     except SandboxError as e:
-        return refuse(e.exit_code, f"error: sandbox: {e}\n")
+        return refuse(e.exit_code, f"error: sandbox: {printable(str(e))}\n")
     if policy.network == "allow":  # the egress proxy lives in the process that runs it
         return say(b"fallback", b"network allow")
     if policy.mode == NATIVE_LOCAL:  # its plan makes a temp dir in the jail
@@ -242,7 +306,7 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
     except StopIteration:  # the next plan would lack a layer a served plan needs
         return say(b"fallback", b"a plan this server does not serve")
     except SandboxError as e:
-        return refuse(e.exit_code, f"error: sandbox: {e}\n")
+        return refuse(e.exit_code, f"error: sandbox: {printable(str(e))}\n")
     finally:
         attempts.close()
 

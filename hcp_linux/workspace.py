@@ -28,12 +28,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .errors import PolicyError, SandboxError
+from .errors import PolicyError, SandboxError, printable
 from .pack import EPHEMERAL, NONE, WORKSPACE, Pack
 from .reclaim import (RENAME_NOREPLACE, Sweep, jail_name, jail_owner, owner_gone,
                       renameat2)
 
 __all__ = ["Workspace", "WorkspaceBusyError", "check_principal", "default_state_dir",
+           "default_tmp_dir", "check_state_dir", "check_tmp_dir",
            "open_workspace", "remove_tree", "snapshot", "diff_snapshots", "DEFAULT_PRINCIPAL",
            "IO_DIR", "ENGINE_TMP_DIR", "sweep_jails", "sweep_workspaces"]
 
@@ -77,11 +78,143 @@ def check_principal(name: object) -> str:
 
 
 def default_state_dir() -> str:
-    """``$XDG_STATE_HOME/hcp-linux`` when that is an absolute path, else
-    ``~/.local/state/hcp-linux`` (XDG Base Directory: relative values are ignored)."""
+    """``$XDG_STATE_HOME/hcp-linux``, else ``$HOME/.local/state/hcp-linux`` (XDG Base
+    Directory), validated as :func:`check_state_dir` does, with the variable it came from
+    named in the refusal. ``$XDG_STATE_HOME`` is made on first use when missing (the XDG
+    spec says so); ``$HOME`` must exist (a home is never ours to make, and a missing one,
+    such as nobody's /nonexistent, is a misconfiguration)."""
+    path, base, label = _state_dir_from_env()
+    return check_state_dir(path, label, base=base)
+
+
+def _state_dir_from_env() -> tuple[str, str | None, str]:
+    """(the default state dir, the directory that must exist or None, the variable). The
+    XDG spec ignores a relative value; we refuse it: a workspace silently kept elsewhere
+    than asked is a surprise."""
     xdg = os.environ.get("XDG_STATE_HOME", "")
-    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "hcp-linux")
+    if xdg:
+        if not os.path.isabs(xdg):
+            raise PolicyError(f"XDG_STATE_HOME={printable(xdg)}: not an absolute path")
+        return os.path.join(xdg, "hcp-linux"), None, f"XDG_STATE_HOME={xdg}"
+    home = os.environ.get("HOME")
+    if home is not None:
+        if not os.path.isabs(home):
+            raise PolicyError(f"HOME={printable(home)}: not an absolute path (the state dir "
+                              f"is $HOME/.local/state/hcp-linux when XDG_STATE_HOME is unset)")
+        label = f"HOME={home}"
+    else:
+        import pwd
+        try:
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        except KeyError:
+            home = ""
+        if not os.path.isabs(home):
+            raise PolicyError(f"HOME is unset and uid {os.geteuid()} has no home directory; "
+                              f"set XDG_STATE_HOME")
+        label = f"HOME (unset; the home directory of uid {os.geteuid()} is {home})"
+    return os.path.join(home, ".local", "state", "hcp-linux"), home, label
+
+
+def check_state_dir(path: str, label: str, *, base: str | None = None) -> str:
+    """``path`` as the state dir, where persistent workspaces (writable jails) are made;
+    ``label`` says where it came from (``XDG_STATE_HOME=...``, ``state_dir ...``). Absolute,
+    outside the system roots, and a directory we can write in, or creatable (made 0700 on
+    first use) under the nearest existing one, which must be such a directory; ``base``,
+    when given, must exist. Checked before anything is made: a bad value creates nothing."""
+    path = _absolute(path, label)
+    if base is not None:
+        try:
+            os.stat(base)
+        except OSError as e:
+            raise PolicyError(f"{printable(label)}: {e.strerror}") from None
+    existing = path
+    while True:
+        try:
+            st = os.stat(existing)
+            break
+        except FileNotFoundError:
+            up = os.path.dirname(existing)
+            if up == existing:
+                raise PolicyError(f"{printable(label)}: no existing parent directory") from None
+            existing = up
+        except OSError as e:
+            raise PolicyError(f"{printable(label)}: {printable(existing)}: {e.strerror}") \
+                from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise PolicyError(f"{printable(label)}: {printable(existing)} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK, effective_ids=True):
+        raise PolicyError(f"{printable(label)}: {printable(existing)} is not writable")
+    _outside_system_roots(path, label, "workspaces")
+    return path
+
+
+def default_tmp_dir() -> str:
+    """The directory ephemeral jails are made in: ``TMPDIR``, ``TEMP`` or ``TMP`` (the first
+    one set, as Python's ``tempfile`` reads them) validated by :func:`check_tmp_dir`, else
+    the system's (``/tmp``). Python falls back silently past a bad value; we name it and
+    refuse, as ``mktemp`` does."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = os.environ.get(name)
+        if value:
+            return check_tmp_dir(value, f"{name}={value}")
+    return check_tmp_dir(tempfile.gettempdir(), "the temp dir")
+
+
+def check_tmp_dir(path: str, label: str) -> str:
+    """``path`` as a place for ephemeral jails (``label`` says where it came from): an
+    absolute path to an existing directory we can write in, outside the system roots."""
+    path = _absolute(path, label)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise PolicyError(f"{printable(label)}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise PolicyError(f"{printable(label)}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK, effective_ids=True):
+        raise PolicyError(f"{printable(label)}: not writable")
+    _outside_system_roots(path, label, "jails")
+    return path
+
+
+def _absolute(path: object, label: str) -> str:
+    """``path`` normalised, when it is an absolute text path (from the API it may be any
+    object); else one line naming ``label``."""
+    if not isinstance(path, str):
+        try:
+            path = os.fspath(path)  # type: ignore[arg-type]
+        except TypeError:
+            path = None
+        if not isinstance(path, str):
+            raise PolicyError(f"{printable(label)}: expected a text path")
+    if not path:
+        raise PolicyError(f"{printable(label)}: empty path")
+    if "\0" in path:
+        raise PolicyError(f"{printable(label)}: contains a NUL byte")
+    if not os.path.isabs(path):
+        raise PolicyError(f"{printable(label)}: not an absolute path")
+    return os.path.normpath(path)
+
+
+def _outside_system_roots(path: str, label: str, what: str) -> None:
+    """Refuse a place for jails inside a system root of the default policy (every sandbox
+    sees those, read-only: its jails, a principal's workspace, would be readable from all of
+    them) or containing one (a jail there overlaps the read-only system view)."""
+    from .policy import DEFAULT_SYSTEM_ROOTS
+    real = os.path.realpath(path)
+    for root in DEFAULT_SYSTEM_ROOTS:
+        root_real = os.path.realpath(root)
+        if _within(real, root_real):
+            where = "is" if real == root_real else "is inside"
+            raise PolicyError(f"{printable(label)}: {printable(path)} {where} the system root "
+                              f"{root}, which every sandbox can read ({what} there would be "
+                              f"visible to all of them)")
+        if _within(root_real, real):
+            raise PolicyError(f"{printable(label)}: {printable(path)} contains the system "
+                              f"root {root}")
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def _component(text: str) -> str:
@@ -145,7 +278,8 @@ def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
             raise
         return Workspace(mode=mode, jail=jail, persistent=False, principal=principal)
     assert mode == WORKSPACE
-    root = os.path.abspath(state_dir or default_state_dir())
+    root = (check_state_dir(state_dir, f"state_dir {state_dir}") if state_dir
+            else default_state_dir())
     os.makedirs(root, mode=0o700, exist_ok=True)
     pack_dir = _private_dir(_private_dir(root, "workspaces"), _component(pack.key))
     lock_path = os.path.join(pack_dir, _component(principal) + ".lock")
@@ -163,7 +297,7 @@ def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
 def _new_jail_parent(mode: str, tmp_dir: str | None) -> str:
     """A fresh 0700 directory ``<tmp>/hcp-linux-<mode>-<owner>-<rand>``: the name says which
     process owns it, so that a later sweep can reclaim it once that process is gone."""
-    base = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
+    base = default_tmp_dir() if tmp_dir is None else check_tmp_dir(tmp_dir, f"tmp_dir {tmp_dir}")
     for _ in range(100):
         path = os.path.join(base, jail_name(mode))
         try:
@@ -181,10 +315,11 @@ def sweep_jails(tmp_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
     only real directories (``lstat``) of our uid, whose owner is certainly dead. A jail is
     first *claimed*: renamed (``RENAME_NOREPLACE``, in place) to a jail name owned by this
     process, so a concurrent sweep sees a live owner and leaves it, and a sweep killed half-way
-    leaves a name the next one reclaims. Errors are recorded, never raised.
+    leaves a name the next one reclaims. Errors are recorded, never raised, but for a bad
+    ``TMPDIR`` (PolicyError, naming it, before anything is touched).
     """
     out = Sweep()
-    base = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
+    base = tmp_dir if tmp_dir is not None else default_tmp_dir()
     uid = os.geteuid()
     try:
         dfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -237,7 +372,9 @@ def sweep_workspaces(state_dir: str | None = None, *, dry_run: bool = False) -> 
     a live run keeps its lock, so its staging is never touched). The next run in a workspace
     clears it too; this is for workspaces nobody runs in any more."""
     out = Sweep()
-    root = os.path.join(os.path.abspath(state_dir or default_state_dir()), "workspaces")
+    if not state_dir:  # a bad XDG_STATE_HOME or HOME: PolicyError, naming it
+        state_dir = default_state_dir()
+    root = os.path.join(os.path.abspath(state_dir), "workspaces")
     uid = os.geteuid()
     try:
         packs = sorted(os.listdir(root))
