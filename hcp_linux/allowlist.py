@@ -73,7 +73,7 @@ def resolve_bin(bin_: str, allow: Sequence[str], *, cwd: str, native_local: bool
 def _home_dirs() -> set[str]:
     homes = {"/root"}
     for value in (os.environ.get("HOME"), _pw_home()):
-        if value:
+        if value and os.path.isabs(value):  # "" or a relative HOME names no home
             homes.add(os.path.realpath(value))
     return homes
 

@@ -165,7 +165,10 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         env[key] = value
     base: dict = {}
     if a.policy:
-        base = {f: getattr(p, f) for p in [Policy.from_toml(a.policy)]
+        # a file without a jail takes --jail's, not the cwd's (which may not be a valid one);
+        # a file's own jail is checked, then --jail replaces it
+        fallback = {"jail": a.jail} if a.jail is not None else None
+        base = {f: getattr(p, f) for p in [Policy.from_toml(a.policy, fallback=fallback)]
                 for f in ("jail", "write_roots", "read_only_roots", "system_roots", "network",
                           "allow_bins", "env", "allow_degraded", "sandbox", "native_local",
                           "seccomp_profiles", "timeout", "limits", "on_exit", "allow_hosts",
@@ -187,7 +190,7 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         key, sep, value = item.partition("=")
         if not sep:
             raise SandboxError(f"--limit {item!r}: expected KEY=VALUE")
-        limits[key] = int(value) if value.isdigit() else value
+        limits[key] = value  # Limits parses the text itself (hcp_linux.values)
     fields["limits"] = limits
     if a.on_exit is not None:
         fields["on_exit"] = a.on_exit

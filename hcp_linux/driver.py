@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import tempfile
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
 from .sandbox import PIPE, Sandbox, SandboxProcess
 from .workspace import (DEFAULT_PRINCIPAL, Workspace, _Cancelled, check_principal,
-                        diff_snapshots, open_workspace, snapshot, sweep_jails)
+                        default_tmp_dir, diff_snapshots, open_workspace, snapshot, sweep_jails)
 
 __all__ = ["LinuxDriver", "Execution", "DriverResult", "WritebackReport"]
 
@@ -137,7 +136,7 @@ class LinuxDriver:
                  tmp_dir: str | os.PathLike[str] | None = None,
                  lock_timeout: float | None = None) -> None:
         # The base policy's jail is replaced per exec; the temp dir only makes it valid.
-        self.policy = policy if policy is not None else Policy(jail=tempfile.gettempdir())
+        self.policy = policy if policy is not None else Policy(jail=default_tmp_dir())
         self.state_dir = os.fspath(state_dir) if state_dir is not None else None
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
         if lock_timeout is not None and not lock_timeout >= 0:

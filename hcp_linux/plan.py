@@ -554,7 +554,7 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
     binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
     conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
     if view:
-        conf.masks = tuple(_masks(policy))
+        conf.masks = tuple(_masks(policy, [p for p, _, _, _, _, w in opened if not w]))
     if template is not None:
         if view:
             conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
@@ -567,11 +567,15 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
             (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened))
 
 
-def _masks(policy: Policy) -> list[tuple[bytes, bool]]:
+def _masks(policy: Policy, granted: Sequence[str]) -> list[tuple[bytes, bool]]:
+    """The secrets to cover in the view: those under a read-only root it holds (a root the
+    policy left out, /etc say, is absent already; one under a writable root is the user's)."""
     out = []
     for pattern in MASKED_PATHS:
         for path in sorted(glob.glob(pattern)):
             if os.path.islink(path) or any(_is_within(path, w) for w in policy.writable_roots):
+                continue
+            if not any(_is_within(path, r) for r in granted):
                 continue
             out.append((os.fsencode(path), os.path.isdir(path)))
     return out

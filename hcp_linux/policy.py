@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
@@ -98,13 +99,17 @@ def expand_layers(names: Iterable[str]) -> frozenset[str]:
 MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
 def check_env_text(key: str, value: str) -> None:
     """One variable for the child: text keys and values, a name execve can carry (no '=',
     no NUL), valid UTF-8, and short enough for the kernel."""
     if not isinstance(key, str) or not isinstance(value, str):
         raise PolicyError(f"env: {values.show(key)}: keys and values must be strings")
-    if not key or "=" in key or "\0" in key:
-        raise PolicyError(f"env: invalid variable name {values.show(key)}")
+    if not _ENV_NAME.match(key):  # what a shell can name; the CLI and packs say the same
+        raise PolicyError(f"env: invalid variable name {values.show(key)} (letters, digits "
+                          f"and _, not starting with a digit)")
     if "\0" in value:
         raise PolicyError(f"env: {values.show(key)}: value contains a NUL byte")
     try:
@@ -199,7 +204,12 @@ class Policy:
                                   f"used ({e.strerror})") from None
         else:
             jail = self.jail
-        set_("jail", values.existing_dir(jail, "jail"))
+        real = values.existing_dir(jail, "jail")
+        # the command's working directory: one the sandbox cannot enter fails its chdir step
+        # after the setup (exit 125 naming no jail); say so now, naming it
+        if not os.access(real, os.X_OK, effective_ids=True):
+            raise PolicyError(f"jail: {printable(real)}: not searchable by uid {os.geteuid()}")
+        set_("jail", real)
         for name in ("write_roots", "read_only_roots"):
             set_(name, tuple(values.existing_dir(p, name)
                              for p in _path_tuple(getattr(self, name), name)))
@@ -283,8 +293,10 @@ class Policy:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "policy",
-                     **overrides: Any) -> "Policy":
-        """Build from a parsed config table (TOML keys = field names; ``nativeLocal`` too)."""
+                     fallback: Mapping[str, Any] | None = None, **overrides: Any) -> "Policy":
+        """Build from a parsed config table (TOML keys = field names; ``nativeLocal`` too).
+        ``fallback``: values for the fields the table does not set (each value the table
+        does set is still checked); ``overrides`` replace the table's."""
         if not isinstance(data, Mapping):
             raise PolicyError(f"{source}: expected a table, got {_kind(data)}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -294,6 +306,8 @@ class Policy:
             if name not in known:
                 raise PolicyError(f"{source}: unknown key {values.show(key)}")
             kwargs[name] = value
+        for k, v in (fallback or {}).items():
+            kwargs.setdefault(k, v)
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls(**kwargs)
@@ -301,10 +315,12 @@ class Policy:
             raise PolicyError(f"{source}: {e}") from None
 
     @classmethod
-    def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> "Policy":
+    def from_toml(cls, path: str | os.PathLike[str], *,
+                  fallback: Mapping[str, Any] | None = None, **overrides: Any) -> "Policy":
         """Read a TOML policy file (at most values.MAX_DOCUMENT bytes, values.MAX_DEPTH
-        levels deep); every failure is one line naming the file."""
+        levels deep); every failure is one line naming the file. ``fallback`` and
+        ``overrides`` as for :meth:`from_mapping`."""
         text = values.file_name(path, "policy file")
         source = f"policy file {printable(text)}"
         data = values.parse_document(values.read_document(text, source), source, "toml")
-        return cls.from_mapping(data, source=source, **overrides)
+        return cls.from_mapping(data, source=source, fallback=fallback, **overrides)

@@ -108,7 +108,19 @@ def cache_dir() -> Optional[str]:
         if not os.path.isabs(home):
             return None
         base = os.path.join(home, ".cache")
+    if _system_dir(os.path.realpath(base)):  # XDG_CACHE_HOME=/etc as root: make nothing there
+        return None
     return os.path.join(base, "hcp-linux", "seccomp")
+
+
+#: Directories of the system itself: a cache is never made under them (the cache is best
+#: effort; without a directory it lives in memory).
+_SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+                "/proc", "/sbin", "/sys", "/usr")
+
+
+def _system_dir(path: str) -> bool:
+    return path == "/" or any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS)
 
 
 def _disk_key(machine: Machine, contents: Sequence[bytes]) -> str:

@@ -28,7 +28,7 @@ from hcp_linux.pack import PackError, load_pack
 from hcp_linux.values import MAX_DEPTH, MAX_DOCUMENT, RLIM_MAX
 
 from sandboxing import (EXECUTOR_ARGS, EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT,  # noqa: F401
-                        jail, run_cli, show, single_error_line, snapshot)
+                        caller_env, jail, run_cli, show, single_error_line, snapshot)
 
 U64 = 1 << 64
 MARKER = "MARKER"
@@ -622,10 +622,8 @@ def test_bad_pack_manifest(tmp_path: Path, out: Path, pack_cli, name: str, body:
     assert not marker.exists()
 
 
-# --- 7. outside this module's files: known, documented, not yet fixed ---------------------
+# --- 7. where the policy meets the plan and the CLI ------------------------------------------
 
-@pytest.mark.xfail(reason="plan._masks masks /etc secrets even when /etc is not in the view "
-                          "(the fix is in plan.py; see the report of issue #15)", strict=False)
 def test_system_roots_without_etc_run(tmp_path: Path, jail: Path) -> None:
     """A stricter view (no /etc) is a valid policy: the masks hide secrets of the view, and
     there is nothing of /etc in it to hide."""
@@ -633,8 +631,49 @@ def test_system_roots_without_etc_run(tmp_path: Path, jail: Path) -> None:
     runs(jail, ["--policy", str(policy)])
 
 
-@pytest.mark.xfail(reason="cli.policy_from_args calls int() on str.isdigit() text; the fix "
-                          "is in cli.py (pass the text: Limits parses it)", strict=False)
 @pytest.mark.parametrize("limit", ["nofile=\u00b2", "nproc=" + "9" * 5000])
 def test_limit_text_that_int_refuses(jail: Path, limit: str) -> None:
     assert "limits." in refused(jail, ["--limit", limit])
+
+
+@pytest.mark.parametrize("name", ["A B", "1X", "X-Y", "é", ""])
+def test_env_names_a_shell_cannot_name_are_refused_by_the_api(jail: Path, name: str) -> None:
+    """The Python API says what the CLI (--env) and packs (wrap.agent_env) say."""
+    with pytest.raises(PolicyError) as e:
+        Policy(jail=str(jail), env={name: "1"})
+    assert "invalid variable name" in one_line(e.value)
+    Policy(jail=str(jail), env={"X_Y1": "1"})  # control: a shell name is taken
+
+
+def test_a_jail_the_user_cannot_enter_is_refused_naming_it(tmp_path: Path) -> None:
+    """Not a `chdir: Permission denied` after the setup: the jail is named, nothing runs."""
+    if IS_ROOT:
+        pytest.skip("root searches every directory (the nobody leg runs this)")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "jail").mkdir()
+    locked.chmod(0o600)  # its contents cannot be reached: no search permission
+    try:
+        p = run_cli(locked / "jail", "sh", "-c", f"echo ran > {tmp_path / MARKER}")
+    finally:
+        locked.chmod(0o700)
+    assert p.returncode == EXIT_REFUSED, show(p)
+    assert "jail" in single_error_line(p) and b"Traceback" not in p.stderr
+    assert not (tmp_path / MARKER).exists()
+    # control: the same directory, searchable, runs
+    runs(locked / "jail", [])
+
+
+@pytest.mark.root_only
+def test_xdg_cache_home_in_a_system_dir_creates_nothing_there(jail: Path) -> None:
+    """The seccomp cache is best effort: XDG_CACHE_HOME=/etc (as root) keeps it in memory
+    rather than making /etc/hcp-linux."""
+    made = Path("/etc/hcp-linux")
+    assert not made.exists(), "left by something else: not this test's to remove"
+    try:
+        p = run_cli(jail, *WRITE_MARKER, env=caller_env({"XDG_CACHE_HOME": "/etc"}))
+        assert p.returncode == 0, show(p)
+        assert not made.exists(), "a cache directory was made under /etc"
+    finally:
+        if made.is_dir() and not made.is_symlink():
+            shutil.rmtree(made)
