@@ -72,27 +72,59 @@ def pidfd_of_child(pid: int) -> int | None:
 def find_init(monitor: int) -> int | None:
     """A pidfd of the sandbox's init: the one child of ``monitor`` (our own, not yet reaped
     child, so its pid is its own). None when the monitor has no child any more (the init was
-    reaped: the namespace is empty) or its children cannot be listed.
+    reaped: the namespace is empty) or its children cannot be listed."""
+    found = find_child(monitor)
+    return None if found is None else found[1]
 
-    The init's pid is read from /proc, then a pidfd opened on it, then its parent checked in
-    /proc *after* the pidfd was opened, then the pidfd shown to still name an unreaped
-    process: a pid is reused only once its process is reaped, so the /proc read in between
-    was of the process the pidfd names. A pid recycled before the pidfd was opened fails the
-    parent check (only the monitor's children have the monitor as parent).
-    """
-    for pid in _children(monitor):
+
+def find_child(parent: int, parent_fd: int | None = None) -> tuple[int, int] | None:
+    """(pid, pidfd) of the first child of ``parent`` — a process whose pid is its own while
+    the check runs: our unreaped child, or one ``parent_fd`` (its pidfd) shows unreaped.
+
+    The child's pid is read from /proc, then a pidfd opened on it, then its parent checked in
+    /proc *after* the pidfd was opened, then both pidfds shown to still name unreaped
+    processes: a pid is reused only once its process is reaped, so the /proc read in between
+    was of the process the pidfd names, and its parent was ``parent``. A pid recycled before
+    the pidfd was opened fails the parent check (only ``parent``'s children have it)."""
+    for pid in _children(parent):
         try:
             fd = os.pidfd_open(pid)
-        except (ProcessLookupError, OSError):
+        except OSError:
             continue
         try:
-            if _parent(pid) == monitor:
+            if _parent(pid) == parent:
+                if parent_fd is not None:
+                    signal.pidfd_send_signal(parent_fd, 0)  # ESRCH: parent reaped meanwhile
                 signal.pidfd_send_signal(fd, 0)  # ESRCH: reaped since the check
-                return fd
+                return pid, fd
         except OSError:
             pass
         os.close(fd)
     return None
+
+
+#: pidfd_send_signal(2) flag (Linux 6.9): the target's whole process group.
+PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
+
+
+def _kill_command_group(init: int, init_fd: int) -> None:
+    """First strike, before the init's own SIGKILL: the command's process group (the command
+    is a session and group leader; what it forks stays in its group unless it moves out).
+    The init's exit empties the namespace only after its own memory is torn down, and that
+    waits on the locks of every file it maps — libc's too, which a fork bomb's thousands of
+    fork()s hold in turn (a Python init waited minutes for them). With the forkers gone first
+    it does not. Best effort: a kernel before 6.9 lacks the flag, and what left the group is
+    the init's exit's to kill."""
+    found = find_child(init, init_fd)
+    if found is None:
+        return
+    fd = found[1]
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL, None, PIDFD_SIGNAL_PROCESS_GROUP)
+    except OSError:  # EINVAL: no such flag here; ESRCH: gone
+        pass
+    finally:
+        os.close(fd)
 
 
 def _children(pid: int) -> list[int]:
@@ -183,7 +215,10 @@ class Monitor:
             return
         if not self._looked:
             self._looked = True
-            self.init_fd = find_init(self.pid)
+            init = find_child(self.pid)
+            if init is not None:
+                self.init_fd = init[1]
+                _kill_command_group(*init)
         if not sigkill(self.init_fd):  # no init found: PDEATHSIG takes it with the monitor
             sigkill(self.fd)
             return

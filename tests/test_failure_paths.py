@@ -323,7 +323,9 @@ def _in_namespace(ns: str) -> list[int]:
     return out
 
 
-def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Path) -> None:
+@pytest.mark.parametrize("executor", ["native", "ctypes"])
+def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Path,
+                                                                        executor: str) -> None:
     """The order of events, not a wall-clock bound (bench/faults.py measures how late): the
     command runs in a session (so a scheduler autogroup) of its own, apart from the init and
     the monitor; at the timeout the run is killed; when finish() returns no process of the
@@ -334,7 +336,10 @@ def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Pa
     (jail / "bomb.c").write_text(BOMB)
     subprocess.run([gcc, "-O1", "-o", str(jail / "bomb"), str(jail / "bomb.c")], check=True,
                    timeout=TIMEOUT)
-    proc = Sandbox(Policy(jail=str(jail), allow_bins=("./bomb",))).spawn(["./bomb"])
+    if executor == "native":
+        _native()
+    proc = Sandbox(Policy(jail=str(jail), allow_bins=("./bomb",)),
+                   executor=executor).spawn(["./bomb"])
     tree = _run_tree(proc.pid)
     try:
         ns = os.readlink(f"/proc/{tree[1]}/ns/pid")
