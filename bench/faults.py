@@ -1,0 +1,456 @@
+"""Randomised fault injection: whatever happens to hcp-linux's own processes, a run ends, on
+time, and leaves nothing behind.
+
+    python bench/faults.py [--runs 1000] [--seed N] [--bombs 10] [--as-nobody] [--json FILE]
+
+Each of ``--runs`` iterations picks a fault and a moment at random and checks the outcome:
+
+- in-process (the Python API): SIGSTOP or SIGKILL of the monitor or the sandbox's init at a
+  random moment, followed by kill(), a timeout, or the command ending by itself; SIGSTOP or
+  SIGKILL of an idle spare before a run (native executor);
+- another process: a runtime using the API SIGKILLed at a random moment; `hcp-linux run
+  --pack` SIGKILLed at a random moment while it stages and writes back two outputs (then
+  `hcp-linux gc` runs, as the next run's sweep would).
+
+Counted per fault: *hangs* (a call that did not return within 30 s), *late* (a timeout that
+returned more than 1 s after its deadline), *left* (a process of the run — monitor, init,
+command, anything in its pid namespace — still there, zombie or not, 5 s after the call
+returned), *files* (a temp file beside a destination or an ephemeral jail left after gc),
+*torn* (a destination that is neither its old nor its new content). Runtimes are killed under a
+supervisor process that is a child subreaper, as systemd, tini or docker-init are: a killed
+runtime's monitor goes to it, not to a pid 1 that may not reap (this machine's does not).
+
+``--bombs N``: N runs of `hcp-linux run --timeout 5` of a C fork bomb filling the default
+process limit; reports how late each returned (median, worst). Exit 1 when any count is not 0.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from hcp_linux import Policy, Sandbox, native, teardown  # noqa: E402
+
+HANG = 30.0  # seconds: a call not back by then is a hang
+SETTLE = 5.0  # seconds a run's processes get to be gone after the call returned
+PR_SET_CHILD_SUBREAPER = 36
+OWN: set[int] = set()  # the supervisor's own subprocesses (not orphans to reap)
+
+
+# --- /proc -------------------------------------------------------------------------------------
+
+def state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def tree(monitor: int) -> list[int]:
+    """Monitor, init, command — as far as they exist now."""
+    chain = [monitor]
+    while len(chain) < 3:
+        kids = children(chain[-1])
+        if not kids:
+            break
+        chain.append(kids[0])
+    return chain
+
+
+def pidns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def in_ns(ns: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and pidns(int(name)) == ns:
+            out.append(int(name))
+    return out
+
+
+def with_token(token: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def left(pids: list[int], ns: str | None, settle: float = SETTLE) -> list[int]:
+    """What is still there after up to ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        rest = [p for p in pids if state(p) is not None]
+        if ns is not None:
+            rest += [p for p in in_ns(ns) if p not in rest]
+        if not rest or time.monotonic() >= deadline:
+            return rest
+        time.sleep(0.02)
+
+
+def force_end(pids: list[int]) -> None:
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def bounded(fn, seconds: float = HANG):  # type: ignore[no-untyped-def]
+    """(returned, result): fn() on a thread, given ``seconds``."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["r"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["e"] = e
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        return False, None
+    if "e" in box:
+        raise box["e"]
+    return True, box.get("r")
+
+
+# --- in-process faults -------------------------------------------------------------------------
+
+class Tally:
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+        self.late: list[float] = []
+        self.stray: list[str] = []  # names of files left, for a look
+
+    def add(self, fault: str, **outcome: int) -> None:
+        c = self.counts.setdefault(fault, {"runs": 0, "hangs": 0, "late": 0, "left": 0,
+                                           "files": 0, "torn": 0, "errors": 0})
+        c["runs"] += 1
+        for k, v in outcome.items():
+            c[k] += v
+
+    def bad(self) -> int:
+        return sum(v for c in self.counts.values() for k, v in c.items() if k != "runs")
+
+
+def in_process(rng: random.Random, sb: Sandbox, tally: Tally) -> None:
+    target = rng.choice(["monitor", "init"])
+    action = rng.choice(["SIGSTOP", "SIGKILL"])
+    then = rng.choice(["kill", "timeout", "exits"])
+    fault = f"{action} {target}, then {then}"
+    argv = ["sh", "-c", "sleep 0.05"] if then == "exits" else ["sleep", "1000"]
+    proc = sb.spawn(argv)
+    pids = tree(proc.pid)
+    ns = pidns(pids[1]) if len(pids) > 1 else None
+    time.sleep(rng.uniform(0, 0.06))
+    victim = pids[0] if target == "monitor" else pids[min(1, len(pids) - 1)]
+    try:
+        os.kill(victim, getattr(signal, action))
+    except ProcessLookupError:
+        pass
+    start = time.monotonic()
+    timeout = 0.3
+    try:
+        if then == "kill":
+            proc.kill()
+            ok, _ = bounded(proc.wait)
+        elif then == "timeout":
+            ok, _ = bounded(lambda: proc.finish(timeout=timeout))
+        else:  # the command ends by itself; a stopped init holds the run, as a stopped
+            # Popen child would: the caller's timeout is what bounds it
+            timeout = 1.0
+            ok, _ = bounded(lambda: proc.finish(timeout=timeout))
+    except Exception:  # noqa: BLE001
+        tally.add(fault, errors=1)
+        force_end(pids)
+        return
+    took = time.monotonic() - start
+    if not ok:
+        force_end(pids)
+    timed_out = ok and took >= timeout
+    late = timed_out and took > timeout + 1.0
+    if timed_out:
+        tally.late.append(took - timeout)
+    rest = left(pids, ns)
+    force_end(rest)
+    tally.add(fault, hangs=int(not ok), late=int(late), left=int(bool(rest)))
+
+
+def spare_fault(rng: random.Random, sb: Sandbox, tally: Tally) -> None:
+    action = rng.choice(["SIGSTOP", "SIGKILL"])
+    who = rng.choice(["monitor", "init"])
+    fault = f"{action} of an idle spare's {who}, then a run"
+    pool = native._pool()
+    with pool.cond:
+        spares = [s.pid for kind in pool.idle.values() for s in kind]
+    victims = []
+    for pid in spares:
+        chain = tree(pid)
+        victims.append(chain[0] if who == "monitor" else chain[-1])
+    for pid in victims:
+        try:
+            os.kill(pid, getattr(signal, action))
+        except ProcessLookupError:
+            pass
+    try:
+        ok, run = bounded(lambda: sb.run(["true"], timeout=10))
+    except Exception:  # noqa: BLE001
+        tally.add(fault, errors=1)
+        force_end(victims)
+        return
+    # idle spares not taken are retired at their age (native.SPARE_MAX_AGE), then given the
+    # reaper's two graces
+    rest = left(victims, None, native.SPARE_MAX_AGE + 3 * teardown.MONITOR_GRACE + SETTLE)
+    force_end(rest)
+    # a run handed to a spare killed meanwhile ends killed (-9), and says so: not an error
+    tally.add(fault, hangs=int(not ok), left=int(bool(rest)))
+
+
+# --- faults in another process (run under a subreaper) -------------------------------------------
+
+RUNTIME = """
+import sys, time
+from hcp_linux import Policy, Sandbox
+p = Sandbox(Policy(jail=sys.argv[1])).spawn(["sh", "-c", "sleep 1000; : " + sys.argv[2]])
+print(p.pid, flush=True)
+time.sleep(1000)
+"""
+
+
+def runtime_killed(rng: random.Random, work: str, tally: Tally) -> None:
+    token = "hcp-fault-%016x" % rng.getrandbits(64)
+    rt = subprocess.Popen([sys.executable, "-c", RUNTIME, work, token], stdout=subprocess.PIPE,
+                          text=True)
+    OWN.add(rt.pid)
+    time.sleep(rng.uniform(0.0, 0.25))
+    rt.kill()
+    rt.wait()
+    rest = left(with_token(token), None)
+    force_end(rest)
+    rt.stdout.close()  # type: ignore[union-attr]
+    tally.add("runtime SIGKILLed at a random moment", left=int(bool(rest)))
+
+
+PACK = """name = "faults"
+[wrap]
+bin = ["sh"]
+[wrap.workspace]
+mode = "ephemeral"
+"""
+
+
+def writeback_killed(rng: random.Random, work: str, tally: Tally) -> None:
+    """`hcp-linux run --pack` writing two 4 MiB outputs back, SIGKILLed at a random moment;
+    then `hcp-linux gc`. Each destination must be its old or its new content, whole."""
+    dest = os.path.join(work, "dest")
+    tmp = os.path.join(work, "tmp")
+    os.makedirs(dest, exist_ok=True)
+    os.makedirs(tmp, exist_ok=True)
+    outs = [os.path.join(dest, n) for n in ("a.out", "b.out")]
+    old = {p: b"old %s\n" % p.encode() for p in outs}
+    for p, data in old.items():
+        with open(p, "wb") as f:
+            f.write(data)
+    new = b"n" * (4 << 20)
+    script = "head -c %d /dev/zero | tr '\\0' n > \"$1\"; cp \"$1\" \"$2\"" % len(new)
+    cli = subprocess.Popen([sys.executable, "-m", "hcp_linux", "run", "--pack",
+                            os.path.join(work, "pack.toml"), "--", "sh", "-c", script, "sh",
+                            "--output", outs[0], "--output", outs[1]],
+                           env={**os.environ, "TMPDIR": tmp}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    OWN.add(cli.pid)
+    time.sleep(rng.uniform(0.0, 0.6))
+    cli.kill()
+    cli.wait()
+    # the next run's sweep, on demand
+    subprocess.run([sys.executable, "-m", "hcp_linux", "gc", "--tmp-dir", tmp, dest],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=HANG)
+    stray = [n for n in os.listdir(dest) if n not in ("a.out", "b.out")] + os.listdir(tmp)
+    torn = 0
+    for p in outs:
+        with open(p, "rb") as f:
+            data = f.read()
+        torn += data not in (old[p], new)
+    tally.add("CLI SIGKILLed during a run with two outputs", files=int(bool(stray)),
+              torn=int(bool(torn)))
+    if stray and len(tally.stray) < 20:
+        tally.stray += stray
+    for d in (dest, tmp):  # a clean slate for the next iteration (what was left is counted)
+        for name in os.listdir(d):
+            path = os.path.join(d, name)
+            if name in ("a.out", "b.out"):
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+
+
+def supervise(n: int, seed: int, work: str, out: str) -> None:
+    """The other-process faults, as a child subreaper that reaps whatever is orphaned."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER")
+    stop = threading.Event()
+
+    def reap_orphans() -> None:  # zombies of orphans only: our own Popens reap themselves
+        while not stop.is_set():
+            time.sleep(0.01)
+            for child in children(os.getpid()):
+                if child not in OWN and state(child) == "Z":
+                    try:
+                        os.waitpid(child, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+    threading.Thread(target=reap_orphans, daemon=True).start()
+    rng = random.Random(seed)
+    with open(os.path.join(work, "pack.toml"), "w") as f:
+        f.write(PACK)
+    tally = Tally()
+    for _ in range(n):
+        if rng.random() < 0.5:
+            runtime_killed(rng, os.path.join(work, "jail"), tally)
+        else:
+            writeback_killed(rng, work, tally)
+    stop.set()
+    with open(out, "w") as f:
+        json.dump({"counts": tally.counts, "stray": tally.stray}, f)
+
+
+# --- the fork bomb --------------------------------------------------------------------------------
+
+def bombs(n: int, work: str, executor: str) -> list[float]:
+    """How late `hcp-linux run --timeout 5` of a fork bomb returns, n times."""
+    src = os.path.join(work, "bomb.c")
+    exe = os.path.join(work, "jail", "bomb")
+    with open(src, "w") as f:
+        f.write("#include <unistd.h>\nint main(void) { for (;;) fork(); }\n")
+    subprocess.run(["cc", "-O1", "-o", exe, src], check=True)
+    late = []
+    for _ in range(n):
+        start = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "hcp_linux", "run", "--executor", executor,
+                            "--jail", os.path.join(work, "jail"), "--timeout", "5", "--",
+                            "./bomb"],
+                           stderr=subprocess.DEVNULL, timeout=120)
+        late.append(time.monotonic() - start - 5)
+        assert r.returncode == 124, r.returncode
+    return late
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--bombs", type=int, default=10)
+    ap.add_argument("--as-nobody", action="store_true",
+                    help="(as root) run the whole bench again as nobody")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--supervise", nargs=3, metavar=("N", "SEED", "OUT"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.supervise:
+        supervise(int(a.supervise[0]), int(a.supervise[1]), a.work, a.supervise[2])
+        return 0
+    seed = a.seed if a.seed is not None else random.randrange(1 << 32)
+    rng = random.Random(seed)
+    work = tempfile.mkdtemp(prefix="hcp-faults-", dir="/var/tmp")
+    os.chmod(work, 0o755)
+    os.mkdir(os.path.join(work, "jail"))
+    report: dict = {"seed": seed, "uid": os.geteuid(), "executor": native.selected()}
+    try:
+        tally = Tally()
+        sb = Sandbox(Policy(jail=os.path.join(work, "jail")))
+        n_in = a.runs * 3 // 4
+        t0 = time.monotonic()
+        for i in range(n_in):
+            if native.selected() == "native" and i % 10 == 9:
+                spare_fault(rng, sb, tally)
+            else:
+                in_process(rng, sb, tally)
+        out = os.path.join(work, "supervised.json")
+        subprocess.run([sys.executable, __file__, "--work", work, "--supervise",
+                        str(a.runs - n_in), str(rng.getrandbits(32)), out], check=True)
+        with open(out) as f:
+            supervised = json.load(f)
+        tally.counts.update(supervised["counts"])
+        if supervised["stray"]:
+            report["files_left"] = supervised["stray"]
+        report["seconds"] = round(time.monotonic() - t0, 1)
+        report["faults"] = tally.counts
+        report["totals"] = {k: sum(c[k] for c in tally.counts.values())
+                            for k in ("runs", "hangs", "late", "left", "files", "torn",
+                                      "errors")}
+        if tally.late:
+            report["timeout_lateness_s"] = {"median": round(statistics.median(tally.late), 3),
+                                            "worst": round(max(tally.late), 3)}
+        if a.bombs:
+            report["fork_bomb_timeout_5s"] = {}
+            for executor in ("native", "ctypes"):
+                if executor == "native" and not native.available():
+                    continue
+                late = bombs(a.bombs, work, executor)
+                report["fork_bomb_timeout_5s"][executor] = {
+                    "runs": len(late), "median_late_s": round(statistics.median(late), 3),
+                    "worst_late_s": round(max(late), 3)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    reports = [report]
+    if a.as_nobody and os.geteuid() == 0:
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        os.chmod(path, 0o666)
+        subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, __file__, "--runs",
+                        str(a.runs), "--seed", str(seed), "--bombs", str(a.bombs), "--json",
+                        path], check=False)
+        with open(path) as f:
+            reports += json.load(f)
+        os.unlink(path)
+    text = json.dumps(reports, indent=2)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text)
+    bad = sum(r["totals"][k] for r in reports for k in r["totals"] if k != "runs")
+    bad += sum(b["worst_late_s"] > 1 for r in reports
+               for b in r.get("fork_bomb_timeout_5s", {}).values())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
