@@ -156,6 +156,8 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         raise PolicyError("--policy: empty path")
     env: dict[str, str] = {}
     for item in a.env:
+        if not isinstance(item, str):  # argparse makes the value `--` of an append flag []
+            raise PolicyError("--env: expected KEY=VALUE, got '--'")
         key, sep, value = item.partition("=")
         if not sep:
             raise PolicyError(f"--env {item!r}: expected KEY=VALUE")
@@ -187,6 +189,8 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
     fields["env"] = {**dict(base.get("env", {})), **env}
     limits = dict(base["limits"].as_dict()) if "limits" in base else {}
     for item in a.limit:
+        if not isinstance(item, str):  # argparse makes the value `--` of an append flag []
+            raise PolicyError("--limit: expected KEY=VALUE, got '--'")
         key, sep, value = item.partition("=")
         if not sep:
             raise SandboxError(f"--limit {item!r}: expected KEY=VALUE")

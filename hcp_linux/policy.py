@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from . import values
+from .environment import check_explicit
 from .errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
 
@@ -174,6 +175,10 @@ class Policy:
         if not isinstance(self.env, Mapping):
             raise PolicyError(f"env: expected a table of KEY = VALUE, got {_kind(self.env)}")
         for k, v in self.env.items():
+            # code-injection names refused here, not at the spawn (before a driver makes a
+            # jail, or a plan a tmp dir), with their own message
+            if isinstance(k, str):
+                check_explicit({k: v})
             check_env_text(k, v)
         set_("env", MappingProxyType(dict(self.env)))
         set_("allow_degraded", expand_layers(_str_tuple(self.allow_degraded, "allow_degraded")))

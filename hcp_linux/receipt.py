@@ -158,6 +158,8 @@ def check_output_path(path: str, what: str, *, replace: bool = True,
     if not path:
         raise PolicyError(f"{what}: empty path")
     shown = f"{what} {printable(path)}"
+    if "\0" in path:
+        raise PolicyError(f"{shown}: contains a NUL byte")
     if os.path.basename(path) in ("", ".", ".."):
         raise PolicyError(f"{shown}: names a directory, not a file")
     try:
