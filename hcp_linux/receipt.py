@@ -15,6 +15,7 @@ from typing import IO, Any, Mapping
 from .errors import PolicyError, printable
 from .limits import cgroup_v2_status
 from .policy import LAYERS, NAMESPACE_LAYERS
+from .values import dir_problem
 
 RECEIPT_VERSION = 1
 
@@ -176,14 +177,9 @@ def check_output_path(path: str, what: str, *, replace: bool = True,
         if not replace and not os.access(path, os.W_OK, effective_ids=True):
             raise PolicyError(f"{shown}: not writable")
     parent = os.path.dirname(path) or "."
-    try:
-        pst = os.stat(parent)
-    except OSError as e:
-        raise PolicyError(f"{shown}: directory {printable(parent)}: {e.strerror}") from None
-    if not stat.S_ISDIR(pst.st_mode):
-        raise PolicyError(f"{shown}: {printable(parent)} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK, effective_ids=True):
-        raise PolicyError(f"{shown}: directory {printable(parent)} is not writable")
+    why = dir_problem(parent)
+    if why is not None:
+        raise PolicyError(f"{shown}: directory {printable(parent)}: {why}")
 
 
 def write_receipt(receipt: Mapping[str, Any], dest: str | IO[str]) -> None:

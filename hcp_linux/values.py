@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from fractions import Fraction
 from typing import Any, Mapping
 
@@ -320,6 +321,21 @@ def pseudo_fs_reason(real: str, mounts: list[tuple[str, str]] | None = None) -> 
                 containing = (point, fstype)
         if containing is not None and containing[1] in PSEUDO_FS_NAMES:
             return f"it is on {containing[1]}, a kernel pseudo file system"
+    return None
+
+
+def dir_problem(path: str, st: os.stat_result | None = None) -> str | None:
+    """Why ``path`` is not a directory we can create files in ("not a directory", "not
+    writable", or the stat error), None when it is one. ``st``: its stat, if taken."""
+    if st is None:
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return e.strerror or "cannot be examined"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if not os.access(path, os.W_OK | os.X_OK, effective_ids=True):
+        return "not writable"
     return None
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .errors import PolicyError, SandboxError, printable
+from .values import dir_problem
 from .pack import EPHEMERAL, NONE, WORKSPACE, Pack
 from .reclaim import (RENAME_NOREPLACE, Sweep, jail_name, jail_owner, owner_gone,
                       renameat2)
@@ -140,10 +141,9 @@ def check_state_dir(path: str, label: str, *, base: str | None = None) -> str:
         except OSError as e:
             raise PolicyError(f"{printable(label)}: {printable(existing)}: {e.strerror}") \
                 from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise PolicyError(f"{printable(label)}: {printable(existing)} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK, effective_ids=True):
-        raise PolicyError(f"{printable(label)}: {printable(existing)} is not writable")
+    why = dir_problem(existing, st)
+    if why is not None:
+        raise PolicyError(f"{printable(label)}: {printable(existing)} is {why}")
     _outside_system_roots(path, label, "workspaces")
     return path
 
@@ -164,14 +164,9 @@ def check_tmp_dir(path: str, label: str) -> str:
     """``path`` as a place for ephemeral jails (``label`` says where it came from): an
     absolute path to an existing directory we can write in, outside the system roots."""
     path = _absolute(path, label)
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise PolicyError(f"{printable(label)}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise PolicyError(f"{printable(label)}: not a directory")
-    if not os.access(path, os.W_OK | os.X_OK, effective_ids=True):
-        raise PolicyError(f"{printable(label)}: not writable")
+    why = dir_problem(path)
+    if why is not None:
+        raise PolicyError(f"{printable(label)}: {why}")
     _outside_system_roots(path, label, "jails")
     return path
 
