@@ -243,27 +243,7 @@ class SandboxProcess:
             self.stdin.close()
 
 
-_the_reaper: teardown.Reaper | None = None
-_reaper_lock = threading.Lock()
-
-
-def _reaper() -> teardown.Reaper:
-    """This process's reaper, started on first use."""
-    global _the_reaper
-    with _reaper_lock:
-        if _the_reaper is None:
-            _the_reaper = teardown.Reaper()
-        return _the_reaper
-
-
-def _forget_reaper() -> None:
-    """In a forked child: the monitors are not its children, the thread is not there, and
-    the lock may have been held by a thread that is gone."""
-    global _the_reaper, _reaper_lock
-    _the_reaper, _reaper_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_reaper)
+_reaper = teardown.reaper  # this process's reaper
 
 
 def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | None]:

@@ -20,6 +20,7 @@ client (launch.py) uses this module on the start-up path of `hcp-linux run`.
 from __future__ import annotations
 
 import _signal as signal  # the C half: `signal` imports enum (~2 ms) on the served path
+import _thread
 import os
 import select
 
@@ -405,3 +406,26 @@ class Reaper:
                 if entry is not None and entry[0] == fd:
                     del self.entries[pid]
             os.close(fd)
+
+
+_the_reaper: Reaper | None = None
+_reaper_lock = _thread.allocate_lock()
+
+
+def reaper() -> Reaper:
+    """This process's reaper, made on first use."""
+    global _the_reaper
+    with _reaper_lock:
+        if _the_reaper is None:
+            _the_reaper = Reaper()
+        return _the_reaper
+
+
+def _forget_reaper() -> None:
+    """In a forked child: the helpers are not its children, the thread is not there, and the
+    lock may have been held by a thread that is gone."""
+    global _the_reaper, _reaper_lock
+    _the_reaper, _reaper_lock = None, _thread.allocate_lock()
+
+
+os.register_at_fork(after_in_child=_forget_reaper)

@@ -552,8 +552,8 @@ def _retire(spare: _Spare, deadline: float | None = None) -> bool:
     killed by PDEATHSIG, may outlive the reaping by a moment), else True."""
     spare.sock.close()
     if deadline is None:  # never wait on a spare here: the reaper kills one that hangs on
-        from ..executor import _reaper
-        _reaper().reap(spare.pid)
+        from ..teardown import reaper
+        reaper().reap(spare.pid)
         return True
     exited = True
     if deadline is not None:
