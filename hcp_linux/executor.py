@@ -13,7 +13,6 @@ import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
 from typing import IO, Any, Callable
 
