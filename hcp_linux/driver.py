@@ -26,7 +26,8 @@ from typing import Any, Mapping, Sequence
 
 from .allowlist import is_allowlisted
 from .environment import check_explicit
-from .errors import NotAllowlistedError, PolicyError, WritebackError
+from .errors import (BinNotFoundError, NotAllowlistedError, PolicyError, WritebackError,
+                     printable)
 from .fileref import FileRef, Staging, scan
 from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
@@ -168,6 +169,10 @@ class LinuxDriver:
         runtime = self.policy.allow_bins
         if runtime and not is_allowlisted(argv[0], runtime):
             raise NotAllowlistedError(bin_)
+        if "/" in argv[0] and not os.path.isfile(argv[0]):
+            # a path names a host file the view shows as it is: absent here, absent there;
+            # refused now, before a jail is made for it (the engine would say so after)
+            raise BinNotFoundError(f'bin "{printable(bin_)}" not found ({printable(argv[0])})')
         return argv
 
     def check(self, pack: Pack | str | os.PathLike[str], argv: Sequence[str], *,

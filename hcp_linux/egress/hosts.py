@@ -52,7 +52,7 @@ import re
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence, Union
+from typing import Callable, Iterable, Literal, Sequence, Union
 
 from ..errors import PolicyError
 from .addresses import IPAddress, IPNetwork, canonical, classify, unlocked_by
@@ -163,11 +163,11 @@ def parse_host(text: str) -> Host:
 def parse_port(text: str) -> int:
     """A decimal port 1..65535 without sign, spaces or leading zeros."""
     if not _DIGITS.match(text) or (len(text) > 1 and text[0] == "0"):
-        raise HostError(f"port {text!r} is not a decimal number without leading zeros")
-    port = int(text)
-    if not 1 <= port <= 65535:
-        raise HostError(f"port {port} out of range 1..65535")
-    return port
+        raise HostError(f"port {_shown(text, 20)} is not a decimal number without leading zeros")
+    # Length first: int() of more than 4300 digits raises a ValueError of its own.
+    if len(text) > 5 or not 1 <= int(text) <= 65535:
+        raise HostError(f"port {_digits(text)} out of range 1..65535")
+    return int(text)
 
 
 def parse_authority(text: str, default_port: int | None = None) -> tuple[Host, int]:
@@ -258,7 +258,7 @@ def parse_pattern(text: str, *, deny: bool = False) -> Pattern:
     try:
         return _parse_pattern(text, deny)
     except HostError as exc:
-        raise PolicyError(f"invalid egress {which} pattern {text!r}: {exc}") from None
+        raise PolicyError(f"invalid egress {which} pattern {_shown(text, 1024)}: {exc}") from None
 
 
 def _parse_pattern(text: str, deny: bool) -> Pattern:
@@ -315,9 +315,9 @@ def _parse_cidr(text: str) -> IPNetwork:
     if ":" in prefix:
         raise HostError("to give an IPv6 CIDR a port, bracket it: [fd00::/8]:443")
     if not _DIGITS.match(prefix) or (len(prefix) > 1 and prefix[0] == "0"):
-        raise HostError(f"prefix length {prefix!r} is not a decimal number")
-    if int(prefix) > address.max_prefixlen:
-        raise HostError(f"prefix length {prefix} exceeds {address.max_prefixlen}")
+        raise HostError(f"prefix length {_shown(prefix, 20)} is not a decimal number")
+    if len(prefix) > 3 or int(prefix) > address.max_prefixlen:  # int() of 4301+ digits raises
+        raise HostError(f"prefix length {_digits(prefix)} exceeds {address.max_prefixlen}")
     try:
         return ipaddress.ip_network(f"{address}/{prefix}", strict=True)
     except ValueError:
@@ -372,8 +372,14 @@ class EgressPolicy:
             if isinstance(seq, (str, bytes)):
                 raise PolicyError(f"egress {which} list must be a list of patterns, "
                                   "not a single string")
-        if not resolve_timeout > 0:
-            raise PolicyError(f"resolve timeout must be positive, not {resolve_timeout!r}")
+            if not isinstance(seq, Iterable):
+                raise PolicyError(f"egress {which} list must be a list of patterns, "
+                                  f"not {type(seq).__name__}")
+        # Bounded: a thread's join() overflows past threading.TIMEOUT_MAX.
+        if isinstance(resolve_timeout, bool) or not isinstance(resolve_timeout, (int, float)) \
+                or not 0 < resolve_timeout <= threading.TIMEOUT_MAX:
+            raise PolicyError(f"resolve timeout must be positive seconds (at most "
+                              f"{threading.TIMEOUT_MAX:g}), not {resolve_timeout!r}")
         return cls(tuple(parse_pattern(p) for p in allow),
                    tuple(parse_pattern(p, deny=True) for p in deny),
                    resolver or system_resolver, float(resolve_timeout))
@@ -505,6 +511,11 @@ def _denied(reason: str, rule: Pattern | None = None,
             address: IPAddress | None = None) -> Decision:
     return Decision(False, reason, (str(address),) if address is not None else (), "denied",
                     rule.text if rule else None)
+
+
+def _digits(text: str, limit: int = 20) -> str:
+    """A decimal number for a message, shortened when it is absurdly long."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} digits)"
 
 
 def _shown(text: str, limit: int = 120) -> str:

@@ -17,6 +17,7 @@ from .hosts import Host, HostError, format_host, parse_authority
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _VERSION = re.compile(r"HTTP/1\.[01]\Z")
 _STATUS_LINE = re.compile(r"HTTP/1\.[01] ([0-9]{3})(?: .*)?\Z")
+_DECIMAL = re.compile(r"[0-9]+\Z")
 
 #: Hop-by-hop headers a proxy must not forward (RFC 9110 7.6.1), plus the proxy's own.
 #: Transfer-Encoding stays: the body is relayed as it is, so its framing must travel with it.
@@ -131,7 +132,8 @@ def check_framing(head: RequestHead) -> None:
     lengths = head.values("content-length")
     if lengths and head.values("transfer-encoding"):
         raise HeadError("both Content-Length and Transfer-Encoding")
-    if len(set(lengths)) > 1 or any(not v.isdigit() for v in lengths):
+    # ASCII digits only: str.isdigit() also takes '²' or '³' (latin-1 bytes 0xB2, 0xB3).
+    if len(set(lengths)) > 1 or any(not _DECIMAL.match(v) for v in lengths):
         raise HeadError("invalid or conflicting Content-Length")
 
 
