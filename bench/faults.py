@@ -286,7 +286,8 @@ def writeback_killed(rng: random.Random, work: str, tally: Tally) -> None:
         with open(p, "wb") as f:
             f.write(data)
     new = b"n" * (4 << 20)
-    script = "head -c %d /dev/zero | tr '\\0' n > \"$1\"; cp \"$1\" \"$2\"" % len(new)
+    # argv: sh -c SCRIPT sh --output A --output B: the staged paths are $2 and $4
+    script = "head -c %d /dev/zero | tr '\\0' n > \"$2\"; cp \"$2\" \"$4\"" % len(new)
     cli = subprocess.Popen([sys.executable, "-m", "hcp_linux", "run", "--pack",
                             os.path.join(work, "pack.toml"), "--", "sh", "-c", script, "sh",
                             "--output", outs[0], "--output", outs[1]],

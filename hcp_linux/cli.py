@@ -305,7 +305,16 @@ def _gc(a: argparse.Namespace) -> int:
     if a.state_dir is not None:
         _check_dir(a.state_dir, "--state-dir", missing_ok=True)
     tmp_dir = a.tmp_dir if a.tmp_dir is not None else default_tmp_dir()
-    state_dir = a.state_dir if a.state_dir is not None else default_state_dir()
+    state_dir: str | None = a.state_dir
+    if state_dir is None:
+        home = os.environ.get("HOME", "")
+        if not os.environ.get("XDG_STATE_HOME") and os.path.isabs(home) \
+                and not os.path.lexists(home):
+            # a service user's home that does not exist (nobody: /nonexistent): no workspace
+            # was ever made under the default state dir, so there is none to sweep
+            return gc(a.paths, tmp_dir=tmp_dir, state_dir=None, workspaces=False,
+                      dry_run=a.dry_run)
+        state_dir = default_state_dir()
     return gc(a.paths, tmp_dir=tmp_dir, state_dir=state_dir, dry_run=a.dry_run)
 
 

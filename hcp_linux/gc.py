@@ -24,8 +24,9 @@ from .workspace import sweep_jails, sweep_workspaces
 
 
 def gc(paths: Sequence[str], *, tmp_dir: str | None = None, state_dir: str | None = None,
-       dry_run: bool = False) -> int:
-    """Sweep and report; 0, or 125 when something could not be removed."""
+       workspaces: bool = True, dry_run: bool = False) -> int:
+    """Sweep and report; 0, or 125 when something could not be removed. ``workspaces``:
+    False when there can be none to sweep (no state dir)."""
     fds: list[tuple[str, int]] = []
     try:
         for path in paths:  # every PATH checked before anything is removed
@@ -35,7 +36,8 @@ def gc(paths: Sequence[str], *, tmp_dir: str | None = None, state_dir: str | Non
                 raise SandboxError(f"gc {printable(path)}: {e.strerror}") from None
         done = Sweep()
         done.add(sweep_jails(tmp_dir, dry_run=dry_run))
-        done.add(sweep_workspaces(state_dir, dry_run=dry_run))
+        if workspaces:
+            done.add(sweep_workspaces(state_dir, dry_run=dry_run))
         for path, fd in fds:
             done.add(sweep_temps(fd, os.path.abspath(path), dry_run=dry_run))
     finally:

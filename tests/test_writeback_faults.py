@@ -504,3 +504,24 @@ def test_gc_refuses_a_path_that_is_not_a_directory(cli: Cli) -> None:
     assert jail.exists()
     r = cli.gc()  # control
     assert (r.returncode, lines(r)) == (0, [str(jail)]) and not jail.exists()
+
+
+def test_gc_with_a_home_that_does_not_exist_still_reclaims_jails(tmp_path: Path) -> None:
+    """A service user (nobody: HOME=/nonexistent) has no default state dir, so no workspace
+    to sweep: gc sweeps the jails and says nothing of the state dir. It refused at once."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = tmp / f"hcp-linux-ephemeral-{dead_owner()}-0123456789ab"
+    (dead / "jail").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "XDG_STATE_HOME"}
+    env["HOME"] = "/nonexistent-hcp-linux-test-home"
+    r = subprocess.run([sys.executable, "-m", "hcp_linux", "gc", "--tmp-dir", str(tmp)],
+                       capture_output=True, text=True, env=env, cwd="/", timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert not dead.exists(), "the dead run's jail was left"
+    # control: a HOME that exists but is not a directory is still an input error
+    env["HOME"] = str(tmp_path / "file")
+    (tmp_path / "file").write_text("")
+    r = subprocess.run([sys.executable, "-m", "hcp_linux", "gc", "--tmp-dir", str(tmp)],
+                       capture_output=True, text=True, env=env, cwd="/", timeout=TIMEOUT)
+    assert r.returncode == 125 and r.stderr.startswith("error: sandbox: HOME="), r.stderr
