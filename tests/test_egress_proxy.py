@@ -798,7 +798,10 @@ def test_stop_closes_everything(echo_server) -> None:
     proxy.stop()
     with sock, idle:
         assert read_all(sock) in (b"", b"BYE")
-        assert read_all(idle) == b""
+        try:  # EOF, or a reset when stop() came before the proxy accepted it: closed either way
+            assert read_all(idle) == b""
+        except ConnectionResetError:
+            pass
     with pytest.raises(OSError):
         socket.create_connection(proxy.address, timeout=1).close()
     assert proxy.sock.fileno() == -1
