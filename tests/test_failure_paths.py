@@ -351,7 +351,9 @@ def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Pa
                    executor=executor).spawn(["./bomb"])
     tree = _run_tree(proc.pid)
     try:
-        ns = os.readlink(f"/proc/{tree[1]}/ns/pid")
+        # the namespace, from the command (the init is not dumpable: its /proc/PID/ns is
+        # root's, unreadable as nobody)
+        ns = os.readlink(f"/proc/{tree[2]}/ns/pid")
         assert _session(tree[2]) != _session(tree[1]) == _session(tree[0])
         deadline = time.monotonic() + TIMEOUT
         while len(_in_namespace(ns)) < 100:  # control: the bomb forks
@@ -360,6 +362,7 @@ def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Pa
         _, _, timed_out = proc.finish(timeout=2)
         assert timed_out and proc.returncode == -signal.SIGKILL
         assert _in_namespace(ns) == [], "a process of the run outlived finish()"
+        assert [p for p in tree if _state(p) not in (None, "Z")] == [], "a helper is left"
     finally:
         _resume_and_kill(tree)
 
