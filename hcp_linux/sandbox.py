@@ -20,11 +20,12 @@ from . import executor, native
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                      LayerUnavailableError, PolicyError, SandboxError)
 from .executor import DEVNULL, PIPE, SandboxProcess
-from .plan import REMEDIES, Plan, compile_plan
+from .plan import REMEDIES, Plan, clear_cache, compile_plan
 from .policy import LAYERS, NATIVE_LOCAL, Policy
 from .receipt import build_receipt
 
-__all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "PIPE", "DEVNULL"]
+__all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "release_resources", "PIPE",
+           "DEVNULL"]
 
 #: Steps whose failure means "this host cannot provide that layer".
 STEP_LAYER = {
@@ -211,3 +212,32 @@ def confine(argv: Sequence[str], policy: Policy) -> list[str]:
         out += ["--no-sandbox", "--native-local"]
     return out + ["--", *argv]
 
+
+def release_resources(timeout: float = 5.0) -> bool:
+    """Let go of everything this process keeps between runs that holds a granted root's file
+    system: forget the confinement cache and retire the native executor's idle spares.
+
+    Why: a spare is an hcp-exec started ahead of the next run, waiting in its own mount
+    namespace with the mount view already built (clones of the jail's and every granted
+    root's mounts) or, not yet knowing the view, a private copy of the host's whole mount
+    tree. Either keeps the file systems it holds alive: ``umount`` of the jail's file system
+    succeeds, but the file system is not released (a loop device stays claimed, the
+    superblock lives on) until the spare goes, which it does by itself within
+    ``native.KIND_IDLE + native.SPARE_MAX_AGE`` seconds of the last run. Call this before
+    unmounting or detaching a jail's file system, and after mounting one at a jail (a spare
+    made before the mount sees the old directory there, and refuses the run). The cache
+    holds no fd and no mount; it is forgotten too, so the next run checks every path afresh.
+
+    Runs in progress keep what they use until they end; a run's helpers, and a spare the pool
+    retired just before (by age), finish exiting in the background, within moments. Later
+    runs work as ever: the cache is rebuilt, and spares come back once a kind of run repeats.
+    Bounded: waits up to ``timeout`` seconds for the idle spares (and one being made at this
+    moment) to exit; one still there then is killed. True when every one was seen to exit,
+    False otherwise.
+    """
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 <= timeout < float("inf")):
+        raise PolicyError(f"release_resources: timeout: expected a finite number of seconds "
+                          f">= 0, got {timeout!r}")
+    clear_cache()
+    return native._pool().clear(float(timeout))
