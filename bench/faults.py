@@ -44,6 +44,11 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from hcp_linux import Policy, Sandbox, native, teardown  # noqa: E402
+from hcp_linux.conformance.harness import (on_a_thread, processes_in_namespace,  # noqa: E402
+                                           processes_with)
+from hcp_linux.conformance.harness import proc_children as children  # noqa: E402
+from hcp_linux.conformance.harness import proc_state as state  # noqa: E402
+from hcp_linux.conformance.harness import resume_and_kill as force_end  # noqa: E402
 
 HANG = 30.0  # seconds: a call not back by then is a hang
 SETTLE = 5.0  # seconds a run's processes get to be gone after the call returned
@@ -52,22 +57,6 @@ OWN: set[int] = set()  # the supervisor's own subprocesses (not orphans to reap)
 
 
 # --- /proc -------------------------------------------------------------------------------------
-
-def state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
 
 def tree(monitor: int) -> list[int]:
     """Monitor, init, command — as far as they exist now."""
@@ -87,65 +76,16 @@ def pidns(pid: int) -> str | None:
         return None
 
 
-def in_ns(ns: str) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and pidns(int(name)) == ns:
-            out.append(int(name))
-    return out
-
-
-def with_token(token: str) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
-                        out.append(int(name))
-            except OSError:
-                pass
-    return out
-
-
 def left(pids: list[int], ns: str | None, settle: float = SETTLE) -> list[int]:
     """What is still there after up to ``settle`` seconds."""
     deadline = time.monotonic() + settle
     while True:
         rest = [p for p in pids if state(p) is not None]
         if ns is not None:
-            rest += [p for p in in_ns(ns) if p not in rest]
+            rest += [p for p in processes_in_namespace(ns) if p not in rest]
         if not rest or time.monotonic() >= deadline:
             return rest
         time.sleep(0.02)
-
-
-def force_end(pids: list[int]) -> None:
-    for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-
-def bounded(fn, seconds: float = HANG):  # type: ignore[no-untyped-def]
-    """(returned, result): fn() on a thread, given ``seconds``."""
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            box["r"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["e"] = e
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        return False, None
-    if "e" in box:
-        raise box["e"]
-    return True, box.get("r")
 
 
 # --- in-process faults -------------------------------------------------------------------------
@@ -187,13 +127,13 @@ def in_process(rng: random.Random, sb: Sandbox, tally: Tally) -> None:
     try:
         if then == "kill":
             proc.kill()
-            ok, _ = bounded(proc.wait)
+            ok, _ = on_a_thread(proc.wait, HANG)
         elif then == "timeout":
-            ok, _ = bounded(lambda: proc.finish(timeout=timeout))
+            ok, _ = on_a_thread(lambda: proc.finish(timeout=timeout), HANG)
         else:  # the command ends by itself; a stopped init holds the run, as a stopped
             # Popen child would: the caller's timeout is what bounds it
             timeout = 1.0
-            ok, _ = bounded(lambda: proc.finish(timeout=timeout))
+            ok, _ = on_a_thread(lambda: proc.finish(timeout=timeout), HANG)
     except Exception:  # noqa: BLE001
         tally.add(fault, errors=1)
         force_end(pids)
@@ -227,7 +167,7 @@ def spare_fault(rng: random.Random, sb: Sandbox, tally: Tally) -> None:
         except ProcessLookupError:
             pass
     try:
-        ok, run = bounded(lambda: sb.run(["true"], timeout=10))
+        ok, run = on_a_thread(lambda: sb.run(["true"], timeout=10), HANG)
     except Exception:  # noqa: BLE001
         tally.add(fault, errors=1)
         force_end(victims)
@@ -259,7 +199,7 @@ def runtime_killed(rng: random.Random, work: str, tally: Tally) -> None:
     time.sleep(rng.uniform(0.0, 0.25))
     rt.kill()
     rt.wait()
-    rest = left(with_token(token), None)
+    rest = left(processes_with(token), None)
     force_end(rest)
     rt.stdout.close()  # type: ignore[union-attr]
     tally.add("runtime SIGKILLed at a random moment", left=int(bool(rest)))

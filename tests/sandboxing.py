@@ -20,7 +20,8 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import pytest
 
 # The conformance harness's observers serve the tests too: one Listener, one pid_alive.
-from hcp_linux.conformance.harness import Listener, accepted, drain, pid_alive  # noqa: F401
+from hcp_linux.conformance.harness import (Listener, accepted, drain, pid_alive,  # noqa: F401
+                                           processes_with)
 
 IS_ROOT = os.geteuid() == 0
 TIMEOUT = 60  # seconds, for every subprocess a test starts
@@ -198,21 +199,6 @@ def sleep_token(seconds: int) -> str:
     commands by command line, and other copies of this suite may run on the same machine."""
     import secrets
     return f"{seconds}.{secrets.randbelow(10**9):09d}"
-
-
-def processes_with(needle: str, but: int = -1) -> list[int]:
-    """Pids whose command line contains ``needle``, but ``but`` (say, the CLI that was given
-    the command: its own argv holds the needle too)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != but:
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if needle.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
 
 
 def wait_for(cond, what: str, limit: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]

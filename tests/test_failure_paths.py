@@ -23,6 +23,8 @@ from typing import Callable
 import pytest
 
 from hcp_linux import Policy, Sandbox, native, teardown
+from hcp_linux.conformance.harness import (on_a_thread, proc_children, proc_state,
+                                           processes_in_namespace, resume_and_kill)
 from hcp_linux.executor import _reaper
 
 TIMEOUT = 60
@@ -46,26 +48,13 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def _state(pid: int) -> str | None:
-    fields = _stat(pid)
-    return None if fields is None else fields[0]
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except FileNotFoundError:
-        return []
-
-
 def _run_tree(monitor: int, depth: int = 3) -> list[int]:
     """The monitor, the init and the command (waits until all three are there)."""
     deadline = time.monotonic() + TIMEOUT
     while True:
         chain = [monitor]
         while len(chain) < depth:
-            kids = _children(chain[-1])
+            kids = proc_children(chain[-1])
             if not kids:
                 break
             chain.append(kids[0])
@@ -77,7 +66,7 @@ def _run_tree(monitor: int, depth: int = 3) -> list[int]:
 
 def _wait_state(pid: int, want: str) -> None:
     deadline = time.monotonic() + TIMEOUT
-    while _state(pid) != want:
+    while proc_state(pid) != want:
         assert time.monotonic() < deadline, f"{pid} never reached state {want}"
         time.sleep(0.005)
 
@@ -87,39 +76,18 @@ def _left(pids: list[int], within: float = 15.0) -> list[int]:
     seconds of waiting for them to go."""
     deadline = time.monotonic() + within
     while True:
-        left = [p for p in pids if _state(p) is not None]
+        left = [p for p in pids if proc_state(p) is not None]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.02)
 
 
 def _within(seconds: float, fn: Callable[[], object]) -> object:
-    """``fn()`` on a thread; its result, or AssertionError if it has not returned in time
-    (the hang this file is about: the thread is left behind, the test fails)."""
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["error"] = e
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still waiting after {seconds}s"
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["result"]
-
-
-def _resume_and_kill(pids: list[int]) -> None:
-    """Cleanup after a failed test: only our own run's processes, by pid."""
-    for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+    """``fn()``'s result, or AssertionError if it has not returned in ``seconds`` (the hang
+    this file is about: the call is left behind on its thread, the test fails)."""
+    returned, result = on_a_thread(fn, seconds)
+    assert returned, f"still waiting after {seconds}s"
+    return result
 
 
 # --- kill and timeout do not depend on the monitor --------------------------------------------
@@ -140,7 +108,7 @@ def test_kill_ends_the_run_whatever_helper_is_stopped(jail: Path, who: str) -> N
         if who == "monitor":  # it had to be resumed to reap the init and exit
             assert any("SIGCONT" in n for n in proc.receipt["end"]["notes"])
     finally:
-        _resume_and_kill(tree)
+        resume_and_kill(tree)
 
 
 def test_control_a_stopped_monitor_keeps_its_run_without_a_kill(jail: Path) -> None:
@@ -152,7 +120,7 @@ def test_control_a_stopped_monitor_keeps_its_run_without_a_kill(jail: Path) -> N
         _wait_state(tree[0], "T")
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(0.5)
-        assert _state(tree[2]) in ("S", "R"), "the command should still be running"
+        assert proc_state(tree[2]) in ("S", "R"), "the command should still be running"
     finally:
         os.kill(tree[0], signal.SIGCONT)
         proc.kill()
@@ -172,7 +140,7 @@ def test_timeout_ends_the_run_with_the_monitor_stopped(jail: Path) -> None:
         assert proc.receipt["end"]["by"] == "timeout"
         assert _left(tree) == []
     finally:
-        _resume_and_kill(tree)
+        resume_and_kill(tree)
 
 
 def test_cli_timeout_with_the_monitor_stopped(jail: Path) -> None:
@@ -191,7 +159,7 @@ def test_cli_timeout_with_the_monitor_stopped(jail: Path) -> None:
         if cli.poll() is None:
             cli.kill()
             cli.wait()
-        _resume_and_kill(tree[1:])
+        resume_and_kill(tree[1:])
 
 
 # --- a run that ended with its monitor stopped ------------------------------------------------
@@ -206,11 +174,11 @@ def test_a_stopped_monitor_whose_command_ended_is_resumed_and_reaped(jail: Path)
         _wait_state(tree[0], "T")
         proc.stdin.close()  # type: ignore[union-attr]  # the command ends: EOF on read
         assert _within(TIMEOUT, proc.wait) == 0  # the init's report: the command's status
-        assert _state(tree[0]) == "T", "control: the monitor was still stopped at the report"
+        assert proc_state(tree[0]) == "T", "control: the monitor was still stopped at the report"
         assert _left(tree) == [], "the monitor or a zombie init is left"
         assert _reaper().sent["SIGCONT"] > sent
     finally:
-        _resume_and_kill(tree)
+        resume_and_kill(tree)
 
 
 def test_one_stuck_monitor_does_not_hold_up_the_reaping_of_others(
@@ -230,9 +198,9 @@ def test_one_stuck_monitor_does_not_hold_up_the_reaping_of_others(
             later.append(p.pid)
             assert p.wait(TIMEOUT) == 0
         assert _left(later) == [], "later monitors were left unreaped (zombies)"
-        assert _state(tree[0]) == "T", "control: the first monitor was still stopped"
+        assert proc_state(tree[0]) == "T", "control: the first monitor was still stopped"
     finally:
-        _resume_and_kill(tree)
+        resume_and_kill(tree)
     assert _left(tree) == []
 
 
@@ -286,14 +254,14 @@ def test_a_ready_spare_that_does_not_answer_is_passed_over(
             assert any("did not answer" in n for n in notes)
             # the one that took the run was killed (the others wait in the pool, stopped)
             deadline = time.monotonic() + TIMEOUT
-            while all(_state(s) is not None or _state(i) is not None
+            while all(proc_state(s) is not None or proc_state(i) is not None
                       for s, i in zip(spares, inits)):
                 assert time.monotonic() < deadline, "the stuck spare was not killed"
                 time.sleep(0.02)
         else:
             assert notes == [] and native.stats["ready"] == ready + 1
     finally:
-        _resume_and_kill(spares + inits if stop else [])
+        resume_and_kill(spares + inits if stop else [])
         native._pool().clear()
 
 
@@ -308,7 +276,7 @@ def test_a_stopped_idle_spare_does_not_hold_up_the_pool(jail: Path) -> None:
         assert _left(spares) == []
         assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
     finally:
-        _resume_and_kill(spares)
+        resume_and_kill(spares)
         native._pool().clear()
 
 
@@ -321,18 +289,6 @@ def _session(pid: int) -> int:
     fields = _stat(pid)
     assert fields is not None
     return int(fields[3])  # state ppid pgrp session
-
-
-def _in_namespace(ns: str) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.readlink(f"/proc/{name}/ns/pid") == ns:
-                    out.append(int(name))
-            except OSError:
-                continue
-    return out
 
 
 @pytest.mark.parametrize("executor", ["native", "ctypes"])
@@ -359,15 +315,15 @@ def test_a_fork_bomb_is_killed_at_its_timeout_and_nothing_of_it_is_left(jail: Pa
         ns = os.readlink(f"/proc/{tree[2]}/ns/pid")
         assert _session(tree[2]) != _session(tree[1]) == _session(tree[0])
         deadline = time.monotonic() + TIMEOUT
-        while len(_in_namespace(ns)) < 100:  # control: the bomb forks
+        while len(processes_in_namespace(ns)) < 100:  # control: the bomb forks
             assert time.monotonic() < deadline, "the bomb never forked"
             time.sleep(0.05)
         _, _, timed_out = proc.finish(timeout=2)
         assert timed_out and proc.returncode == -signal.SIGKILL
-        assert _in_namespace(ns) == [], "a process of the run outlived finish()"
-        assert [p for p in tree if _state(p) not in (None, "Z")] == [], "a helper is left"
+        assert processes_in_namespace(ns) == [], "a process of the run outlived finish()"
+        assert [p for p in tree if proc_state(p) not in (None, "Z")] == [], "a helper is left"
     finally:
-        _resume_and_kill(tree)
+        resume_and_kill(tree)
 
 
 # --- the spawning thread's exit ---------------------------------------------------------------

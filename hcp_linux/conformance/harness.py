@@ -480,6 +480,85 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def proc_state(pid: int) -> str | None:
+    """The state letter of ``pid`` in /proc (``Z`` a zombie, ``T`` stopped), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def proc_children(pid: int) -> list[int]:
+    """The children of ``pid`` (/proc/PID/task/PID/children); [] when gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def processes_with(needle: str, but: int = -1) -> list[int]:
+    """Pids whose command line contains ``needle``, but ``but`` (say, the CLI that was given
+    the command: its own argv holds the needle too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != but:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if needle.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def processes_in_namespace(ns: str) -> list[int]:
+    """Pids whose pid namespace link reads ``ns`` (those we may not read are not counted)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.readlink(f"/proc/{name}/ns/pid") == ns:
+                    out.append(int(name))
+            except OSError:
+                continue
+    return out
+
+
+def resume_and_kill(pids: list[int]) -> None:
+    """SIGCONT, then SIGKILL, each of ``pids`` (processes the caller started), by pid."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def on_a_thread(fn: Any, seconds: float) -> tuple[bool, Any]:
+    """(returned, result): ``fn()`` on a daemon thread given ``seconds``; its exception is
+    raised here. A call that hangs is left behind on its thread and reported as not
+    returned: the hang is the finding, not a reason to hang the caller."""
+    import threading
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+            box["error"] = e
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box.get("result")
+
+
 __all__ = ["Harness", "Evidence", "Fail", "NotApplicable", "Listener", "accepted", "drain",
            "PASS", "FAIL", "NOT_APPLICABLE", "DEFAULT_TIMEOUT", "shown", "proc_summary",
-           "layer_refusal", "pid_alive", "system_python"]
+           "layer_refusal", "pid_alive", "system_python", "proc_state", "proc_children",
+           "processes_with", "processes_in_namespace", "resume_and_kill", "on_a_thread"]
