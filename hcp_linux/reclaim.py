@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import stat
+from typing import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["owner_id", "owner_gone", "jail_name", "temp_name", "JAIL_RE", "TEMP_RE",
@@ -151,33 +152,33 @@ class Sweep:
         self.failed += other.failed
 
 
-def sweep_temps(dir_fd: int, dir_path: str, *, dry_run: bool = False) -> Sweep:
-    """Remove our temp files in one directory whose owner is gone.
-
-    Only names matching :data:`TEMP_RE`, only regular files of our uid (``fstatat`` without
-    following), removed with ``unlinkat`` relative to ``dir_fd``: a symlink or a directory
-    with such a name is never touched, and nothing outside the directory can be reached.
-    Errors are recorded, never raised; a name gone meanwhile (another sweeper) is skipped.
-    """
+def sweep_dead(dir_fd: int, dir_path: str,
+               owner_of: Callable[[str], "tuple[int, int, int] | None"], is_kind: Callable[[int], bool], remove: Callable[[str], None], *,
+               dry_run: bool = False) -> Sweep:
+    """The one sweep: in one directory, each entry whose name ``owner_of`` parses (our exact
+    patterns only), of the kind ``is_kind`` accepts (``stat.S_ISREG``, ``stat.S_ISDIR``:
+    ``fstatat`` without following, so never a symlink), of our uid, whose owner is gone, is
+    passed to ``remove`` (by name, relative to ``dir_fd``). Errors are recorded, never
+    raised; a name gone meanwhile (another sweeper) is skipped."""
     out = Sweep()
     uid = os.geteuid()
     try:
         with os.scandir(dir_fd) as it:
-            names = [e.name for e in it if e.name.startswith(".") and ".hcp-" in e.name]
+            names = [e.name for e in it]
     except OSError as e:
         out.failed.append((dir_path, os.strerror(e.errno or errno.EIO)))
         return out
     for name in names:
-        owner = temp_owner(name)
+        owner = owner_of(name)
         if owner is None:
             continue
         path = os.path.join(dir_path, name)
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or not owner_gone(*owner):
+            if not is_kind(st.st_mode) or st.st_uid != uid or not owner_gone(*owner):
                 continue
             if not dry_run:
-                os.unlink(name, dir_fd=dir_fd)
+                remove(name)
         except FileNotFoundError:
             continue
         except OSError as e:
@@ -185,6 +186,14 @@ def sweep_temps(dir_fd: int, dir_path: str, *, dry_run: bool = False) -> Sweep:
             continue
         out.removed.append(path)
     return out
+
+
+def sweep_temps(dir_fd: int, dir_path: str, *, dry_run: bool = False) -> Sweep:
+    """Remove our temp files in one directory whose owner is gone: regular files named by
+    :data:`TEMP_RE`, removed with ``unlinkat`` relative to ``dir_fd`` (nothing outside the
+    directory can be reached)."""
+    return sweep_dead(dir_fd, dir_path, temp_owner, stat.S_ISREG,
+                      lambda name: os.unlink(name, dir_fd=dir_fd), dry_run=dry_run)
 
 
 # --- renameat2(2): glibc >= 2.28 wraps it; the os module does not --------------------------

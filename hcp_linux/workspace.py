@@ -31,8 +31,8 @@ from typing import Mapping
 from .errors import PolicyError, SandboxError, printable
 from .values import dir_problem
 from .pack import EPHEMERAL, NONE, WORKSPACE, Pack
-from .reclaim import (RENAME_NOREPLACE, Sweep, jail_name, jail_owner, owner_gone,
-                      renameat2)
+from .reclaim import (RENAME_NOREPLACE, Sweep, jail_name, jail_owner,
+                      renameat2, sweep_dead)
 
 __all__ = ["Workspace", "WorkspaceBusyError", "check_principal", "default_state_dir",
            "default_tmp_dir", "check_state_dir", "check_tmp_dir",
@@ -315,35 +315,16 @@ def sweep_jails(tmp_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
     """
     out = Sweep()
     base = tmp_dir if tmp_dir is not None else default_tmp_dir()
-    uid = os.geteuid()
     try:
         dfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         out.failed.append((base, os.strerror(e.errno or errno.EIO)))
         return out
     try:
-        with os.scandir(dfd) as it:
-            names = [e.name for e in it if e.name.startswith("hcp-linux-")]
-        for name in names:
-            owner = jail_owner(name)
-            if owner is None:
-                continue
-            path = os.path.join(base, name)
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or not owner_gone(*owner):
-                    continue
-                if not dry_run:
-                    mine = _claim(dfd, name)
-                    remove_tree(os.path.join(base, mine))
-            except FileNotFoundError:
-                continue  # another sweep took it
-            except OSError as e:
-                out.failed.append((path, os.strerror(e.errno or errno.EIO)))
-                continue
-            out.removed.append(path)
-    except OSError as e:
-        out.failed.append((base, os.strerror(e.errno or errno.EIO)))
+        # claimed first, then removed: see above
+        out.add(sweep_dead(dfd, base, jail_owner, stat.S_ISDIR,
+                           lambda name: remove_tree(os.path.join(base, _claim(dfd, name))),
+                           dry_run=dry_run))
     finally:
         os.close(dfd)
     return out
