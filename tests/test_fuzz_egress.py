@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import os
 import re
 import socket
 import string
@@ -34,7 +33,7 @@ from typing import Any, Iterator
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, event, example, given, settings  # noqa: E402
+from hypothesis import event, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hcp_linux.egress import httpwire, socks  # noqa: E402
@@ -48,20 +47,7 @@ from hcp_linux.errors import PolicyError  # noqa: E402
 
 # -- profiles -------------------------------------------------------------------------------------
 
-_COMMON = dict(deadline=None, database=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                      HealthCheck.filter_too_much])
-settings.register_profile("ci", max_examples=200, derandomize=True, **_COMMON)
-settings.register_profile("long", max_examples=10_000, **_COMMON)
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in ("ci", "long"):
-    PROFILE = "ci"
-LONG = PROFILE == "long"
-
-
-def fuzz(ci: int = 200, long: int = 10_000) -> settings:
-    """The settings of one target: its example count under the chosen profile."""
-    return settings(settings.get_profile(PROFILE), max_examples=long if LONG else ci)
+from fuzzing import fuzz  # noqa: E402  (the profiles)
 
 
 # -- strategies -----------------------------------------------------------------------------------

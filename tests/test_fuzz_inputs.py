@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, event, example, given, settings  # noqa: E402
+from hypothesis import event, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.control import currently_in_test_context  # noqa: E402
 
@@ -54,20 +54,9 @@ from hcp_linux.pack import Pack, PackError, load_pack  # noqa: E402
 
 # -- profiles -------------------------------------------------------------------------------------
 
-_COMMON = dict(deadline=None, database=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                      HealthCheck.filter_too_much])
-settings.register_profile("ci", max_examples=200, derandomize=True, **_COMMON)
-settings.register_profile("long", max_examples=10_000, **_COMMON)
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in ("ci", "long"):
-    PROFILE = "ci"
-LONG = PROFILE == "long"
+from fuzzing import fuzz  # noqa: E402  (the profiles)
 STRICT = os.environ.get("HCP_FUZZ_STRICT") == "1"
 
-
-def fuzz(ci: int = 200, long: int = 10_000) -> settings:
-    return settings(settings.get_profile(PROFILE), max_examples=long if LONG else ci)
 
 
 # -- the scratch directory and one observed run ---------------------------------------------------
