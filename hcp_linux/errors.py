@@ -106,3 +106,13 @@ class ChildSetupError(SandboxError):
         where = f"{step} {detail}".strip()
         super().__init__(f"{where}: {os.strerror(errno_)}")
         self.step, self.errno, self.detail = step, errno_, detail
+
+
+class SetupTimeoutError(ChildSetupError):
+    """The sandbox's setup did not reach exec in time; it was killed (nothing ran)."""
+
+    def __init__(self, seconds: float) -> None:
+        import errno
+        super().__init__("setup", errno.ETIMEDOUT,
+                         f"not done after {seconds:g}s (a stopped or starved hcp-exec?); "
+                         f"killed")

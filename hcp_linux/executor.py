@@ -17,7 +17,7 @@ import time
 from typing import IO, Any, Callable
 
 from . import child, native, spawner, teardown
-from .errors import ChildSetupError
+from .errors import ChildSetupError, SetupTimeoutError
 from .plan import Plan
 
 PIPE = subprocess.PIPE
@@ -363,15 +363,6 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             proc.wait()
             raise
     return proc
-
-
-class SetupTimeoutError(ChildSetupError):
-    """The sandbox's setup did not reach exec in time; it was killed (nothing ran)."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__("setup", errno.ETIMEDOUT,
-                         f"not done after {seconds:g}s (a stopped or starved hcp-exec?); "
-                         f"killed")
 
 
 def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pidns: bool,

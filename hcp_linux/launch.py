@@ -293,10 +293,10 @@ class _Client:
                 if record is None:
                     monitor.kill()
                     monitor.wait(None)
-                    sys.stderr.write(f"error: sandbox: setup: not done after "
-                                     f"{SETUP_TIMEOUT:g}s (a stopped or starved hcp-exec?); "
-                                     f"killed\n")
-                    return 125
+                    from .errors import SetupTimeoutError
+                    error = SetupTimeoutError(SETUP_TIMEOUT)
+                    sys.stderr.write(f"error: sandbox: {error}\n")
+                    return error.exit_code
                 if not record:
                     self.sock.close()  # the server is free for the next client
                     return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,

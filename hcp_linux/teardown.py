@@ -70,14 +70,6 @@ def pidfd_of_child(pid: int) -> int | None:
         return None
 
 
-def find_init(monitor: int) -> int | None:
-    """A pidfd of the sandbox's init: the one child of ``monitor`` (our own, not yet reaped
-    child, so its pid is its own). None when the monitor has no child any more (the init was
-    reaped: the namespace is empty) or its children cannot be listed."""
-    found = find_child(monitor)
-    return None if found is None else found[1]
-
-
 def find_child(parent: int, parent_fd: int | None = None) -> tuple[int, int] | None:
     """(pid, pidfd) of the first child of ``parent`` — a process whose pid is its own while
     the check runs: our unreaped child, or one ``parent_fd`` (its pidfd) shows unreaped.
@@ -352,11 +344,6 @@ class Reaper:
             os.write(self.wake_w, b"x")
         except BlockingIOError:  # the pipe is full: the thread is awake anyway
             pass
-
-    def pending(self) -> int:
-        """How many processes are still to be reaped."""
-        with self.lock:
-            return len(self.entries)
 
     def _run(self) -> None:
         import time
