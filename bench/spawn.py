@@ -173,7 +173,7 @@ def main() -> int:
             del executors["native"]
         bpf = None
         if shutil.which("bwrap"):
-            import seccomp_profiles
+            from hcp_linux import seccomp_profiles
             bpf = seccomp_profiles.compile_profiles(("baseline",))
 
         def rows_for(argv: list[str], slow: bool) -> list[tuple[str, Callable[[], None], int]]:

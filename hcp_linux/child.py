@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, NoReturn
 from . import _libc as L
 
 if TYPE_CHECKING:
-    from landlock import CreatedRuleset
+    from hcp_linux.landlock import CreatedRuleset
 
     from .plan import Plan
 

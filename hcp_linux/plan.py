@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
-import landlock
-import seccomp_profiles
+from hcp_linux import landlock
+from hcp_linux import seccomp_profiles
 
 from . import _libc as L
 from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin

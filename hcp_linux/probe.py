@@ -52,7 +52,7 @@ def _read(path: str) -> str | None:
 
 def host_facts() -> dict[str, Any]:
     """The switches that decide each layer, read from /proc and /sys."""
-    import landlock
+    from hcp_linux import landlock
 
     status = _read("/proc/self/status") or ""
     try:

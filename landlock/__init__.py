@@ -3,8 +3,8 @@
 Landlock lets an unprivileged process deny itself filesystem, TCP-port and IPC access,
 irreversibly, for itself and its future children. Common case::
 
-    import landlock
-    from landlock import AccessFs
+    from hcp_linux import landlock
+    from hcp_linux.landlock import AccessFs
 
     rs = landlock.Ruleset(handled_fs=landlock.ACCESS_FS_READ_WRITE)
     rs.add_path("/usr", landlock.ACCESS_FS_READ_EXECUTE)

@@ -1,6 +1,6 @@
 """seccomp profiles as data, their compiler and a raw loader. Knows nothing of HCP.
 
-    import seccomp_profiles as sp
+    from hcp_linux import seccomp_profiles as sp
     bpf = sp.compile_profiles(["baseline"])      # parent: validate + compile (cached)
     prepared = sp.PreparedFilter(bpf)            # parent: C buffers, before fork
     ...                                          # child: prctl(PR_SET_NO_NEW_PRIVS, 1)

@@ -16,9 +16,9 @@ import tempfile
 
 import pytest
 
-import landlock
-from landlock import (AccessFs, AccessNet, CompatLevel, FactKind, RestrictFlags, Ruleset,
-                      RulesetStatus, Scope, _sys)
+from hcp_linux import landlock
+from hcp_linux.landlock import (AccessFs, AccessNet, CompatLevel, FactKind, RestrictFlags,
+                                Ruleset, RulesetStatus, Scope, _sys)
 from test_landlock_helpers import (ABI, OK, append, child, drop_to_nobody, enforced, err,
                                    make_tree, needs_abi, set_nnp)
 
@@ -82,7 +82,8 @@ def test_groups() -> None:
 
 def test_abi_version_matches_kernel_and_cli() -> None:
     assert landlock.abi_version() == _sys.abi_version() >= 1
-    out = subprocess.run([sys.executable, "-c", "import landlock; print(landlock.abi_version())"],
+    code = "from hcp_linux import landlock; print(landlock.abi_version())"
+    out = subprocess.run([sys.executable, "-c", code],
                          capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.path.dirname(
                              os.path.dirname(landlock.__file__))})

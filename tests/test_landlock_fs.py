@@ -14,8 +14,8 @@ from typing import Callable, Mapping
 
 import pytest
 
-import landlock
-from landlock import ACCESS_FS_READ_WRITE, AccessFs, FactKind, Ruleset, RulesetStatus
+from hcp_linux import landlock
+from hcp_linux.landlock import ACCESS_FS_READ_WRITE, AccessFs, FactKind, Ruleset, RulesetStatus
 from test_landlock_helpers import (ABI, OK, append, child, copy_true, elf_interpreter, enforced,
                                    err, make_tree, needs_abi, read, write_file)
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import pytest
 
-import landlock
+from hcp_linux import landlock
 from childproc import run_in_child
 
 PR_SET_NO_NEW_PRIVS = 38

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from landlock import AccessNet, Ruleset, Scope
+from hcp_linux.landlock import AccessNet, Ruleset, Scope
 from test_landlock_helpers import OK, child, enforced, err, needs_abi
 
 LOOPBACK = "127.0.0.1"

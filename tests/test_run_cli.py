@@ -220,7 +220,7 @@ def test_explicit_env_reaches_child(jail: Path) -> None:
 
 
 def _check_full_receipt(r: dict, jail: Path) -> None:
-    import landlock
+    from hcp_linux import landlock
     assert r["mode"] == "sandbox"
     assert r["policy"].startswith("sha256:") and len(r["policy"]) > 20
     layers = r["layers"]

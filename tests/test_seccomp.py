@@ -27,7 +27,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 import pyseccomp
 import pytest
 
-import seccomp_profiles as sp
+from hcp_linux import seccomp_profiles as sp
 from childproc import run_in_child
 
 IS_ROOT = os.geteuid() == 0

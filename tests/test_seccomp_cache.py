@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import seccomp_profiles as sp
+from hcp_linux import seccomp_profiles as sp
 
 REPO = Path(__file__).resolve().parent.parent
 
 FRESH_PROCESS = """
 import json, sys
-import seccomp_profiles as sp
+from hcp_linux import seccomp_profiles as sp
 program = sp.compile_profiles(sys.argv[1:])
 print(json.dumps({
     "hex": program.hex(),

@@ -8,10 +8,10 @@ from pathlib import Path
 import pyseccomp
 import pytest
 
-import seccomp_profiles as sp
-from seccomp_profiles import bpf
-from seccomp_profiles.conditions import Comparison, expand
-from seccomp_profiles.model import ArgCondition
+from hcp_linux import seccomp_profiles as sp
+from hcp_linux.seccomp_profiles import bpf
+from hcp_linux.seccomp_profiles.conditions import Comparison, expand
+from hcp_linux.seccomp_profiles.model import ArgCondition
 
 MACHINE = sp.native_machine()
 HEADER = '[profile]\nname = "t"\ndescription = "test"\ndefault_action = "allow"\n'

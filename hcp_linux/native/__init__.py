@@ -29,7 +29,7 @@ from ..spawner import on_lasting_thread
 if TYPE_CHECKING:
     import socket
 
-    from landlock import CreatedRuleset
+    from hcp_linux.landlock import CreatedRuleset
 
     from ..plan import Plan
 
@@ -185,7 +185,7 @@ def _landlock_bytes(plan: "Plan") -> list[bytes]:
     """The Landlock part of the prepared section: handled rights, the dir-only rights (taken
     from a rule on a non-directory) and the late rules (for mounts that exist only inside),
     each masked as CreatedRuleset.add_path_fd would."""
-    import landlock
+    from hcp_linux import landlock
     ruleset = plan.landlock
     assert ruleset is not None
     requested, handled = int(ruleset.requested_fs), int(ruleset.handled_fs)
