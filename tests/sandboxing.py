@@ -91,8 +91,8 @@ def as_nobody() -> list[str]:
     if not IS_ROOT:
         return []
     prefix = ["runuser", "-u", "nobody", "--"]
-    check = subprocess.run(prefix + [sys.executable, "-c",
-                                     "import hcp_linux, landlock, seccomp_profiles, pyseccomp"],
+    code = "import hcp_linux.landlock, hcp_linux.seccomp_profiles, pyseccomp"
+    check = subprocess.run(prefix + [sys.executable, "-c", code],
                            capture_output=True, timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL)
     if check.returncode != 0:
         pytest.skip("nobody cannot run this interpreter/tree: " + check.stderr.decode()[-300:])
