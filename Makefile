@@ -60,8 +60,10 @@ test: setup
 test-unprivileged:
 	./scripts/test-unprivileged $(PYTEST_ARGS)
 
+# The spawn benchmark (docs/performance.md). BENCH_ARGS="--quick": /bin/true only, fewer
+# samples; "--runs N": N samples per fast row.
 bench: setup
-	$(PY) bench/spawn.py
+	$(PY) bench/spawn.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) jail build *.egg-info hcp_linux/native/_build
