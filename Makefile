@@ -4,10 +4,17 @@
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-CMD    ?= sh -c 'echo hello > in-jail.txt && echo "write in the jail: ok ($$(cat in-jail.txt))"; \
-            (echo x > ../beside-jail.txt) 2>/dev/null && echo "write beside the jail: ALLOWED" || echo "write beside the jail: denied"; \
-            echo "network interfaces: $$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " " | tr "\n" " ")"; \
-            echo "HCP_SANDBOX=$$HCP_SANDBOX"'
+# `make run`: plain facts, true wherever the clone lives: each `sandbox$` line is a command,
+# then what it printed inside the sandbox. DEMO_FILE is a file `run` makes on the host outside
+# every granted root; /usr is in the view, read-only; the only interface is the sandbox's lo.
+CMD    ?= sh -c 'show() { printf "sandbox\$$ %s\n" "$$1"; sh -c "$$1" 2>&1; }; \
+            show "id -un"; \
+            show "cat $$DEMO_FILE"; \
+            show "touch /usr/hcp-demo"; \
+            show "echo hi > hi.txt && cat hi.txt"; \
+            show "cut -d: -f1 /proc/net/dev | tail -n +3"; \
+            show "bash -c \"echo > /dev/tcp/1.1.1.1/443\""; \
+            show "echo HCP_SANDBOX=\$$HCP_SANDBOX"'
 
 .PHONY: setup native bytecode run test test-unprivileged bench probe clean
 
@@ -31,10 +38,17 @@ $(VENV)/.installed: pyproject.toml scripts/install-system-deps $(wildcard */__in
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
-# The main job: one command confined under the default policy, in a fresh jail directory.
+# The main job: one command confined under the default policy, in ./jail; before and after
+# it, what the host sees (the demo file is removed again).
 run: setup
-	mkdir -p jail
-	$(VENV)/bin/hcp-linux run --jail $(CURDIR)/jail -- $(CMD)
+	@mkdir -p jail
+	@f=$$(mktemp /var/tmp/hcp-demo.XXXXXX) && echo "made on the host by make run" > "$$f" && \
+	  echo "host\$$ cat $$f" && cat "$$f" && \
+	  echo "host\$$ hcp-linux run --jail $(CURDIR)/jail --env DEMO_FILE=$$f -- sh -c '...'" && \
+	  $(VENV)/bin/hcp-linux run --jail $(CURDIR)/jail --env DEMO_FILE="$$f" -- $(CMD); \
+	  status=$$?; rm -f "$$f"; \
+	  echo "host\$$ ls /usr/hcp-demo jail/hi.txt"; ls /usr/hcp-demo jail/hi.txt 2>&1; \
+	  exit $$status
 
 probe: setup
 	$(VENV)/bin/hcp-linux probe
@@ -46,8 +60,10 @@ test: setup
 test-unprivileged:
 	./scripts/test-unprivileged $(PYTEST_ARGS)
 
+# The spawn benchmark (docs/performance.md). BENCH_ARGS="--quick": /bin/true only, fewer
+# samples; "--runs N": N samples per fast row.
 bench: setup
-	$(PY) bench/spawn.py
+	$(PY) bench/spawn.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) jail build *.egg-info hcp_linux/native/_build

@@ -73,8 +73,11 @@ def checked(argv: list[str], **kw) -> Callable[[], None]:
 
 
 def bwrap_argv(jail: str, seccomp_fd: int | None, argv: list[str]) -> list[str]:
+    # bwrap mounts in argument order: the private /tmp goes first, so that a venv or jail
+    # under /tmp (a checkout there, mkdtemp's jail) is bound on top of it, not hidden by it
     out = ["bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
-           "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+           "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+           "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc"]
     for root in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt"):
         if os.path.islink(root):
             out += ["--symlink", os.readlink(root), root]
@@ -83,8 +86,7 @@ def bwrap_argv(jail: str, seccomp_fd: int | None, argv: list[str]) -> list[str]:
     venv = os.path.dirname(os.path.dirname(PY))  # python -c pass needs its venv, as ours does
     if argv[0] == PY and not venv.startswith(("/usr/", "/opt/")):
         out += ["--ro-bind", venv, venv]
-    out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", jail, jail,
-            "--chdir", jail]
+    out += ["--bind", jail, jail, "--chdir", jail]
     if seccomp_fd is not None:
         out += ["--seccomp", str(seccomp_fd)]
     return out + ["--", *argv]
