@@ -862,10 +862,10 @@ def writeback(h: Harness, ev: Evidence) -> str:
     ino = os.stat(host / "out1.txt").st_ino
 
     def tool(word: str, code: int) -> list[str]:
-        return ["sh", "-c", 'for a in "$@"; do case "$a" in --output=*) echo four > '
-                '"${a#--output=}";; -o/*) echo three > "${a#-o}";; esac; done; '
-                f'echo {word} > "$2"; echo two > "$4"; exit {code}', "sh",
-                "--output", "out1.txt", "-o", "out2.txt", f"-o{host}/out3.txt",
+        return ["sh", "-c", f'echo {word} > "$2"; echo two > "$4"; '
+                'echo three > "${5#--output=}"; echo four > "${6#--output=}"; '
+                f'exit {code}', "sh",
+                "--output", "out1.txt", "-o", "out2.txt", f"--output={host}/out3.txt",
                 "--output=out4.txt"]
 
     ev.try_(f"argv {tool('one', 0)[4:]} in {host} (out1.txt exists), tool exits 0")
