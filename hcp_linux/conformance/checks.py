@@ -597,7 +597,7 @@ def isolation_is_runtime(h: Harness, ev: Evidence) -> str:
         ("default", {}, "sandbox"),
         ("stricter: limits, timeout, runtime allow-list",
          {"limits": {"nproc": 128, "nofile": 256, "fsize": "16m"}, "timeout": h.timeout,
-          "allow_bins": ("tool",)}, "sandbox"),
+          "allow_bins": (str(root / "bin" / "tool"),)}, "sandbox"),
         ("stricter: seccomp network-off profile too",
          {"seccomp_profiles": ("baseline", "socket-families", "network-off")}, "sandbox"),
         ("looser: host network", {"network": "host"}, "sandbox"),
