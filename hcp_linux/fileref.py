@@ -36,7 +36,7 @@ from .pack import OUTPUT_FLAGS
 from .reclaim import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, sweep_temps, temp_name
 from .workspace import IO_DIR, remove_tree
 
-__all__ = ["FileRef", "Staging", "WritebackError", "scan", "check_host_path", "is_host_path",
+__all__ = ["FileRef", "OffLimits", "Staging", "WritebackError", "scan", "check_host_path", "is_host_path",
            "resolve_jail_ref", "WORKSPACE_PREFIX", "HOST_PREFIXES", "JAIL", "INPUT", "OUTPUT"]
 
 WORKSPACE_PREFIX = "workspace:"
@@ -105,7 +105,36 @@ def check_host_path(path: str, *, file_ref: bool = False) -> None:
 
 # --- scanning (pure: no jail needed, nothing created) ----------------------------------
 
-def scan(argv: Sequence[str], file_flags: Sequence[str], *, cwd: str) -> list[FileRef]:
+@dataclass(frozen=True)
+class OffLimits:
+    """Host places a file reference may not name, though they are no system secret: the
+    driver's own. The pack root holds the executables the allow-list approves (an output
+    there would replace the next run's tool); the state directory holds every principal's
+    workspace; ``<tmp>/hcp-linux-*`` are other runs' jails. The command reaches its own
+    workspace as ``workspace:REL``."""
+
+    roots: tuple[tuple[str, str], ...] = ()  # (canonical directory, what it is)
+    jail_parent: str | None = None  # the temp dir whose hcp-linux-* entries are jails
+
+    def why(self, path: str) -> str | None:
+        """What ``path`` (absolute, normalised) would reach, lexically or as it resolves."""
+        for p in dict.fromkeys((path, os.path.realpath(path))):
+            for root, what in self.roots:
+                if _under(p, (root,)):
+                    return what
+            if self.jail_parent is not None and _under(p, (self.jail_parent,)):
+                first = p[len(self.jail_parent):].lstrip("/").split("/", 1)[0]
+                if first.startswith(JAIL_DIR_PREFIX):
+                    return "another run's jail"
+        return None
+
+
+#: The temp-dir entries that are the driver's jails (hcp_linux.reclaim.jail_name).
+JAIL_DIR_PREFIX = "hcp-linux-"
+
+
+def scan(argv: Sequence[str], file_flags: Sequence[str], *, cwd: str,
+         off_limits: OffLimits = OffLimits()) -> list[FileRef]:
     """Every file reference in ``argv[1:]``; raises before anything is created.
 
     After a bare ``--`` no token is taken as a flag (POSIX end of options), but
@@ -124,13 +153,13 @@ def scan(argv: Sequence[str], file_flags: Sequence[str], *, cwd: str) -> list[Fi
         elif options and tok in flags:
             if i + 1 >= len(argv):
                 raise PolicyError(f"argv[{i}]: {tok} expects a file name after it")
-            _add(refs, _file_value(i + 1, "", tok, argv[i + 1], cwd))
+            _add(refs, _file_value(i + 1, "", tok, argv[i + 1], cwd, off_limits))
             i += 2
             continue
         elif options and tok.startswith("--") and _match_eq(tok, eq_flags):
             flag = _match_eq(tok, eq_flags)
             assert flag is not None
-            _add(refs, _file_value(i, flag + "=", flag, tok[len(flag) + 1:], cwd))
+            _add(refs, _file_value(i, flag + "=", flag, tok[len(flag) + 1:], cwd, off_limits))
         elif options and any(tok.startswith(f) and len(tok) > 2 for f in short):
             _add(refs, _attached(i, tok))
         else:
@@ -201,7 +230,8 @@ def _attached(index: int, tok: str) -> FileRef | None:
     return None
 
 
-def _file_value(index: int, head: str, flag: str, value: str, cwd: str) -> FileRef | None:
+def _file_value(index: int, head: str, flag: str, value: str, cwd: str,
+                off_limits: OffLimits) -> FileRef | None:
     if value == "":
         raise PolicyError(f"argv[{index}]: {flag}: empty file name")
     if value in PASSTHROUGH:
@@ -211,6 +241,12 @@ def _file_value(index: int, head: str, flag: str, value: str, cwd: str) -> FileR
     if value.startswith(WORKSPACE_PREFIX):
         return _jail_ref(index, head, flag, value)
     path = _normalize(os.path.join(cwd, value))
+    if not is_host_path(path, file_ref=True):  # those get HCP's own message, below
+        what = off_limits.why(path)
+        if what is not None:
+            raise PolicyError(f"argv[{index}]: {flag} {printable(value)}: inside {what} "
+                              f"(file references may not name the driver's own files; "
+                              f"use workspace:REL for the jail)")
     if flag in OUTPUT_FLAGS:
         _check_output_dest(flag, path)
         return FileRef(index, head, flag, OUTPUT, value, path)
