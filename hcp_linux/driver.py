@@ -411,6 +411,7 @@ class LinuxDriver:
         receipt = dict(ex.process.receipt)
         receipt["driver"] = {"name": self.name, "mode": ex.mode, "jail": ex.jail,
                              "principal": ex.principal, "pack_root": ex.pack.root,
+                             "ignored_keys": list(ex.pack.ignored_keys),
                              "written_back": list(report.written) if report else []}
         if report is not None:
             receipt["driver"]["writeback"] = report.as_receipt()

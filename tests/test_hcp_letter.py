@@ -201,6 +201,22 @@ def test_a_file_reference_into_another_runs_jail_is_refused(env):
     assert r.stdout == b"plain\n"
 
 
+# --- a pack another runtime accepts runs unchanged ---------------------------------------------
+
+def test_unknown_wrap_keys_are_ignored_and_named_in_the_receipt(env):
+    extra = 'description = "made for another runtime"\ntimeout_hint = 30\n'
+    pack = env.pack("ephemeral", bins=("sh",), extra=extra)
+    assert pack.ignored_keys == ("wrap.description", "wrap.timeout_hint")
+    d = env.driver()
+    r = d.run(pack, sh(f"touch {env.marker}"), timeout=TIMEOUT)
+    assert r.returncode == 0 and env.marker.exists()
+    assert r.receipt["driver"]["ignored_keys"] == ["wrap.description", "wrap.timeout_hint"]
+    # negative control: a pack without them has nothing to name
+    plain = env.pack("ephemeral", bins=("sh",), name="plain")
+    r = d.run(plain, sh("true"), timeout=TIMEOUT)
+    assert r.receipt["driver"]["ignored_keys"] == []
+
+
 @pytest.fixture
 def jail_dir(tmp_path):
     d = tmp_path / "jail"
