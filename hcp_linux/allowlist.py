@@ -1,9 +1,23 @@
 """HCP §10.2.1 / §10.5: which binary a request may run, and where it is.
 
-Entries are bare names or absolute paths. A bare entry matches a path ending in ``/<name>``;
-a listed bare name resolves on the sandbox's fixed PATH; an unlisted bare name is never
-looked up on any PATH. In native-local mode a bare name may resolve on the host PATH
-(§10.3.1), but the allow-list still applies.
+Entries are bare names or absolute paths (a pack's ``bin/tool`` is made absolute, inside the
+pack root, when the manifest is read). The allow-list names *binaries*, not file names:
+
+- a bare entry ``sh`` means the binary of that name on the sandbox's fixed PATH. A bare
+  request resolves there; a path request (``/bin/sh``) matches it only when that path is
+  that binary (the same file, symlinks followed: ``/bin/sh`` and ``/usr/bin/sh`` on a
+  merged /usr). ``./sh``, ``workspace:sh`` copied from /usr/bin/dash, or ``../outside/sh``
+  do not: a file the command or the pack's user can write would otherwise become an
+  allow-listed "sh";
+- an absolute entry matches exactly that path (normalised), wherever it is;
+- nothing in a writable root (the jail, ``write_roots``) satisfies an entry unless the entry
+  names that path: a bare name is never resolved to a file the sandboxed command could
+  have planted.
+
+An unlisted bare name is never looked up on any PATH. In native-local mode a bare name may
+resolve on the host PATH (§10.3.1), but the allow-list still applies. (§10.5's reference
+runtime matches a bare name against any path ending in ``/<name>``; that is the file-name
+reading this module refuses.)
 """
 from __future__ import annotations
 
@@ -18,51 +32,69 @@ SANDBOX_PATH: tuple[str, ...] = ("/usr/local/bin", "/usr/bin", "/bin",
                                  "/usr/local/sbin", "/usr/sbin", "/sbin")
 
 
-def is_allowlisted(bin_: str, allow: Sequence[str]) -> bool:
+def _within(path: str, roots: Sequence[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _candidates(name: str, search: Sequence[str], writable: Sequence[str]) -> list[str]:
+    """Every file ``name`` in the ``search`` directories, in order, except those that are
+    (as written or as they resolve) inside a writable root."""
+    out = []
+    for d in search:
+        candidate = os.path.join(d, name)
+        if not os.path.isfile(candidate):
+            continue
+        if _within(candidate, writable) or _within(os.path.realpath(candidate), writable):
+            continue
+        out.append(candidate)
+    return out
+
+
+def is_allowlisted(bin_: str, allow: Sequence[str], *, search: Sequence[str] = SANDBOX_PATH,
+                   writable: Sequence[str] = ()) -> bool:
+    """Whether the request ``bin_`` (a bare name, or a path made absolute by the caller) is
+    a binary the allow-list names. ``writable``: the roots the command may write, canonical."""
     if "/" not in bin_:
         return bin_ in allow  # a bare request matches only a bare entry
-    name = os.path.basename(bin_)
-    for entry in allow:
-        if "/" in entry:
-            if os.path.normpath(entry) == os.path.normpath(bin_):
-                return True
-        elif entry == name:
-            return True
-    return False
-
-
-def _search(name: str, path: Sequence[str]) -> str | None:
-    for d in path:
-        candidate = os.path.join(d, name)
-        if os.path.isfile(candidate):
-            return candidate
-    return None
+    path = os.path.normpath(bin_)
+    name = os.path.basename(path)
+    if any("/" in e and os.path.normpath(e) == path for e in allow):
+        return True
+    if name not in allow:
+        return False
+    real = os.path.realpath(path)
+    if _within(path, writable) or _within(real, writable):
+        return False
+    return any(os.path.realpath(c) == real for c in _candidates(name, search, writable))
 
 
 def resolve_bin(bin_: str, allow: Sequence[str], *, cwd: str, native_local: bool = False,
-                host_path: str | None = None) -> str:
+                host_path: str | None = None, writable: Sequence[str] = ()) -> str:
     """The absolute path to execute for ``bin_``, or the error HCP prescribes.
 
     In native-local mode only absolute entries of the host PATH are searched: a relative one
     ("." or "bin") would be looked up from the runtime's directory here and from the jail at
-    exec, two different files. Names in messages are escaped (one line each)."""
+    exec, two different files. ``writable``: the policy's writable roots (canonical), whose
+    files satisfy only an entry that names them. Names in messages are escaped (one line
+    each)."""
     if not isinstance(bin_, str) or not bin_ or "\0" in bin_:
         raise PolicyError(f"invalid bin {printable(repr(bin_))}")
-    if not is_allowlisted(bin_, allow):
-        raise NotAllowlistedError(bin_)
+    search = SANDBOX_PATH
+    if native_local:
+        search = tuple(p for p in (host_path or "").split(os.pathsep)
+                       if os.path.isabs(p)) or SANDBOX_PATH
+    path = os.path.normpath(os.path.join(cwd, bin_)) if "/" in bin_ else bin_
     shown = printable(bin_)
-    if "/" in bin_:
-        path = os.path.normpath(os.path.join(cwd, bin_))
-    else:
-        search = SANDBOX_PATH
-        if native_local:
-            search = tuple(p for p in (host_path or "").split(os.pathsep)
-                           if os.path.isabs(p)) or SANDBOX_PATH
-        found = _search(bin_, search)
-        if found is None:
+    if not is_allowlisted(path, allow, search=search, writable=writable):
+        if "/" in bin_ and os.path.basename(path) in allow and not os.path.lexists(path):
+            raise BinNotFoundError(f'bin "{shown}" not found')  # no file to judge
+        raise NotAllowlistedError(bin_)
+    if "/" not in bin_:
+        found = _candidates(bin_, search, writable)
+        if not found:
             raise BinNotFoundError(f'bin "{shown}" not found on the sandbox PATH '
                                    f'({printable(":".join(search))})')
-        path = found
+        path = found[0]
     if not os.path.exists(path):
         raise BinNotFoundError(f'bin "{shown}" not found')
     if os.path.isdir(path) or not os.access(path, os.X_OK):

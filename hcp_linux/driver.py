@@ -28,12 +28,13 @@ from .allowlist import is_allowlisted
 from .environment import check_explicit
 from .errors import (BinNotFoundError, NotAllowlistedError, PolicyError, WritebackError,
                      printable)
-from .fileref import FileRef, Staging, scan
+from .fileref import FileRef, OffLimits, Staging, scan
 from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
 from .sandbox import PIPE, Sandbox, SandboxProcess
 from .workspace import (DEFAULT_PRINCIPAL, Workspace, _Cancelled, check_principal,
-                        default_tmp_dir, diff_snapshots, open_workspace, snapshot, sweep_jails)
+                        default_tmp_dir, diff_snapshots, open_workspace, snapshot,
+                        state_dir_path, sweep_jails)
 
 __all__ = ["LinuxDriver", "Execution", "DriverResult", "WritebackReport"]
 
@@ -185,7 +186,17 @@ class LinuxDriver:
         check_principal(principal)
         self._child_env(pack, credentials, jail="/")
         argv = self._bin(pack, argv)
-        return scan(argv, pack.workspace.file_flags, cwd=cwd or os.getcwd())
+        return scan(argv, pack.workspace.file_flags, cwd=cwd or os.getcwd(),
+                    off_limits=self._off_limits(pack))
+
+    def _off_limits(self, pack: Pack) -> OffLimits:
+        """The driver's own places, which no file reference may name: the pack root, the
+        state directory (every principal's workspace) and the temp dir's jails."""
+        state = self.state_dir if self.state_dir is not None else state_dir_path()
+        tmp = self.tmp_dir if self.tmp_dir is not None else default_tmp_dir()
+        roots = ((os.path.realpath(pack.root), "the pack root"),
+                 (os.path.realpath(state), "the driver's state directory (workspaces)"))
+        return OffLimits(roots, os.path.realpath(tmp))
 
     def _child_env(self, pack: Pack, credentials: Mapping[str, str] | None, *,
                    jail: str) -> dict[str, str]:
@@ -247,7 +258,8 @@ class LinuxDriver:
         into the jail; host inputs are copied in; outputs are staged for writeback."""
         self._expect(ex, "prepared")
         argv = self._bin(ex.pack, argv)
-        refs = scan(argv, ex.pack.workspace.file_flags, cwd=ex.cwd)
+        refs = scan(argv, ex.pack.workspace.file_flags, cwd=ex.cwd,
+                    off_limits=self._off_limits(ex.pack))
         staging = Staging(ex.jail)
         ex._staging = staging
         if ex.mode == WORKSPACE:
@@ -399,6 +411,7 @@ class LinuxDriver:
         receipt = dict(ex.process.receipt)
         receipt["driver"] = {"name": self.name, "mode": ex.mode, "jail": ex.jail,
                              "principal": ex.principal, "pack_root": ex.pack.root,
+                             "ignored_keys": list(ex.pack.ignored_keys),
                              "written_back": list(report.written) if report else []}
         if report is not None:
             receipt["driver"]["writeback"] = report.as_receipt()

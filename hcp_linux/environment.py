@@ -1,19 +1,31 @@
 """The child's environment: built from an allowlist, never inherited wholesale.
 
 HCP §10.2.3: no ambient credentials, so only locale and terminal keys are taken from the
-caller; everything else must be passed explicitly (``--env``, a pack's ``wrap.agent_env``).
+caller, and locale keys only when their value looks like a locale name: ``LC_*`` is a
+known way to carry other values across a boundary (sshd's ``AcceptEnv LC_*`` made
+``LC_DEPLOY_TOKEN`` a classic), so only the categories POSIX and glibc define are inherited.
+Everything else must be passed explicitly (``--env``, a pack's ``wrap.agent_env``).
 Variables that make an allow-listed binary run other code (the loader's LD_*, shells' startup
 files, interpreters' option variables, git's hooks and helpers) are refused even when passed
 explicitly: they would turn "run /usr/bin/git" into "run anything".
 """
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 from .errors import PolicyError
 
-INHERITED_KEYS = frozenset({"LANG", "LANGUAGE", "TERM", "TZ", "COLORTERM", "NO_COLOR"})
-INHERITED_PREFIXES = ("LC_",)
+#: The locale categories (POSIX's and glibc's, locale(7)) and LANG/LANGUAGE.
+LOCALE_KEYS = frozenset({
+    "LANG", "LANGUAGE", "LC_ALL", "LC_ADDRESS", "LC_COLLATE", "LC_CTYPE", "LC_IDENTIFICATION",
+    "LC_MEASUREMENT", "LC_MESSAGES", "LC_MONETARY", "LC_NAME", "LC_NUMERIC", "LC_PAPER",
+    "LC_TELEPHONE", "LC_TIME",
+})
+#: A locale name (``C``, ``C.UTF-8``, ``de_DE.ISO-8859-15@euro``), or for LANGUAGE a
+#: colon-separated list of them: nothing longer, nothing else.
+_LOCALE_VALUE = re.compile(r"[A-Za-z0-9_.@-]{1,64}(?::[A-Za-z0-9_.@-]{1,64}){0,15}")
+INHERITED_KEYS = frozenset({"TERM", "TZ", "COLORTERM", "NO_COLOR"}) | LOCALE_KEYS
 
 INJECTION_KEYS = frozenset({
     # dynamic loader and libc
@@ -40,6 +52,13 @@ def is_injection_key(key: str) -> bool:
     return key in INJECTION_KEYS or key.startswith(INJECTION_PREFIXES)
 
 
+def is_inherited(key: str, value: str) -> bool:
+    """Whether the caller's ``key=value`` reaches the child without being asked for."""
+    if key not in INHERITED_KEYS:
+        return False
+    return key not in LOCALE_KEYS or _LOCALE_VALUE.fullmatch(value) is not None
+
+
 def check_explicit(env: Mapping[str, str], source: str = "env") -> None:
     for key in env:
         if is_injection_key(key):
@@ -53,8 +72,7 @@ def build_env(caller: Mapping[str, str], explicit: Mapping[str, str], *, marker:
     """The child's environment, and for the receipt the caller keys that were dropped and
     those whose caller value was replaced by the sandbox's own (PATH, HOME...)."""
     check_explicit(explicit)
-    env = {k: v for k, v in caller.items()
-           if (k in INHERITED_KEYS or k.startswith(INHERITED_PREFIXES))}
+    env = {k: v for k, v in caller.items() if is_inherited(k, v)}
     env.update(PATH=path, HOME=home, TMPDIR=tmpdir, TMP=tmpdir, TEMP=tmpdir)
     env.update(explicit)
     env["HCP_SANDBOX"] = marker

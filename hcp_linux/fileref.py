@@ -6,12 +6,13 @@ one (its jail, read-only system roots, nothing of /home). This module translates
 - ``workspace:REL`` (a whole token, or the value of ``--flag=workspace:REL``) names a file in
   the jail. REL must be relative; ``..`` out of the jail and symlinks resolving outside it are
   refused. It is rewritten to the absolute jail path, which the child sees at the same place.
-- The value of a ``file_flags`` flag (``--flag VALUE``, ``--flag=VALUE``, and for one-letter
-  flags ``-oVALUE``) without that prefix is a *host* file, relative to the caller's cwd:
+- The value of a ``file_flags`` flag (``--flag VALUE``, ``--flag=VALUE``, ``-o VALUE``; not
+  the attached ``-oVALUE``, which a getopt cluster such as ``grep -oE`` also spells) without
+  that prefix is a *host* file, relative to the caller's cwd:
   an input is copied into the jail's staging dir (the mount view does not contain it); an
   output (``--output``/``-o``) is staged in the jail and written back after a successful run,
   never through a symlink, all outputs or none (:meth:`Staging.writeback`).
-- Every other token is left as it is, but one that is (or ends, after ``=``, in) a
+- Every other token is left as it is, but one that is (or ends, after any ``=``, in) a
   host-absolute path under /etc, /home, /root or /Users, or a ``/proc/*/root``-style route to
   the host, is refused: ``error: sandbox: host path not allowed``.
 
@@ -35,7 +36,7 @@ from .pack import OUTPUT_FLAGS
 from .reclaim import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, sweep_temps, temp_name
 from .workspace import IO_DIR, remove_tree
 
-__all__ = ["FileRef", "Staging", "WritebackError", "scan", "check_host_path", "is_host_path",
+__all__ = ["FileRef", "OffLimits", "Staging", "WritebackError", "scan", "check_host_path", "is_host_path",
            "resolve_jail_ref", "WORKSPACE_PREFIX", "HOST_PREFIXES", "JAIL", "INPUT", "OUTPUT"]
 
 WORKSPACE_PREFIX = "workspace:"
@@ -104,14 +105,43 @@ def check_host_path(path: str, *, file_ref: bool = False) -> None:
 
 # --- scanning (pure: no jail needed, nothing created) ----------------------------------
 
-def scan(argv: Sequence[str], file_flags: Sequence[str], *, cwd: str) -> list[FileRef]:
+@dataclass(frozen=True)
+class OffLimits:
+    """Host places a file reference may not name, though they are no system secret: the
+    driver's own. The pack root holds the executables the allow-list approves (an output
+    there would replace the next run's tool); the state directory holds every principal's
+    workspace; ``<tmp>/hcp-linux-*`` are other runs' jails. The command reaches its own
+    workspace as ``workspace:REL``."""
+
+    roots: tuple[tuple[str, str], ...] = ()  # (canonical directory, what it is)
+    jail_parent: str | None = None  # the temp dir whose hcp-linux-* entries are jails
+
+    def why(self, path: str) -> str | None:
+        """What ``path`` (absolute, normalised) would reach, lexically or as it resolves."""
+        for p in dict.fromkeys((path, os.path.realpath(path))):
+            for root, what in self.roots:
+                if _under(p, (root,)):
+                    return what
+            if self.jail_parent is not None and _under(p, (self.jail_parent,)):
+                first = p[len(self.jail_parent):].lstrip("/").split("/", 1)[0]
+                if first.startswith(JAIL_DIR_PREFIX):
+                    return "another run's jail"
+        return None
+
+
+#: The temp-dir entries that are the driver's jails (hcp_linux.reclaim.jail_name).
+JAIL_DIR_PREFIX = "hcp-linux-"
+
+
+def scan(argv: Sequence[str], file_flags: Sequence[str], *, cwd: str,
+         off_limits: OffLimits = OffLimits()) -> list[FileRef]:
     """Every file reference in ``argv[1:]``; raises before anything is created.
 
     After a bare ``--`` no token is taken as a flag (POSIX end of options), but
     ``workspace:`` tokens are still rewritten and host paths still refused.
     """
     flags = set(file_flags)
-    eq_flags = sorted(flags, key=len, reverse=True)
+    eq_flags = sorted((f for f in flags if f.startswith("--")), key=len, reverse=True)
     short = [f for f in flags if len(f) == 2 and f[0] == "-" and f[1] != "-"]
     refs: list[FileRef] = []
     options = True
@@ -123,16 +153,15 @@ def scan(argv: Sequence[str], file_flags: Sequence[str], *, cwd: str) -> list[Fi
         elif options and tok in flags:
             if i + 1 >= len(argv):
                 raise PolicyError(f"argv[{i}]: {tok} expects a file name after it")
-            _add(refs, _file_value(i + 1, "", tok, argv[i + 1], cwd))
+            _add(refs, _file_value(i + 1, "", tok, argv[i + 1], cwd, off_limits))
             i += 2
             continue
-        elif options and tok.startswith("-") and _match_eq(tok, eq_flags):
+        elif options and tok.startswith("--") and _match_eq(tok, eq_flags):
             flag = _match_eq(tok, eq_flags)
             assert flag is not None
-            _add(refs, _file_value(i, flag + "=", flag, tok[len(flag) + 1:], cwd))
+            _add(refs, _file_value(i, flag + "=", flag, tok[len(flag) + 1:], cwd, off_limits))
         elif options and any(tok.startswith(f) and len(tok) > 2 for f in short):
-            flag = tok[:2]
-            _add(refs, _file_value(i, flag, flag, tok[2:], cwd))
+            _add(refs, _attached(i, tok))
         else:
             _add(refs, _plain_token(i, tok))
         i += 1
@@ -159,19 +188,50 @@ def _add(refs: list[FileRef], ref: FileRef | None) -> None:
 
 
 def _plain_token(index: int, tok: str) -> FileRef | None:
-    """A token that is not a file-flag value: rewrite ``workspace:``, refuse host paths."""
+    """A token that is not a file-flag value: rewrite ``workspace:`` (the whole token, or the
+    value of ``--name=``), refuse a token that is a host path or ends in one after any ``=``
+    (``if=/etc/passwd``, ``--x=a=/root/k``: what follows an ``=`` is a value to some parser,
+    and we do not guess which)."""
     head, value = "", tok
     if not tok.startswith(WORKSPACE_PREFIX) and tok.startswith("-") and "=" in tok:
         head, _, value = tok.partition("=")
         head += "="
+    _check_host_values(tok)
     if value.startswith(WORKSPACE_PREFIX):
         return _jail_ref(index, head, None, value)
-    if value.startswith("/"):
-        check_host_path(value)
     return None
 
 
-def _file_value(index: int, head: str, flag: str, value: str, cwd: str) -> FileRef | None:
+def _check_host_values(tok: str) -> None:
+    """Refuse ``tok`` when it, or its text after any ``=``, is a forbidden host path."""
+    if tok.startswith("/"):
+        check_host_path(tok)
+    at = tok.find("=")
+    while at >= 0:
+        if tok.startswith("/", at + 1):
+            check_host_path(tok[at + 1:])
+        at = tok.find("=", at + 1)
+
+
+def _attached(index: int, tok: str) -> FileRef | None:
+    """``-oVALUE`` for a one-letter file flag ``-o``: not rewritten. Whether a program reads
+    VALUE as ``-o``'s value or as more flags in a getopt cluster (``grep -oE``) depends on
+    the program, and ``-o=V`` gives getopt the value ``=V``; only ``-o VALUE`` and
+    ``--name=VALUE`` say which token is the file. Two exceptions, on the safe side: a
+    ``workspace:`` value is rewritten (no cluster of flags spells it), and a value that would
+    be a forbidden host path is refused as in any other token."""
+    rest = tok[2:]
+    if rest.startswith(WORKSPACE_PREFIX):
+        return _jail_ref(index, tok[:2], None, rest)
+    _check_host_values(tok)
+    bare = rest[1:] if rest.startswith("=") else rest
+    if bare.startswith("/"):
+        check_host_path(bare)
+    return None
+
+
+def _file_value(index: int, head: str, flag: str, value: str, cwd: str,
+                off_limits: OffLimits) -> FileRef | None:
     if value == "":
         raise PolicyError(f"argv[{index}]: {flag}: empty file name")
     if value in PASSTHROUGH:
@@ -181,6 +241,12 @@ def _file_value(index: int, head: str, flag: str, value: str, cwd: str) -> FileR
     if value.startswith(WORKSPACE_PREFIX):
         return _jail_ref(index, head, flag, value)
     path = _normalize(os.path.join(cwd, value))
+    if not is_host_path(path, file_ref=True):  # those get HCP's own message, below
+        what = off_limits.why(path)
+        if what is not None:
+            raise PolicyError(f"argv[{index}]: {flag} {printable(value)}: inside {what} "
+                              f"(file references may not name the driver's own files; "
+                              f"use workspace:REL for the jail)")
     if flag in OUTPUT_FLAGS:
         _check_output_dest(flag, path)
         return FileRef(index, head, flag, OUTPUT, value, path)

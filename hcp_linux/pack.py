@@ -56,6 +56,7 @@ class WorkspaceSpec:
     mode: str = NONE
     home_env: tuple[str, ...] = ()
     file_flags: tuple[str, ...] = DEFAULT_FILE_FLAGS
+    ignored_keys: tuple[str, ...] = ()  # keys of another runtime's, named in the receipt
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class Pack:
     workspace: WorkspaceSpec = field(default_factory=WorkspaceSpec)
     name: str | None = None
     manifest: str | None = None
+    #: ``wrap`` / ``wrap.workspace`` keys this driver does not know and ignored (receipt)
+    ignored_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"pack {printable(self.manifest)}" if isinstance(self.manifest, str) else "pack"
@@ -120,7 +123,7 @@ class Pack:
             raise PackError(f"{source}: wrap: missing (expected a table with wrap.bin)")
         if not isinstance(wrap, Mapping):
             raise PackError(f"{source}: wrap: expected a table, got {_type(wrap)}")
-        _known_keys(wrap, _WRAP_KEYS, "wrap", source)
+        ignored = _unknown_keys(wrap, _WRAP_KEYS, "wrap", source)
         if "bin" not in wrap:
             raise PackError(f"{source}: wrap.bin: missing (expected a bin name or a list of them)")
         bins = _bins(wrap["bin"], root, source)
@@ -131,7 +134,8 @@ class Pack:
                 raise PackError(f"{source}: wrap.agent_env: {key} is also in "
                                 f"wrap.workspace.home_env (the runtime points it at the jail)")
         return cls(root=root, bins=bins, agent_env=agent_env, workspace=workspace,
-                   name=name, manifest=manifest)
+                   name=name, manifest=manifest,
+                   ignored_keys=ignored + workspace.ignored_keys)
 
 
 def load_pack(path: str | os.PathLike[str]) -> Pack:
@@ -167,13 +171,59 @@ def _show(value: Any) -> str:
     return _type(value)
 
 
-def _known_keys(table: Mapping[str, Any], known: tuple[str, ...], where: str,
-                source: str) -> None:
+def _unknown_keys(table: Mapping[str, Any], known: tuple[str, ...], where: str,
+                  source: str) -> tuple[str, ...]:
+    """The keys of ``table`` this driver does not know, to be ignored and named in the
+    receipt (HCP §10.4.2, §10.6: a pack another conforming runtime accepts must run
+    unchanged here). Refused instead, because ignoring them would change what the pack
+    means or break §10.6: a key that names a driver, a key whose value names a host path,
+    and a misspelling of a known key (``agentEnv``, ``file_flag``: ignored, the pack would
+    silently run without what its author asked for)."""
+    ignored = []
     for key in table:
-        if key not in known:
-            hint = " (packs must not name a driver, HCP §10.6)" if key == "driver" else ""
-            raise PackError(f"{source}: {where}: unknown key {values.show(key)}{hint} "
-                            f"(expected: {', '.join(known)})")
+        if key in known:
+            continue
+        shown = values.show(key)
+        if "driver" in str(key).lower():
+            raise PackError(f"{source}: {where}: key {shown}: packs must not name a driver "
+                            f"(HCP §10.6)")
+        meant = _near_miss(str(key), known)
+        if meant is not None:
+            raise PackError(f"{source}: {where}: unknown key {shown} (did you mean "
+                            f"{meant!r}? expected: {', '.join(known)})")
+        path = _host_path_in(table[key])
+        if path is not None:
+            raise PackError(f"{source}: {where}.{key}: names the host path {values.show(path)} "
+                            f"(packs must not name a host path, HCP §10.6)")
+        ignored.append(f"{where}.{key}")
+    return tuple(ignored)
+
+
+def _near_miss(key: str, known: tuple[str, ...]) -> str | None:
+    """The known key ``key`` is a misspelling of: camelCase or dashed spelling, another case,
+    or one edit away (difflib ratio >= 0.8)."""
+    import difflib
+    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).replace("-", "_").lower()
+    if snake in known:
+        return snake
+    close = difflib.get_close_matches(snake, known, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _host_path_in(value: Any, depth: int = 0) -> str | None:
+    """The first string in ``value`` (nested lists and tables too) that is an absolute
+    path."""
+    if isinstance(value, str):
+        return value if value.startswith("/") else None
+    if depth > values.MAX_DEPTH:
+        return None
+    items = value.values() if isinstance(value, Mapping) else \
+        value if isinstance(value, list) else ()
+    for item in items:
+        found = _host_path_in(item, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _str_list(value: Any, what: str, source: str, *, allow_str: bool = False) -> list[str]:
@@ -273,7 +323,7 @@ def _workspace(value: Any, source: str) -> WorkspaceSpec:
         return WorkspaceSpec()
     if not isinstance(value, Mapping):
         raise PackError(f"{source}: wrap.workspace: expected a table, got {_show(value)}")
-    _known_keys(value, _WORKSPACE_KEYS, "wrap.workspace", source)
+    ignored = _unknown_keys(value, _WORKSPACE_KEYS, "wrap.workspace", source)
     mode = value.get("mode", NONE)
     if not isinstance(mode, str) or mode not in MODES:
         raise PackError(f"{source}: wrap.workspace.mode: expected one of "
@@ -297,4 +347,5 @@ def _workspace(value: Any, source: str) -> WorkspaceSpec:
         if not _FLAG.match(flag):
             raise PackError(f"{source}: wrap.workspace.file_flags: {values.show(flag)} is not a "
                             f"flag (expected -x or --name, without '=')")
-    return WorkspaceSpec(mode=mode, home_env=tuple(home_env), file_flags=tuple(flags))
+    return WorkspaceSpec(mode=mode, home_env=tuple(home_env), file_flags=tuple(flags),
+                         ignored_keys=ignored)

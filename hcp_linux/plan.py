@@ -174,7 +174,8 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     native = policy.mode == NATIVE_LOCAL
     allow = policy.allow_bins or (argv[0],)
     exe = resolve_bin(argv[0], allow, cwd=policy.jail or os.getcwd(), native_local=native,
-                      host_path=(os.environ if caller_env is None else caller_env).get("PATH"))
+                      host_path=(os.environ if caller_env is None else caller_env).get("PATH"),
+                      writable=policy.writable_roots)
     if native:
         layers = frozenset()
     view = "mountns" in layers

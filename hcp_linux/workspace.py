@@ -88,6 +88,12 @@ def default_state_dir() -> str:
     return check_state_dir(path, label, base=base)
 
 
+def state_dir_path() -> str:
+    """Where :func:`default_state_dir` would be, unchecked and not made (to recognise paths
+    into it)."""
+    return _state_dir_from_env()[0]
+
+
 def _state_dir_from_env() -> tuple[str, str | None, str]:
     """(the default state dir, the directory that must exist or None, the variable). The
     XDG spec ignores a relative value; we refuse it: a workspace silently kept elsewhere

@@ -229,17 +229,17 @@ def test_every_rewrite_form_reaches_the_child(env):
     (env.host / "b.txt").write_text("B")
     d.run(pack, sh("echo W > w.txt"), timeout=TIMEOUT)  # a workspace file
     script = ('for a in "$@"; do case "$a" in --json-file=*) cat "${a#*=}";; '
-              '--output=*) echo O3 > "${a#*=}";; -o/*) echo O2 > "${a#-o}";; '
+              '--output=*) echo O3 > "${a#*=}";; -o/*) cat "${a#-o}";; '
               '--cfg=*) cat "${a#*=}";; esac; done; '
               'cat "$2"; echo O1 > "$4"; cat "$5"')
     r = d.run(pack, sh(script, "--file", "a.txt", "-o", "o1.txt", "workspace:w.txt",
-                       "--json-file=b.txt", "-oo2.txt", "--output=o3.txt", "--cfg=workspace:w.txt"),
+                       "--json-file=b.txt", "-oworkspace:w.txt", "--output=o3.txt",
+                       "--cfg=workspace:w.txt"),
               cwd=str(env.host), capture_output=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
-    assert r.stdout == b"BW\nAW\n"  # b.txt and a.txt have no newline; w.txt has
-    assert [(env.host / f).read_text() for f in ("o1.txt", "o2.txt", "o3.txt")] == \
-        ["O1\n", "O2\n", "O3\n"]
-    assert set(r.writeback.written) == {str(env.host / f) for f in ("o1.txt", "o2.txt", "o3.txt")}
+    assert r.stdout == b"BW\nW\nAW\n"  # b.txt and a.txt have no newline; w.txt has
+    assert [(env.host / f).read_text() for f in ("o1.txt", "o3.txt")] == ["O1\n", "O3\n"]
+    assert set(r.writeback.written) == {str(env.host / f) for f in ("o1.txt", "o3.txt")}
 
 
 # --- refusals: nothing spawned, nothing written ----------------------------------------

@@ -33,19 +33,45 @@ def test_each_rewrite_form_is_found(host):
     cwd = str(host)
     argv = ["tool", "--file", "in.json", "--json-file=in.json", "-o", "out1", "-oout2",
             "--output=out3", "workspace:notes/a.txt", "--cfg=workspace:c.toml", "-o=out4",
-            "plain", "--flag=value"]
+            "plain", "--flag=value", "-oworkspace:w"]
     refs = scan(argv, FLAGS, cwd=cwd)
     h = os.path.join(cwd, "")
     assert kinds(refs) == [
         (2, "", "--file", INPUT, h + "in.json"),            # --flag value
         (3, "--json-file=", "--json-file", INPUT, h + "in.json"),  # --flag=value
         (5, "", "-o", OUTPUT, h + "out1"),                  # -o value
-        (6, "-o", "-o", OUTPUT, h + "out2"),                # -oVALUE (getopt's attached form)
         (7, "--output=", "--output", OUTPUT, h + "out3"),
         (8, "", None, JAIL, "notes/a.txt"),                 # workspace: anywhere
         (9, "--cfg=", None, JAIL, "c.toml"),                # --any=workspace:...
-        (10, "-o=", "-o", OUTPUT, h + "out4"),              # the --flag=value form of -o
+        (13, "-o", None, JAIL, "w"),                        # -oworkspace: (no cluster spells it)
     ]
+
+
+@pytest.mark.parametrize("argv", [
+    ["grep", "-oE", "a|b", "file"],       # a getopt cluster: -o takes nothing in grep
+    ["grep", "-Eo", "pattern"],
+    ["tool", "-oout2"],                   # -oVALUE: the program decides; not rewritten
+    ["tool", "-o=out4"],                  # getopt's value would be "=out4"
+])
+def test_attached_short_flags_are_left_to_the_program(host, argv):
+    assert scan(argv, FLAGS, cwd=str(host)) == []
+    assert sorted(os.listdir(host)) == ["in.json"]  # nothing staged, nothing created
+
+
+@pytest.mark.parametrize("tok", [
+    "if=/etc/passwd", "of=/root/x", "x=a=/home/u/.ssh/id", "--x=y=/Users/me", "-o=/etc/shadow",
+    "-o/etc/shadow", "-o//root/k", "k=/proc/self/root/etc/passwd", "a=/tmp/../etc/hosts",
+])
+def test_a_host_path_after_any_equals_sign_is_refused(host, tok):
+    with pytest.raises(HostPathError):
+        scan(["tool", tok], FLAGS, cwd=str(host))
+
+
+@pytest.mark.parametrize("tok", ["if=/tmp/x", "of=/usr/share/dict", "a=b", "x=workspace:y",
+                                 "-o/tmp/ok", "--x=/var/tmp/ok", "/usr/bin/env"])
+def test_paths_outside_the_forbidden_roots_after_equals_pass(host, tok):
+    # the negative control of the test above: the same shapes, other roots
+    scan(["tool", tok], FLAGS, cwd=str(host))
 
 
 def test_workspace_prefix_as_file_flag_value_is_a_jail_ref(host):

@@ -292,6 +292,47 @@ def no_path_lookup(h: Harness, ev: Evidence) -> str:
                         "entry; a listed one resolves on the fixed PATH only")
 
 
+@check("10.2.1-allowlist-binaries", "§10.2.1", "The allow-list names binaries: a file "
+       "called like a listed bin does not run",
+       requirement="Spawn only wrap.bin values that are on the runtime's allow-list.",
+       enforced_by="allow-list matching by file identity on the fixed PATH (no layer)")
+def allowlist_binaries(h: Harness, ev: Evidence) -> str:
+    jail, outside = h.mkdir("jail"), h.mkdir("outside")
+    marker = h.mkdir("shared") / "planted-shell-ran"
+    shell = shutil.which("dash", path="/usr/bin:/bin") or "/bin/sh"
+    script = f"echo ran > {marker}"
+    ev.try_(f"allow_bins = (cp, printf); cp {shell} printf in the jail; run ./printf -c ...")
+    r = h.run(["cp", shell, "printf"], jail=jail, allow_bins=("cp", "printf"))
+    if not _ran(ev, "cp of a shell into the jail as printf", r):
+        return _verdict(ev, "")
+    for request in ("./printf", str(jail / "printf")):
+        try:
+            h.run([request, "-c", script], jail=jail, allow_bins=("cp", "printf"),
+                  write_roots=(str(marker.parent),))
+            ev.require(False, f"API: {request} (a shell named printf) was spawned")
+        except NotAllowlistedError as e:
+            ev.saw(f"API {request}: {str(e)!r}")
+            ev.require(e.exit_code == 127, f"{request}: exit code {e.exit_code}")
+    ev.try_("pack with wrap.bin = ['sh'], argv ['./../outside/sh', ...] (a shell outside "
+            "the pack)")
+    shutil.copy(shell, outside / "sh")
+    manifest = h.pack("pack", ["sh"], mode="ephemeral")
+    c = h.cli(["run", "--pack", manifest, "--write-root", marker.parent, "--",
+               "./../outside/sh", "-c", script])
+    _exact_refusal(ev, "CLI --pack ./../outside/sh", c, 127,
+                   'bin "./../outside/sh" not allowlisted')
+    ev.require(not marker.exists(), "a file named like a listed bin ran")
+    # Control: the planted file is a shell, and runs when the policy names its path.
+    r = h.run([str(jail / "printf"), "-c", script], jail=jail,
+              allow_bins=(str(jail / "printf"),), write_roots=(str(marker.parent),))
+    ev.ctl(f"allow_bins naming {jail / 'printf'}: {proc_summary(r)}, marker "
+           f"{'created' if marker.exists() else 'absent'}")
+    ev.control_ok(r.returncode == 0 and marker.exists(), "the planted shell did not run "
+                                                           "even when named")
+    return _verdict(ev, "a shell copied into the jail as a listed name, and one outside the "
+                        "pack named like a listed bin, are refused (127); named, it runs")
+
+
 @check("10.2.2-cwd-jail", "§10.2.2", "The child's cwd is the jail; writes beside it fail",
        requirement="Set the child's working directory to the pack root or a per-pack jail.",
        enforced_by="mount view (mountns) or Landlock; either alone suffices")
@@ -403,6 +444,32 @@ def no_ambient_credentials(h: Harness, ev: Evidence) -> str:
     ev.control_ok(seen >= len(keys) + 3, "unconfined, the secrets were not all visible")
     return _verdict(ev, "no caller secret (env or $HOME) reached the child via CLI, API or "
                         "driver; explicit values, agent_env and minted credentials did")
+
+
+@check("10.2.3-locale-only", "§10.2.3", "Only locale categories are inherited: LC_<anything> "
+       "does not carry values in",
+       requirement="Inherit no ambient credentials.",
+       enforced_by="environment allowlist (no layer)")
+def locale_only(h: Harness, ev: Evidence) -> str:
+    secret = _token()
+    jail = h.mkdir("jail")
+    env = dict(os.environ, LC_DEPLOY_TOKEN=secret, LC_HCP_CONFORMANCE=secret,
+               LC_TIME="C", LC_ALL=f"../../{secret}")
+    ev.try_("caller env LC_DEPLOY_TOKEN, LC_HCP_CONFORMANCE, LC_ALL=../../<secret>, "
+            "LC_TIME=C; the child runs env")
+    c = h.cli(["run", "--jail", jail, "--", "env"], env=env, expect_run=True)
+    r = h.run(["env"], jail=jail, env=env)
+    for what, p in (("CLI", c), ("API", r)):
+        if _ran(ev, what, p):
+            child = _env_lines(_stdout(p))
+            ev.require(secret not in _stdout(p), f"{what}: the LC_ value reached the child")
+            ev.require(child.get("LC_TIME") == ["C"], f"{what}: LC_TIME=C (a real category) "
+                                                      f"did not arrive")
+    c = h.unconfined(["env"], env=env)
+    ev.ctl(f"unconfined env: the secret appears {_stdout(c).count(secret)} times")
+    ev.control_ok(_stdout(c).count(secret) >= 3, "unconfined, the LC_ values were not there")
+    return _verdict(ev, "LC_ keys that are no locale category, and a category whose value is "
+                        "no locale name, stay out; LC_TIME=C arrives")
 
 
 @check("10.2.4-sandbox-marker", "§10.2.4", "HCP_SANDBOX=sandbox is set in the child",
@@ -597,7 +664,7 @@ def isolation_is_runtime(h: Harness, ev: Evidence) -> str:
         ("default", {}, "sandbox"),
         ("stricter: limits, timeout, runtime allow-list",
          {"limits": {"nproc": 128, "nofile": 256, "fsize": "16m"}, "timeout": h.timeout,
-          "allow_bins": ("tool",)}, "sandbox"),
+          "allow_bins": (str(root / "bin" / "tool"),)}, "sandbox"),
         ("stricter: seccomp network-off profile too",
          {"seccomp_profiles": ("baseline", "socket-families", "network-off")}, "sandbox"),
         ("looser: host network", {"network": "host"}, "sandbox"),
@@ -772,13 +839,15 @@ def file_references(h: Harness, ev: Evidence) -> str:
 
 _HOST_PATHS = ["/etc/passwd", "/home/someone/.aws/credentials", "/root/.ssh/id_rsa",
                "/Users/someone/secret", "--config=/etc/shadow", "/tmp/../etc/hosts",
-               "//etc/passwd"]
+               "//etc/passwd", "if=/etc/passwd", "of=/root/stolen", "--a=b=/home/u/.ssh/id",
+               "-o=/etc/shadow"]
 
 
 @check("10.6-host-path-refused", "§10.6", "Host-absolute paths under /etc /home /root /Users "
        "are refused with the exact message",
        requirement="MUST reject host-absolute paths under /etc, /home, /root and /Users "
-                   "(`error: sandbox: host path not allowed`).",
+                   "(`error: sandbox: host path not allowed`), as whole tokens and after any "
+                   "`=` (`if=/etc/passwd`).",
        enforced_by="driver's file-reference scan before anything is created (no layer)")
 def host_path_refused(h: Harness, ev: Evidence) -> str:
     shared = h.mkdir("shared")
@@ -813,6 +882,50 @@ def host_path_refused(h: Harness, ev: Evidence) -> str:
 
 _ARGV_NASTY = ["a b", "x; touch M1", "$(touch M2)", "`touch M3`", "'q' \"dq\"", "| touch M4",
                "> M5", "*", "--o=1 2", "", "tab\there", "new\nline", "\\"]
+
+
+@check("10.6-file-references-stay-out", "§10.6", "File references cannot name the pack root, "
+       "the state directory or another run's jail",
+       requirement="MUST rewrite workspace: prefixes into the jail; a pack MUST NOT name a "
+                   "driver or host path (the driver's own places are its business).",
+       enforced_by="driver's file-reference scan before anything is created (no layer)")
+def file_references_stay_out(h: Harness, ev: Evidence) -> str:
+    tool_text = "#!/bin/sh\necho genuine\n"
+    manifest = h.pack("pack", ["sh", "bin/tool"], mode="workspace",
+                      files={"bin/tool": tool_text})
+    tool = manifest.parent / "bin" / "tool"
+    d = h.driver()
+    host = h.mkdir("host")
+    w = h.drive(d, manifest, ["sh", "-c", "echo alice-secret > notes.txt"], principal="alice")
+    if not _ran(ev, "alice's workspace run", w):
+        return _verdict(ev, "")
+    alice = Path(w.jail) / "notes.txt"
+    other = h.mkdir("tmp/hcp-linux-ephemeral-1-2-3/jail")
+    h.write(other / "data", "another run\n")
+    cases = [("-o into the pack's bin/tool", ["-o", str(tool)], "pack root"),
+             ("--file from alice's workspace", ["--file", str(alice)], "state directory"),
+             ("-o into alice's workspace", ["-o", str(alice)], "state directory"),
+             ("--file from another run's jail", ["--file", str(other / "data")],
+              "another run's jail")]
+    for what, args, where in cases:
+        ev.try_(f"principal bob: {what}")
+        try:
+            h.drive(d, manifest, ["sh", "-c", 'cat "$2"; echo owned > "$2"', "sh", *args],
+                    principal="bob")
+            ev.require(False, f"{what}: spawned")
+        except PolicyError as e:
+            ev.saw(f"{what}: refused: {e}")
+            ev.require(where in str(e), f"{what}: refused for another reason: {e}")
+    ev.require(tool.read_text() == tool_text, "the pack's tool was overwritten")
+    ev.require(alice.read_text() == "alice-secret\n", "alice's file was overwritten")
+    # Control: the same output to an ordinary host directory is written back.
+    r = h.drive(d, manifest, ["sh", "-c", 'echo owned > "$2"', "sh", "-o",
+                              str(host / "out.txt")], principal="bob")
+    ok = r.returncode == 0 and (host / "out.txt").read_text() == "owned\n"
+    ev.ctl(f"-o {host / 'out.txt'}: {proc_summary(r)}, written back: {ok}")
+    ev.control_ok(ok, "an ordinary output was not written back")
+    return _verdict(ev, "outputs into the pack root or a workspace, and inputs from another "
+                        "principal's workspace or another run's jail, are refused")
 
 
 @check("10.6-argv-array", "§10.6", "argv is spawned as an array: no shell, no splitting",
@@ -862,10 +975,10 @@ def writeback(h: Harness, ev: Evidence) -> str:
     ino = os.stat(host / "out1.txt").st_ino
 
     def tool(word: str, code: int) -> list[str]:
-        return ["sh", "-c", 'for a in "$@"; do case "$a" in --output=*) echo four > '
-                '"${a#--output=}";; -o/*) echo three > "${a#-o}";; esac; done; '
-                f'echo {word} > "$2"; echo two > "$4"; exit {code}', "sh",
-                "--output", "out1.txt", "-o", "out2.txt", f"-o{host}/out3.txt",
+        return ["sh", "-c", f'echo {word} > "$2"; echo two > "$4"; '
+                'echo three > "${5#--output=}"; echo four > "${6#--output=}"; '
+                f'exit {code}', "sh",
+                "--output", "out1.txt", "-o", "out2.txt", f"--output={host}/out3.txt",
                 "--output=out4.txt"]
 
     ev.try_(f"argv {tool('one', 0)[4:]} in {host} (out1.txt exists), tool exits 0")
