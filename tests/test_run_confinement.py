@@ -447,7 +447,8 @@ def test_pathname_unix_socket_outside_roots_unreachable(jail: Path, outside: Pat
 
 @pytest.mark.xfail(strict=True, reason="a pathname unix socket inside a --read-only-root is "
                    "connectable: a read-only bind does not stop connect(), and Landlock before "
-                   "ABI 9 does not mediate it (a documented limit until Landlock ABI 9: see the README threat model)")
+                   "ABI 9 does not mediate it (a documented limit until Landlock ABI 9: see "
+                   "docs/threat-model.md)")
 def test_pathname_unix_socket_in_read_only_root_unreachable(jail: Path, ro_root: Path) -> None:
     path = str(ro_root / "daemon.sock")
     lst = _unix_listener(path)
