@@ -9,7 +9,8 @@ pack root, when the manifest is read). The allow-list names *binaries*, not file
   merged /usr). ``./sh``, ``workspace:sh`` copied from /usr/bin/dash, or ``../outside/sh``
   do not: a file the command or the pack's user can write would otherwise become an
   allow-listed "sh";
-- an absolute entry matches exactly that path (normalised), wherever it is;
+- an absolute entry matches exactly that path (normalised), wherever it is; a relative one
+  with a slash (``./tool``) the same, relative to the jail;
 - nothing in a writable root (the jail, ``write_roots``) satisfies an entry unless the entry
   names that path: a bare name is never resolved to a file the sandboxed command could
   have planted.
@@ -51,14 +52,16 @@ def _candidates(name: str, search: Sequence[str], writable: Sequence[str]) -> li
 
 
 def is_allowlisted(bin_: str, allow: Sequence[str], *, search: Sequence[str] = SANDBOX_PATH,
-                   writable: Sequence[str] = ()) -> bool:
+                   writable: Sequence[str] = (), cwd: str | None = None) -> bool:
     """Whether the request ``bin_`` (a bare name, or a path made absolute by the caller) is
-    a binary the allow-list names. ``writable``: the roots the command may write, canonical."""
+    a binary the allow-list names. ``writable``: the roots the command may write, canonical.
+    ``cwd``: what a relative entry with a slash (``./tool``) is relative to (the jail)."""
     if "/" not in bin_:
         return bin_ in allow  # a bare request matches only a bare entry
     path = os.path.normpath(bin_)
     name = os.path.basename(path)
-    if any("/" in e and os.path.normpath(e) == path for e in allow):
+    base = cwd if cwd is not None else ""
+    if any("/" in e and os.path.normpath(os.path.join(base, e)) == path for e in allow):
         return True
     if name not in allow:
         return False
@@ -85,7 +88,7 @@ def resolve_bin(bin_: str, allow: Sequence[str], *, cwd: str, native_local: bool
                        if os.path.isabs(p)) or SANDBOX_PATH
     path = os.path.normpath(os.path.join(cwd, bin_)) if "/" in bin_ else bin_
     shown = printable(bin_)
-    if not is_allowlisted(path, allow, search=search, writable=writable):
+    if not is_allowlisted(path, allow, search=search, writable=writable, cwd=cwd):
         if "/" in bin_ and os.path.basename(path) in allow and not os.path.lexists(path):
             raise BinNotFoundError(f'bin "{shown}" not found')  # no file to judge
         raise NotAllowlistedError(bin_)
