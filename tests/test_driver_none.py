@@ -20,8 +20,8 @@ from hcp_linux.driver import LinuxDriver
 from hcp_linux.errors import PolicyError
 from hcp_linux.pack import load_pack
 from hcp_linux.policy import Policy
-from sandboxing import (TIMEOUT, EXECUTOR_ARGS, deny_syscalls_launcher, read_receipt,
-                        snapshot)
+from sandboxing import (TIMEOUT, EXECUTOR_ARGS, deny_syscalls_launcher, kill_by_pid,
+                        processes_with, read_receipt, sleep_token, snapshot, wait_for)
 
 
 def sh(script: str, *args: str) -> list[str]:
@@ -254,3 +254,30 @@ def test_no_mount_view_tmp_goes_to_the_scratch_not_the_pack(env: Env) -> None:
     assert tmpdir == rec["jail"]["tmp"] == rec["driver"]["scratch"] + "/.hcp-tmp"
     assert snapshot(pack.root) == before  # no .hcp-tmp, no new.txt
     assert env.leftovers() == []
+
+
+def test_a_killed_runtimes_scratch_is_reclaimed_not_the_pack(env: Env) -> None:
+    """The runtime SIGKILLed mid-run runs no cleanup: its mode-none scratch stays in the
+    temp dir (named for its owner) and the next driver run's sweep removes it; the pack
+    root, the jail of that run, is never touched."""
+    pack = env.pack("none")
+    before = snapshot(pack.root)
+    token = sleep_token(30)
+    argv = [sys.executable, "-m", "hcp_linux", "run", *EXECUTOR_ARGS, "--pack",
+            os.path.join(pack.root, "pack.toml"), "--", "sh", "-c", f"sleep {token}"]
+    runtime = subprocess.Popen(argv, cwd=env.host, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=dict(os.environ, TMPDIR=str(env.tmp)))
+    try:
+        wait_for(lambda: processes_with(token, but=runtime.pid), "the sandboxed sleep")
+        left = env.leftovers()
+        assert len(left) == 1 and left[0].startswith("hcp-linux-none-"), left
+        assert os.listdir(env.tmp / left[0]) == ["scratch"]
+    finally:
+        kill_by_pid(runtime)  # SIGKILL: no cleanup; PDEATHSIG ends the sandbox
+    wait_for(lambda: not processes_with(token), "the sandbox to die with its runtime", 10.0)
+    assert env.leftovers() == left  # what a dead runtime leaves
+    r = env.driver().run(pack, ["cat", "data.txt"], capture_output=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stdout == b"pack data\n"
+    assert env.leftovers() == []  # swept by that run's prepare, and its own cleaned up
+    assert snapshot(pack.root) == before
