@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
                        usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
     r.add_argument("--jail", action=_Once,
                    help="working directory and first writable root (default: cwd)")
+    r.add_argument("--read-only-jail", action="store_true",
+                   help="the jail is the working directory only, read-only (writes go to "
+                        "the private /tmp and the write roots)")
     r.add_argument("--write-root", action="append", default=[], metavar="DIR")
     r.add_argument("--read-only-root", action="append", default=[], metavar="DIR")
     r.add_argument("--network", action=_Once,
@@ -171,13 +174,15 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         # a file's own jail is checked, then --jail replaces it
         fallback = {"jail": a.jail} if a.jail is not None else None
         base = {f: getattr(p, f) for p in [Policy.from_toml(a.policy, fallback=fallback)]
-                for f in ("jail", "write_roots", "read_only_roots", "system_roots", "network",
+                for f in ("jail", "read_only_jail", "write_roots", "read_only_roots", "system_roots", "network",
                           "allow_bins", "env", "allow_degraded", "sandbox", "native_local",
                           "seccomp_profiles", "timeout", "limits", "on_exit", "allow_hosts",
                           "deny_hosts", "proxy_log")}
     fields = dict(base)
     if a.jail is not None:
         fields["jail"] = a.jail
+    if a.read_only_jail:
+        fields["read_only_jail"] = True
     fields["write_roots"] = tuple(base.get("write_roots", ())) + tuple(a.write_root)
     fields["read_only_roots"] = tuple(base.get("read_only_roots", ())) + tuple(a.read_only_root)
     fields["allow_bins"] = tuple(base.get("allow_bins", ())) + tuple(a.allow_bin)

@@ -105,6 +105,8 @@ class Execution:
     policy: Policy
     cwd: str
     stage: str = "prepared"
+    #: mode none's writable scratch (staging, home_env); None: the jail is writable, holds them
+    scratch: str | None = None
     argv: list[str] | None = None
     process: SandboxProcess | None = None
     refs: list[FileRef] = field(default_factory=list)
@@ -202,7 +204,9 @@ class LinuxDriver:
                    jail: str) -> dict[str, str]:
         """HCP §10.2.3: the runtime's base env, the pack's ``wrap.agent_env``, the credentials
         minted for this call, and the ``home_env`` keys pointed at the jail. Nothing else
-        (the engine adds only locale/terminal keys, PATH, TMPDIR and HCP_SANDBOX)."""
+        (the engine adds only locale/terminal keys, PATH, TMPDIR and HCP_SANDBOX). In mode
+        ``none`` ``jail`` is the run's writable scratch: the real jail, the pack root, is
+        read-only."""
         creds = dict(credentials or {})
         check_explicit(creds, "credentials")
         for key, value in creds.items():
@@ -241,17 +245,26 @@ class LinuxDriver:
         ws = open_workspace(pack, principal, state_dir=self.state_dir, tmp_dir=self.tmp_dir,
                             lock_timeout=self.lock_timeout, cancel=cancel)
         try:
-            env = self._child_env(pack, credentials, jail=ws.jail)
+            env = self._child_env(pack, credentials, jail=ws.scratch)
             base = self.policy
-            ro = tuple(base.read_only_roots) + (() if pack.root in base.read_only_roots
-                                                else (pack.root,))
-            policy = base.replace(jail=ws.jail, env=env, read_only_roots=ro,
-                                  allow_bins=base.allow_bins or pack.bins)
+            if ws.read_only:
+                # mode none: cwd = the pack root, read-only (the jail's own grant); the run
+                # writes its private /tmp and the scratch (staging, home_env), nothing else
+                policy = base.replace(jail=ws.jail, read_only_jail=True, env=env,
+                                      write_roots=(ws.scratch, *base.write_roots),
+                                      allow_bins=base.allow_bins or pack.bins)
+            else:
+                ro = tuple(base.read_only_roots) + (() if pack.root in base.read_only_roots
+                                                    else (pack.root,))
+                policy = base.replace(jail=ws.jail, read_only_jail=False, env=env,
+                                      read_only_roots=ro,
+                                      allow_bins=base.allow_bins or pack.bins)
         except BaseException:
             ws.release()
             raise
         return Execution(pack=pack, principal=principal, mode=ws.mode, jail=ws.jail,
-                         policy=policy, cwd=os.path.abspath(cwd or os.getcwd()), _workspace=ws)
+                         policy=policy, cwd=os.path.abspath(cwd or os.getcwd()),
+                         scratch=ws.scratch if ws.read_only else None, _workspace=ws)
 
     def rewrite_argv(self, ex: Execution, argv: Sequence[str]) -> list[str]:
         """Stage 2: the argv to spawn. ``workspace:`` references and file-flag values point
@@ -260,7 +273,7 @@ class LinuxDriver:
         argv = self._bin(ex.pack, argv)
         refs = scan(argv, ex.pack.workspace.file_flags, cwd=ex.cwd,
                     off_limits=self._off_limits(ex.pack))
-        staging = Staging(ex.jail)
+        staging = Staging(ex.jail, io_root=ex.scratch)
         ex._staging = staging
         if ex.mode == WORKSPACE:
             staging.clear()
@@ -333,8 +346,9 @@ class LinuxDriver:
 
     def cleanup(self, ex: Execution) -> None:
         """Stage 5, on every path and idempotent: kill the sandbox if it still runs, reap it,
-        close the staging fds, remove ``.hcp-io`` (workspace) or the whole jail (none,
-        ephemeral), release the workspace lock."""
+        close the staging fds, remove ``.hcp-io`` (workspace), the whole jail (ephemeral) or
+        the scratch (none; its jail, the pack root, is never touched), release the workspace
+        lock."""
         with ex._mutex:
             if ex.stage == "cleaned":
                 return
@@ -410,6 +424,7 @@ class LinuxDriver:
         assert ex.process is not None
         receipt = dict(ex.process.receipt)
         receipt["driver"] = {"name": self.name, "mode": ex.mode, "jail": ex.jail,
+                             "scratch": ex.scratch,
                              "principal": ex.principal, "pack_root": ex.pack.root,
                              "ignored_keys": list(ex.pack.ignored_keys),
                              "written_back": list(report.written) if report else []}

@@ -33,6 +33,9 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
         raise SandboxError("--principal: only with --pack")
     if a.jail is not None:
         raise SandboxError("--jail: not with --pack (the pack's wrap.workspace chooses the jail)")
+    if a.read_only_jail:
+        raise SandboxError("--read-only-jail: not with --pack (the pack's wrap.workspace "
+                           "chooses the jail; mode none's is read-only)")
     if not a.pack:
         raise SandboxError("--pack: empty path")
     check_cwd()  # relative file references and the pack path are resolved from it

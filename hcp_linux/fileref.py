@@ -336,13 +336,20 @@ class _Output:
 @dataclass(eq=False)
 class Staging:
     """The driver's I/O area in one jail (``<jail>/.hcp-io``): inputs copied in, outputs
-    staged. Owns directory fds until :meth:`close`."""
+    staged. Owns directory fds until :meth:`close`. ``io_root``, when given, holds
+    ``.hcp-io`` instead of the jail (a read-only jail: mode ``none``'s pack root);
+    ``workspace:`` references still name files in the jail."""
 
     jail: str
     outputs: list[_Output] = field(default_factory=list)
+    io_root: str | None = None
     _fds: list[int] = field(default_factory=list, repr=False)
     _io_fd: int | None = field(default=None, repr=False)
     _dirs: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def _root(self) -> str:
+        return self.jail if self.io_root is None else self.io_root
 
     def _open(self, path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
         fd = os.open(path, flags | os.O_CLOEXEC, mode, dir_fd=dir_fd)
@@ -351,7 +358,7 @@ class Staging:
 
     def clear(self) -> None:
         """Remove a ``.hcp-io`` left in a persistent jail (a crashed run, or the child)."""
-        path = os.path.join(self.jail, IO_DIR)
+        path = os.path.join(self._root, IO_DIR)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -364,14 +371,14 @@ class Staging:
     def _io(self) -> int:
         """Create ``.hcp-io`` afresh (a leftover, or whatever the child put there, goes)."""
         if self._io_fd is None:
-            jail_fd = self._open(self.jail, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            jail_fd = self._open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
                 st = os.stat(IO_DIR, dir_fd=jail_fd, follow_symlinks=False)
             except FileNotFoundError:
                 st = None
             if st is not None:
                 if stat.S_ISDIR(st.st_mode):
-                    remove_tree(os.path.join(self.jail, IO_DIR))
+                    remove_tree(os.path.join(self._root, IO_DIR))
                 else:
                     os.unlink(IO_DIR, dir_fd=jail_fd)
             os.mkdir(IO_DIR, 0o700, dir_fd=jail_fd)
@@ -388,7 +395,7 @@ class Staging:
         kfd = self._dirs[kind]
         os.mkdir(str(n), 0o700, dir_fd=kfd)
         fd = self._open(str(n), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=kfd)
-        return fd, os.path.join(self.jail, IO_DIR, kind, str(n))
+        return fd, os.path.join(self._root, IO_DIR, kind, str(n))
 
     def rewrite(self, argv: Sequence[str], refs: Sequence[FileRef]) -> list[str]:
         """``argv`` with every reference pointing into the jail; inputs copied in."""
@@ -477,7 +484,7 @@ class Staging:
                 pass
         self._fds.clear()
         if remove and self._io_fd is not None:
-            path = os.path.join(self.jail, IO_DIR)
+            path = os.path.join(self._root, IO_DIR)
             try:
                 if stat.S_ISDIR(os.lstat(path).st_mode):
                     remove_tree(path)

@@ -191,7 +191,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     if view:
         home = tmpdir = "/tmp"
     else:
-        home = tmpdir = _private_tmp_in_jail(policy.jail)  # type: ignore[arg-type]
+        home = tmpdir = _private_tmp_in_jail(_tmp_root(policy))
     explicit = dict(policy.env)
     if policy.network == "allow":
         if "netns" not in layers and not native:
@@ -277,13 +277,27 @@ def proxy_env() -> dict[str, str]:
 
 
 def _covered(prefix: str, policy: Policy) -> bool:
-    roots = policy.writable_roots + policy.read_only_roots + tuple(
+    roots = policy.writable_roots + policy.readable_roots + tuple(
         os.path.realpath(p) for p in policy.system_roots if os.path.exists(p))
     return any(_is_within(prefix, r) for r in roots)
 
 
+def _tmp_root(policy: Policy) -> str:
+    """Where the private tmp goes without a mount view: the first writable root (the jail,
+    or with ``read_only_jail`` the first write root). A read-only jail is never written to:
+    with no writable root at all there is no place for HOME and TMPDIR, and the run is
+    refused rather than given the host's shared /tmp."""
+    roots = policy.writable_roots
+    if not roots:
+        raise PolicyError("read_only_jail: without a mount view (mountns degraded, or "
+                          "native-local) HOME and TMPDIR live in <writable root>/.hcp-tmp, "
+                          "and this policy has no writable root (give --write-root DIR)")
+    return roots[0]
+
+
 def _private_tmp_in_jail(jail: str) -> str:
-    """Without a mount view there is no private /tmp: use a self-ignored dir in the jail."""
+    """Without a mount view there is no private /tmp: use a self-ignored dir in the jail
+    (the first writable root: :func:`_tmp_root`)."""
     tmp = os.path.join(jail, ".hcp-tmp")
     os.makedirs(tmp, mode=0o700, exist_ok=True)
     ignore = os.path.join(tmp, ".gitignore")
@@ -384,7 +398,9 @@ def _confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[
                  terminals: tuple[str, ...]) -> _Confinement:
     """The confinement for this policy, layers, terminals and install prefixes, reused while
     current."""
-    key = (policy.system_roots, policy.read_only_roots, policy.writable_roots, policy.network,
+    # the jail is in one of the two root lists (readable_roots when read-only): the key
+    # tells a read-only jail from a writable one
+    key = (policy.system_roots, policy.readable_roots, policy.writable_roots, policy.network,
            layers, terminals, candidates)
     with _confinements_lock:
         conf = _confinements.get(key)
@@ -442,7 +458,7 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
     prefixes = [p for p in candidates if not _covered(p, policy)]
     view = "mountns" in layers
     bins = [os.path.join(p, "bin") for p in prefixes]
-    grant_paths = (*policy.read_only_roots, *prefixes, *policy.writable_roots, *DEVICES,
+    grant_paths = (*policy.readable_roots, *prefixes, *policy.writable_roots, *DEVICES,
                    *terminals, "/proc")
     conf.watched = (tuple(dict.fromkeys((*grant_paths, *bins))), tuple(policy.system_roots),
                     _MASK_DIRS if view else ())
@@ -480,7 +496,7 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
             absent.append(root)
             continue
         grants.append((root, _RO_ACCESS, ro_attrs, False))
-    for root in policy.read_only_roots + tuple(prefixes):
+    for root in policy.readable_roots + tuple(prefixes):  # a read-only jail among them
         grants.append((root, _RO_ACCESS, ro_attrs, False))
     # Ask for every right this binding knows; the ruleset masks what the kernel lacks.
     full = int(landlock.AccessFs.from_abi(landlock.LATEST_ABI))

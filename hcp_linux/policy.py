@@ -131,11 +131,14 @@ class Policy:
     """The confinement of one command. Construct it; it validates itself.
 
     ``jail`` is the working directory and first writable root (default: the current
-    directory). Paths must be absolute; they are canonicalised once, here, so the plan
-    opens exactly what was validated.
+    directory); with ``read_only_jail`` it is the working directory only, shown and granted
+    read-only like a ``read_only_roots`` entry (the command reads its project and writes
+    its private /tmp and the ``write_roots``). Paths must be absolute; they are
+    canonicalised once, here, so the plan opens exactly what was validated.
     """
 
     jail: str | None = None
+    read_only_jail: bool = False
     write_roots: tuple[str, ...] = ()
     read_only_roots: tuple[str, ...] = ()
     system_roots: tuple[str, ...] = DEFAULT_SYSTEM_ROOTS
@@ -164,6 +167,9 @@ class Policy:
             # HCP §10.1/10.5: native-local only by an explicit, positive action on both switches.
             raise PolicyError("native-local needs both sandbox=false and native_local=true "
                               "(--no-sandbox --native-local); give both or neither")
+        if not isinstance(self.read_only_jail, bool):
+            raise PolicyError(f"read_only_jail: expected true or false, got "
+                              f"{values.show(self.read_only_jail)}")
         self._check_roots(set_)
         set_("network", _choice(self.network, "network", NETWORK_MODES))
         self._check_egress(set_)
@@ -259,18 +265,35 @@ class Policy:
 
     def _check_overlaps(self, system: tuple[str, ...]) -> None:
         # Landlock rules only add rights: a read-only root inside a writable one would be
-        # writable after all. Refuse the combination instead of silently granting it.
+        # writable after all. Refuse the combination instead of silently granting it. A
+        # writable root inside a read-only one (or inside a read-only jail) is a carve-in:
+        # allowed, it is what was asked (the deeper bind lies over the read-only one).
         writable = self.writable_roots
-        for ro in self.read_only_roots + system:
+        assert self.jail is not None
+        jail = ((("read-only jail", self.jail),) if self.read_only_jail else ())
+        for what, ro in jail + tuple(("read-only root", p)
+                                     for p in self.read_only_roots + system):
             for rw in writable:
                 if _is_within(ro, rw):
-                    raise PolicyError(f"overlapping roots: read-only root {printable(ro)} "
+                    raise PolicyError(f"overlapping roots: {what} {printable(ro)} "
                                       f"is inside writable root {printable(rw)}")
 
     @property
     def writable_roots(self) -> tuple[str, ...]:
+        """The jail (unless ``read_only_jail``), then the ``write_roots``."""
         assert self.jail is not None
+        if self.read_only_jail:
+            return self.write_roots
         return (self.jail,) + tuple(p for p in self.write_roots if p != self.jail)
+
+    @property
+    def readable_roots(self) -> tuple[str, ...]:
+        """The roots granted read and execute only, beside the system roots: the jail when
+        ``read_only_jail`` (first, once), then the ``read_only_roots``."""
+        assert self.jail is not None
+        if not self.read_only_jail:
+            return self.read_only_roots
+        return (self.jail,) + tuple(p for p in self.read_only_roots if p != self.jail)
 
     @property
     def mode(self) -> str:

@@ -25,7 +25,8 @@ LOST = {
     "userns": "no private uid/gid view; without root the other namespaces go too",
     "mountns": "no mount view: metadata writes (chmod, chown, utime, xattr) outside the "
                "writable roots are not prevented, host paths stay nameable (pathname unix "
-               "sockets reachable), HOME and TMPDIR live in <jail>/.hcp-tmp",
+               "sockets reachable), HOME and TMPDIR live in <first writable root>/.hcp-tmp (the "
+               "jail, unless it is read-only)",
     "netns": "no private network: seccomp refuses non-AF_UNIX sockets and Landlock every TCP "
              "bind and connect instead",
     "ipcns": "System V IPC and POSIX message queues shared with the host",
@@ -93,6 +94,7 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         "exe": plan.exe.decode(errors="replace"),
         "argv": [a.decode(errors="replace") for a in plan.argv],
         "cwd": plan.cwd.decode(errors="replace"),
+        "jail": _jail(plan),
         "namespaces": [n for n in NAMESPACE_LAYERS if n in plan.layers],
         "network": {"mode": plan.policy.network},
         "layers": layers,
@@ -102,6 +104,25 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         if confined else {"kept": [0, 1, 2]},
         "verified": _verified(plan),
     }
+
+
+def _jail(plan) -> dict[str, Any]:
+    """The working directory's access as granted and where HOME and TMPDIR were pointed. A
+    read-only jail names what keeps it so: the mount view (a read-only bind, listed with
+    the read-only roots) and Landlock (read/execute rights only); native-local keeps
+    nothing."""
+    out = {"path": plan.cwd.decode(errors="replace"), "access": "read-write",
+           "tmp": plan.env.get(b"TMPDIR", b"").decode(errors="replace")}
+    if plan.policy.read_only_jail:
+        by = [layer for layer in ("mountns", "landlock") if layer in plan.layers]
+        if by:
+            out.update(access="read-only", enforced_by=by)
+        elif plan.confined:  # both allowed to degrade, and gone: only permissions remain
+            out.update(access="read-write: read-only asked, but neither a mount view nor "
+                              "Landlock is in force", enforced_by=[])
+        else:
+            out["access"] = "read-write: native-local mode confines nothing"
+    return out
 
 
 def _mount_view(plan) -> dict[str, Any]:

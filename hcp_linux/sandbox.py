@@ -196,6 +196,8 @@ def confine(argv: Sequence[str], policy: Policy) -> list[str]:
                           "use a --policy file")
     out = [sys.executable, "-m", "hcp_linux", "run", "--jail", str(policy.jail),
            "--network", policy.network]
+    if policy.read_only_jail:
+        out.append("--read-only-jail")
     for root in policy.write_roots:
         out += ["--write-root", root]
     for root in policy.read_only_roots:

@@ -1,11 +1,14 @@
 """Where a pack's process may write: the jail of each workspace mode (HCP §10.6).
 
-- ``none`` and ``ephemeral``: a fresh, private (0700) directory per exec under the temp dir,
-  removed in cleanup whatever happened to the child. Its name carries the owner's identity
+- ``ephemeral``: a fresh, private (0700) directory per exec under the temp dir, removed in
+  cleanup whatever happened to the child. Its name carries the owner's identity
   (:mod:`hcp_linux.reclaim`), so one left by a runtime that was killed is removed by a later
   sweep (:func:`sweep_jails`, run at the start of every driver run, and ``hcp-linux gc``).
-  (Why ``none`` does not use the pack root as a writable cwd: see docs/driver.md, "mode
-  none".)
+- ``none``: the jail is the pack root itself (HCP §10.6: "none — pack root"), granted
+  read-only (``Policy.read_only_jail``), so the pack's own executables stay unwritable. What
+  the run may write goes to a fresh private *scratch* directory made, named and reclaimed
+  exactly like an ephemeral jail: the driver's staging (``.hcp-io``) and the ``home_env``
+  keys. (Why read-only: docs/driver.md, decision 1.)
 - ``workspace``: a persistent directory per (pack, principal) under the state dir
   (``$XDG_STATE_HOME/hcp-linux`` or ``~/.local/state/hcp-linux``). Concurrent execs in one
   workspace are serialised by ``flock`` on a lock file kept *beside* the jail, not in it: the
@@ -229,16 +232,33 @@ def _component(text: str) -> str:
 
 @dataclass(eq=False)
 class Workspace:
-    """The jail of one exec. ``release()`` unlocks it and, unless persistent, removes it."""
+    """The jail of one exec. ``release()`` unlocks it and removes what this exec made.
+
+    ``jail``: the working directory (in mode ``none`` the pack root, read-only).
+    ``scratch``: where the run writes besides its private /tmp, and where the driver
+    stages its I/O: the jail itself, but in mode ``none`` a fresh private directory.
+    ``owned``: the directory made for this exec alone, removed by :meth:`release` (None for a
+    persistent workspace)."""
 
     mode: str
     jail: str
     persistent: bool
     principal: str
+    scratch: str = ""
+    owned: str | None = None
     lock_path: str | None = None
     _lock_fd: int | None = field(default=None, repr=False)
     _released: bool = field(default=False, repr=False)
     _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.scratch:
+            self.scratch = self.jail
+
+    @property
+    def read_only(self) -> bool:
+        """True when the jail is granted read-only (mode ``none``: the pack root)."""
+        return self.mode == NONE
 
     def release(self) -> None:
         """Idempotent; safe to call from any thread."""
@@ -247,8 +267,8 @@ class Workspace:
                 return
             self._released = True
             try:
-                if not self.persistent:
-                    remove_tree(os.path.dirname(self.jail))
+                if self.owned is not None:
+                    remove_tree(self.owned)
             finally:
                 if self._lock_fd is not None:
                     os.close(self._lock_fd)  # closing the description drops the flock
@@ -272,12 +292,14 @@ def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
     if mode in (NONE, EPHEMERAL):
         parent = _new_jail_parent(mode, tmp_dir)
         try:
-            jail = os.path.join(parent, "jail")
-            os.mkdir(jail, 0o700)
+            # none: the pack root is the (read-only) jail; only the scratch is made here
+            scratch = os.path.join(parent, "scratch" if mode == NONE else "jail")
+            os.mkdir(scratch, 0o700)
         except BaseException:
             remove_tree(parent)
             raise
-        return Workspace(mode=mode, jail=jail, persistent=False, principal=principal)
+        return Workspace(mode=mode, jail=pack.root if mode == NONE else scratch,
+                         persistent=False, principal=principal, scratch=scratch, owned=parent)
     assert mode == WORKSPACE
     root = (check_state_dir(state_dir, f"state_dir {state_dir}") if state_dir
             else default_state_dir())

@@ -135,19 +135,7 @@ def test_each_stage(env):
 
 # --- modes -----------------------------------------------------------------------------
 
-def test_mode_none_cwd_is_a_fresh_jail_and_the_pack_root_is_read_only(env):
-    pack = env.pack("none", files={"data.txt": "pack data"})
-    assert os.access(pack.root, os.W_OK)  # control: we could write there; the child cannot
-    r = env.driver().run(pack, sh(
-        'pwd; cat "$1/data.txt"; echo; (echo x > "$1/new") 2>/dev/null && echo WROTE || '
-        'echo DENIED; echo y > here.txt && echo HERE; echo "HOME=$HOME"', pack.root),
-        capture_output=True, timeout=TIMEOUT)
-    lines = r.stdout.decode().splitlines()
-    assert r.returncode == 0, r.stderr
-    assert lines[0] == r.jail != pack.root
-    assert lines[1:] == ["pack data", "DENIED", "HERE", "HOME=/tmp"]
-    assert not os.path.exists(os.path.join(pack.root, "new"))
-    assert r.mode == "none" and env.leftovers() == []
+# mode none (the pack root, read-only, as cwd): tests/test_driver_none.py
 
 
 def test_mode_ephemeral_is_fresh_per_exec(env):

@@ -697,39 +697,79 @@ def isolation_is_runtime(h: Harness, ev: Evidence) -> str:
 # ============================================================================================
 
 
-@check("10.6-mode-none", "§10.6", "wrap.workspace mode none behaves as documented",
-       requirement="mode none (default): the pack root (HCP/1) or, as docs/driver.md decides, "
-                   "a fresh scratch jail per exec with the pack root read-only.",
-       enforced_by="driver; pack root read-only by the mount view or Landlock")
+@check("10.6-mode-none", "§10.6", "mode none: cwd is the pack root, read-only",
+       requirement="mode none (the default): the pack root (HCP/1); §10.5's reference runs the "
+                   "child with a fixed cwd at the pack root. Read-only here (docs/driver.md "
+                   "decision 1), so the pack's own executables stay unwritable.",
+       enforced_by="driver; the pack root read-only by the mount view or Landlock")
 def mode_none(h: Harness, ev: Evidence) -> str:
-    manifest = h.pack("pack", ["sh"], mode="none", files={"data.txt": "pack data\n"})
-    root = str(manifest.parent)
+    files = {"data.txt": "pack data\n", "bin/tool": "#!/bin/sh\necho tool\n"}
+    manifest = h.pack("pack", ["sh", "bin/tool"], mode="none", files=files)
+    bare = h.pack("bare", ["sh"], files={"data.txt": "bare data\n"})  # no wrap.workspace
+    root = manifest.parent
+    before = _tree_digest(root)
     d = h.driver()
-    script = ('pwd; cat "$1/data.txt"; (echo x > "$1/new") 2>/dev/null && echo pack-written '
-              '|| echo pack-refused; echo y > here.txt && echo jail-written; echo "HOME=$HOME"')
+    script = ('pwd; cat data.txt; for f in new.txt data.txt bin/tool; do '
+              '(echo evil >> "$f") 2>/dev/null && echo "wrote $f" || echo "refused $f"; done; '
+              'rm pack.toml 2>/dev/null && echo "removed pack.toml" || echo "refused rm"')
     ev.try_(f"mode none: {script!r}")
-    r1 = h.drive(d, manifest, ["sh", "-c", script, "sh", root])
-    r2 = h.drive(d, manifest, ["sh", "-c", "ls -A"])
-    if _ran(ev, "run 1", r1) and _ran(ev, "run 2", r2):
-        lines = _stdout(r1).splitlines()
-        ev.require(lines[:1] == [os.path.realpath(r1.jail)],
-                   f"cwd {lines[:1]} is not the exec's jail {r1.jail}")
-        ev.require(r1.jail != root, "the pack root was made the writable cwd")
-        ev.require(lines[1:2] == ["pack data"], "the pack's files were not readable")
-        ev.require("jail-written" in lines, "the jail was not writable")
-        ev.require(f"HOME={os.path.realpath(r1.jail)}" not in lines,
-                   "HOME is the jail without home_env")
-        ev.require(r1.jail != r2.jail and "here.txt" not in _stdout(r2),
-                   "a later exec saw the first exec's jail")
-    ev.require(not os.path.exists(os.path.join(root, "new")), "the pack root was writable")
-    ev.require(not os.path.exists(r1.jail), f"the jail {r1.jail} was not removed")
-    left = os.listdir(h.dir / "tmp")
-    ev.require(left == [], f"leftovers in the driver's tmp dir: {left}")
-    ctl = h.unconfined(["sh", "-c", f'echo x > "{root}/ctl" && echo ok'])
+    r = h.drive(d, manifest, ["sh", "-c", script])
+    if _ran(ev, "mode none", r):
+        lines = _stdout(r).splitlines()
+        ev.require(lines[:1] == [str(root)], f"cwd {lines[:1]} is not the pack root {root}")
+        ev.require(lines[1:2] == ["pack data"], "the pack's own file was not readable by a "
+                                                "path relative to the cwd")
+        ev.require(lines[2:] == ["refused new.txt", "refused data.txt", "refused bin/tool",
+                                 "refused rm"], f"writes into the pack root: {lines[2:]}")
+    after = _tree_digest(root)
+    ev.saw(f"pack tree sha256 before {before[:16]}…, after {after[:16]}…")
+    ev.require(before == after, "the pack root changed on disk")
+    ev.try_("a pack with no wrap.workspace: pwd; cat data.txt")
+    b = h.drive(d, bare, ["sh", "-c", "pwd; cat data.txt"])
+    if _ran(ev, "no wrap.workspace", b):
+        ev.require(_stdout(b).splitlines() == [str(bare.parent), "bare data"],
+                   f"the default mode does not run in the pack root: {_stdout(b)!r}")
+    ctl = h.unconfined(["sh", "-c", f'echo x > "{root}/ctl" && rm "{root}/ctl" && echo ok'])
     ev.ctl(f"unconfined write into the pack root: {proc_summary(ctl)}")
     ev.control_ok(ctl.returncode == 0, "the pack root is not writable even unconfined")
-    return _verdict(ev, "fresh scratch jail per exec, removed after; pack root readable, not "
-                        "writable")
+    return _verdict(ev, "cwd = the pack root (also with no wrap.workspace); its files read "
+                        "by relative path; create, append, remove refused and absent on disk")
+
+
+@check("10.6-mode-none-scratch", "§10.6", "mode none: HOME/TMPDIR writable and private per "
+       "exec, outputs written back, nothing left",
+       requirement="mode none keeps the pack root read-only, so what a run writes goes "
+                   "elsewhere: a private TMPDIR (and home_env keys) per exec, the driver's "
+                   "staging for --output; all removed in cleanup.",
+       enforced_by="driver; the private /tmp by the mount view (else a scratch write root)")
+def mode_none_scratch(h: Harness, ev: Evidence) -> str:
+    manifest = h.pack("pack", ["sh"], mode="none", files={"data.txt": "pack data\n"})
+    homed = h.pack("homed", ["sh"], mode="none")
+    with open(homed, "a") as f:  # the manifest ends with its [wrap.workspace] table
+        f.write('home_env = ["HOME"]\n')
+    host = h.mkdir("host")
+    d = h.driver()
+    script = ('echo t > "$TMPDIR/t" && echo tmp-ok; ls -A "$TMPDIR"; '
+              'cat data.txt > "$2" && echo out-ok')
+    ev.try_(f"mode none, twice: {script!r} -o out.txt")
+    r1 = h.drive(d, manifest, ["sh", "-c", script, "sh", "-o", "out.txt"], cwd=str(host))
+    r2 = h.drive(d, manifest, ["sh", "-c", 'ls -A "$TMPDIR"'])
+    if _ran(ev, "run 1", r1) and _ran(ev, "run 2", r2):
+        ev.require("tmp-ok" in _stdout(r1).splitlines(), "TMPDIR was not writable")
+        ev.require("t" not in _stdout(r2).splitlines(), "run 2 saw run 1's TMPDIR")
+        got = (host / "out.txt").read_text() if (host / "out.txt").exists() else None
+        ev.require(got == "pack data\n", f"-o out.txt written back: {got!r}")
+    ev.try_("home_env = [HOME]: echo h > $HOME/h")
+    r3 = h.drive(d, homed, ["sh", "-c", 'echo h > "$HOME/h" && echo "$HOME"'])
+    if _ran(ev, "home_env", r3):
+        home = _stdout(r3).strip()
+        ev.require(home != str(homed.parent) and not (homed.parent / "h").exists(),
+                   f"HOME is the pack root: {home}")
+        ev.require(home and not os.path.exists(home), f"the scratch HOME {home} survived")
+    left = os.listdir(h.dir / "tmp")
+    ev.require(left == [], f"leftovers in the driver's tmp dir: {left}")
+    return _verdict(ev, "private TMPDIR per exec, writable HOME (home_env) outside the pack, "
+                        "-o written back, nothing left")
 
 
 @check("10.6-mode-ephemeral", "§10.6", "wrap.workspace mode ephemeral: a fresh jail per exec",
