@@ -238,7 +238,8 @@ class Sandbox:
                           user=user, group=group, extra_groups=extra_groups,
                           encoding=encoding, errors=errors, text=text, umask=umask,
                           pipesize=pipesize, process_group=process_group)
-        out, err, timed_out = proc.finish(input, timeout, self.policy.limits.output)
+        with proc:  # as subprocess.run: whatever happens, the pipes are closed
+            out, err, timed_out = proc.finish(input, timeout, self.policy.limits.output)
         returncode = proc.wait()
         if check and timed_out:
             raw_out, raw_err = proc._collected()

@@ -621,6 +621,35 @@ def test_text_mode_output_cut_at_the_limit_drops_a_split_character(jail: Path) -
     assert (run.stdout, run.truncated) == ("aé", frozenset())
 
 
+def test_failed_run_leaves_no_fd_open(sb: Sandbox) -> None:
+    """A run that raises half-way (input that does not encode, output that does not
+    decode) still closes its pipes, as subprocess.run's does (control: the same after a run
+    that succeeds). Pipes only: the native executor's pool of spares holds sockets and
+    pidfds that come and go."""
+    def fds() -> list[str]:
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                    out.append(fd)
+            except OSError:  # the listing's own fd, gone
+                pass
+        return sorted(out)
+    sb.run(["true"], capture_output=True)  # what a first run sets up for good (the pool's)
+    before = fds()
+    raised = []
+    for call in (subprocess.run, sb.run):
+        with pytest.raises(UnicodeEncodeError) as e:
+            call(["cat"], input="é", capture_output=True, encoding="ascii")
+        raised.append(e)  # held, with its traceback (and the frames that made the pipes)
+        with pytest.raises(UnicodeDecodeError) as e:
+            call(["printf", r"\377"], stdin=PIPE, capture_output=True, encoding="utf-8")
+        raised.append(e)
+        assert fds() == before, call
+    sb.run(["true"], stdin=PIPE, capture_output=True)
+    assert fds() == before
+
+
 def test_refusals_start_nothing(sb: Sandbox, jail: Path, monkeypatch: pytest.MonkeyPatch
                                 ) -> None:
     """A refused argument is found before any process is made: the executor is never asked
