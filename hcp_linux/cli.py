@@ -6,6 +6,7 @@ DESIGN §5 (the README's table), and nothing spawned or written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from typing import Any, NoReturn, Sequence
 from . import __version__
 from .environment import is_injection_key
 from .errors import EXIT_USAGE, PolicyError, SandboxError, printable
-from .policy import NETWORK_MODES, Policy
+from .policy import DEFAULT_SECCOMP_PROFILES, DEFAULT_SYSTEM_ROOTS, NETWORK_MODES, Policy
 
 #: What `--env` accepts as a name: the portable shell name, as a pack's wrap.agent_env
 #: (anything else cannot be read by a shell and is most likely a mistake: "A B=1").
@@ -104,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                         "the private /tmp and the write roots)")
     r.add_argument("--write-root", action="append", default=[], metavar="DIR")
     r.add_argument("--read-only-root", action="append", default=[], metavar="DIR")
+    r.add_argument("--system-root", action="append", default=[], metavar="DIR",
+                   help="a read-only system root; given, these replace the default set "
+                        f"({' '.join(DEFAULT_SYSTEM_ROOTS)}) (repeatable)")
     r.add_argument("--network", action=_Once,
                    help=f"one of {', '.join(NETWORK_MODES)} (default none)")
     r.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
@@ -119,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("--timeout", action=_Once, type=float, metavar="SECONDS")
     r.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER")
+    r.add_argument("--seccomp-profile", action="append", default=[], metavar="NAME",
+                   help="a seccomp profile to apply; given, these replace the default set "
+                        f"({' '.join(DEFAULT_SECCOMP_PROFILES)}) (repeatable)")
     r.add_argument("--no-sandbox", action="store_true")
     r.add_argument("--native-local", action="store_true")
     r.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
@@ -173,11 +180,8 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         # a file without a jail takes --jail's, not the cwd's (which may not be a valid one);
         # a file's own jail is checked, then --jail replaces it
         fallback = {"jail": a.jail} if a.jail is not None else None
-        base = {f: getattr(p, f) for p in [Policy.from_toml(a.policy, fallback=fallback)]
-                for f in ("jail", "read_only_jail", "write_roots", "read_only_roots", "system_roots", "network",
-                          "allow_bins", "env", "allow_degraded", "sandbox", "native_local",
-                          "seccomp_profiles", "timeout", "limits", "on_exit", "allow_hosts",
-                          "deny_hosts", "proxy_log")}
+        from_file = Policy.from_toml(a.policy, fallback=fallback)
+        base = {f.name: getattr(from_file, f.name) for f in dataclasses.fields(Policy)}
     fields = dict(base)
     if a.jail is not None:
         fields["jail"] = a.jail
@@ -186,6 +190,9 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
     fields["write_roots"] = tuple(base.get("write_roots", ())) + tuple(a.write_root)
     fields["read_only_roots"] = tuple(base.get("read_only_roots", ())) + tuple(a.read_only_root)
     fields["allow_bins"] = tuple(base.get("allow_bins", ())) + tuple(a.allow_bin)
+    for name, given in (("system_roots", a.system_root), ("seccomp_profiles", a.seccomp_profile)):
+        if given:  # sets with a default: given, they replace it (and a file's)
+            fields[name] = tuple(given)
     fields["allow_hosts"] = tuple(base.get("allow_hosts", ())) + tuple(a.allow_host)
     fields["deny_hosts"] = tuple(base.get("deny_hosts", ())) + tuple(a.deny_host)
     if a.proxy_log is not None:

@@ -5,7 +5,10 @@ errno over a close-on-exec pipe; EOF on that pipe means execve succeeded.
 """
 from __future__ import annotations
 
+import codecs
 import errno
+import fcntl
+import io
 import json
 import os
 import selectors
@@ -19,9 +22,14 @@ from typing import IO, Any, Callable
 from . import child, native, spawner, teardown
 from .errors import ChildSetupError, SetupTimeoutError
 from .plan import Plan
+from .popen import Stdio
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
+STDOUT = subprocess.STDOUT
+
+#: The parent's ends as spawn made them before Popen's options existed: unbuffered binary.
+RAW = Stdio(bufsize=0)
 
 
 class SandboxProcess:
@@ -33,14 +41,20 @@ class SandboxProcess:
     kernel empties the pid namespace (see :mod:`hcp_linux.teardown`).
     """
 
-    def __init__(self, pid: int, stdin: IO[bytes] | None, stdout: IO[bytes] | None,
-                 stderr: IO[bytes] | None, receipt: dict[str, Any], *,
-                 pidns: bool = False, done: int | None = None) -> None:
+    def __init__(self, pid: int, stdin: IO[Any] | None, stdout: IO[Any] | None,
+                 stderr: IO[Any] | None, receipt: dict[str, Any], *,
+                 pidns: bool = False, done: int | None = None, args: Any = None,
+                 stdio: Stdio = RAW) -> None:
         self.pid = pid
+        self.args = args  # as the caller gave them, as Popen.args
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.receipt = receipt
         self.returncode: int | None = None
         self.truncated: set[str] = set()
+        # text mode (Popen's text/universal_newlines/encoding/errors): the streams are
+        # TextIOWrappers, communicate() takes and returns str
+        self.text_mode = stdio.text
+        self.encoding, self.errors = stdio.encoding, stdio.errors
         self._chunks: dict[str, list[bytes]] = {}  # communicate() state across calls
         self._pending_in: memoryview | None = None
         self._proxy: Any = None  # the egress proxy serving this run (network = "allow")
@@ -49,6 +63,36 @@ class SandboxProcess:
         # process of the run is gone, before the namespaces are torn down
         self._done = done
         self._ended_by: str | None = None  # "kill", "timeout": who ended the run early
+
+    @property
+    def universal_newlines(self) -> bool:
+        """Popen's alias of :attr:`text_mode`."""
+        return self.text_mode
+
+    def __repr__(self) -> str:
+        return f"<SandboxProcess: returncode: {self.returncode} args: {self.args!r}>"
+
+    def __enter__(self) -> "SandboxProcess":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """As Popen's: close the pipes, then wait for the run to end. On KeyboardInterrupt
+        Popen waits a moment for a child that got the terminal's SIGINT too; a sandboxed
+        command is in a session of its own and never got it, so the whole sandbox is
+        killed instead (no path out of the block leaves it running unseen)."""
+        try:
+            for stream in (self.stdout, self.stderr):
+                if stream is not None:
+                    stream.close()
+            if self.stdin is not None:
+                try:  # flushing a buffered writer may raise (BrokenPipeError)
+                    self.stdin.close()
+                except BrokenPipeError:
+                    pass
+        finally:
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                self.kill()
+            self.wait()
 
     def __del__(self) -> None:
         """Dropped without a wait: the run goes on (as a Popen's child would); the reaper
@@ -109,13 +153,13 @@ class SandboxProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._done is not None:
             if not teardown.readable(self._done, timeout):
-                raise subprocess.TimeoutExpired(self.pid, timeout or 0)
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
             if self._reported() is not None:
                 return self.returncode  # type: ignore[return-value]
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         status = self._monitor.wait(remaining)
         if status is None:
-            raise subprocess.TimeoutExpired(self.pid, timeout or 0)
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return self._set_status(status)
 
     def end_fd(self) -> tuple[int, bool]:
@@ -149,18 +193,31 @@ class SandboxProcess:
         self._ended_by = self._ended_by or by
         self._monitor.kill()
 
-    def communicate(self, input: bytes | None = None, timeout: float | None = None,
-                    max_bytes: int | None = None) -> tuple[bytes | None, bytes | None]:
+    def communicate(self, input: Any = None, timeout: float | None = None,
+                    max_bytes: int | None = None) -> tuple[Any, Any]:
         """Feed stdin, collect stdout/stderr until EOF, then wait. Like Popen.communicate,
-        including a second call after TimeoutExpired that goes on where the first stopped.
+        including a second call after TimeoutExpired that goes on where the first stopped
+        (the exception carries the output so far, as bytes, as Popen's does), and text mode:
+        ``input`` is then a str, encoded as ``stdin`` is, and the output is decoded as each
+        stream is, with newlines translated.
 
         With ``max_bytes``, each stream keeps at most that much and the rest is read and
         discarded (the command is never blocked on a full pipe); ``truncated`` names the
-        streams that were cut.
+        streams that were cut (in text mode a character cut in two is dropped).
         """
+        if self._pending_in is not None and input:
+            raise ValueError("Cannot send input after starting communication")
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._pending_in is None:
+            if input is not None and self.text_mode and self.stdin is not None:
+                stdin: Any = self.stdin  # a TextIOWrapper
+                input = input.encode(stdin.encoding, stdin.errors)
             self._pending_in = memoryview(input or b"")
+            if self.stdin is not None and not self.stdin.closed:
+                try:  # what the caller wrote to a buffered stdin goes first, as with Popen
+                    self.stdin.flush()
+                except BrokenPipeError:
+                    pass
         names = {id(s): n for s, n in ((self.stdout, "stdout"), (self.stderr, "stderr"))}
         with selectors.DefaultSelector() as sel:
             if self.stdin is not None and not self.stdin.closed:
@@ -168,7 +225,7 @@ class SandboxProcess:
                     os.set_blocking(self.stdin.fileno(), False)
                     sel.register(self.stdin, selectors.EVENT_WRITE)
                 else:
-                    self.stdin.close()
+                    _close(self.stdin)
             for stream in (self.stdout, self.stderr):
                 if stream is not None and not stream.closed:
                     self._chunks.setdefault(names[id(stream)], [])
@@ -176,18 +233,19 @@ class SandboxProcess:
             while sel.get_map():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise subprocess.TimeoutExpired(self.pid, timeout or 0)
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0,
+                                                    *self._collected())
                 for key, _ in sel.select(remaining):
-                    stream = key.fileobj
-                    if stream is self.stdin:
+                    ready: Any = key.fileobj
+                    if ready is self.stdin:
                         self._write_some(sel)
                         continue
                     data = os.read(key.fd, 65536)
                     if not data:
-                        sel.unregister(stream)
-                        stream.close()  # type: ignore[union-attr]
+                        sel.unregister(ready)
+                        ready.close()
                         continue
-                    name = names[id(stream)]
+                    name = names[id(ready)]
                     kept = sum(map(len, self._chunks[name]))
                     room = len(data) if max_bytes is None else max(0, max_bytes - kept)
                     if room < len(data):
@@ -195,12 +253,35 @@ class SandboxProcess:
                     if room:
                         self._chunks[name].append(data[:room])
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        self.wait(remaining)
-        return tuple(None if stream is None else b"".join(self._chunks.get(name, []))  # type: ignore[return-value]
-                     for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr")))
+        try:
+            self.wait(remaining)
+        except subprocess.TimeoutExpired as e:
+            e.output, e.stderr = self._collected()
+            raise
+        return self._output()
 
-    def finish(self, input: bytes | None = None, timeout: float | None = None,
-               max_bytes: int | None = None) -> tuple[bytes | None, bytes | None, bool]:
+    def _collected(self) -> tuple[bytes | None, bytes | None]:
+        """The bytes read so far from stdout and stderr (None: not a pipe, or nothing yet),
+        as Popen puts them in a TimeoutExpired."""
+        return tuple(b"".join(self._chunks[n]) if self._chunks.get(n) else None  # type: ignore
+                     for n in ("stdout", "stderr"))
+
+    def _output(self) -> tuple[Any, Any]:
+        """communicate()'s result: each piped stream's bytes, or text in text mode."""
+        out: list[Any] = []
+        for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr")):
+            if stream is None:
+                out.append(None)
+                continue
+            data = b"".join(self._chunks.get(name, []))
+            if self.text_mode:
+                out.append(_decode(data, stream, cut=name in self.truncated))
+            else:
+                out.append(data)
+        return out[0], out[1]
+
+    def finish(self, input: Any = None, timeout: float | None = None,
+               max_bytes: int | None = None) -> tuple[Any, Any, bool]:
         """Run to the end: communicate, and kill the whole sandbox on timeout or on any
         exception (a cancel), so no path leaves it running. Returns (stdout, stderr,
         timed_out). After a kill, what the streams still hold is read for
@@ -217,18 +298,16 @@ class SandboxProcess:
             self.wait()
             raise
 
-    def _drain(self, max_bytes: int | None) -> tuple[bytes | None, bytes | None]:
+    def _drain(self, max_bytes: int | None) -> tuple[Any, Any]:
         """After a kill: the rest of the output, within bounds; then the status."""
         try:
             return self.communicate(max_bytes=max_bytes, timeout=teardown.TEARDOWN_WAIT)
         except subprocess.TimeoutExpired:
             for stream in (self.stdin, self.stdout, self.stderr):
                 if stream is not None:
-                    stream.close()
+                    _close(stream)
             self.wait()
-            return tuple(None if stream is None else b"".join(self._chunks.get(name, []))
-                         for stream, name in ((self.stdout, "stdout"),
-                                              (self.stderr, "stderr")))  # type: ignore
+            return self._output()
 
     def _write_some(self, sel: selectors.BaseSelector) -> None:
         assert self.stdin is not None and self._pending_in is not None
@@ -239,38 +318,93 @@ class SandboxProcess:
         self._pending_in = self._pending_in[n:]
         if not self._pending_in:
             sel.unregister(self.stdin)
-            self.stdin.close()
+            _close(self.stdin)
+
+
+def _close(stream: IO[Any]) -> None:
+    """Close a stream whose reader may be gone: a buffered writer's flush would raise."""
+    try:
+        stream.close()
+    except BrokenPipeError:
+        pass
+
+
+def _decode(data: bytes, stream: Any, cut: bool) -> str:
+    """Text mode: ``data`` decoded as ``stream`` (a TextIOWrapper) decodes, newlines
+    translated, as Popen.communicate does. A stream ``cut`` at max_bytes may end inside a
+    character: that partial character is dropped, not an error."""
+    if cut:
+        text = codecs.getincrementaldecoder(stream.encoding)(stream.errors).decode(data)
+    else:
+        text = data.decode(stream.encoding, stream.errors)
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 _reaper = teardown.reaper  # this process's reaper
 
 
-def _stdio_fd(spec: Any, index: int, to_close: list[int]) -> tuple[int, int | None]:
-    """(fd for the child, parent's end of a pipe or None)."""
+def _stdio_fd(spec: Any, index: int, to_close: list[int], pipesize: int = -1
+              ) -> tuple[int, int | None]:
+    """(fd for the child, parent's end of a pipe or None). ``pipesize`` > 0: the capacity
+    asked of a pipe made here (F_SETPIPE_SZ, as Popen's pipesize)."""
     if spec is None:
         return index, None
     if spec == PIPE:
         r, w = os.pipe2(os.O_CLOEXEC)
         if index == 0:
             to_close.append(r)
-            return r, w
-        to_close.append(w)
-        return w, r
+            end = w
+        else:
+            to_close.append(w)
+            end = r
+        try:
+            if pipesize > 0:
+                fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, pipesize)
+        except BaseException:
+            os.close(end)
+            raise
+        return (r, w) if index == 0 else (w, r)
     if spec == DEVNULL:
         fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         to_close.append(fd)
         return fd, None
     if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"{('stdin', 'stdout', 'stderr')[index]}: invalid file "
+                             f"descriptor {spec}")
         return spec, None
     if hasattr(spec, "fileno"):
         return spec.fileno(), None
     raise TypeError(f"unsupported stdio value: {spec!r}")
 
 
+def _open_streams(ends: list[int | None], stdio: Stdio) -> list[IO[Any] | None]:
+    """The parent's ends of the standard streams' pipes as file objects, as Popen opens
+    them: binary with ``bufsize``, then, in text mode, a TextIOWrapper over each (stdin's
+    writes through)."""
+    streams: list[IO[Any] | None] = []
+    for i, end in enumerate(ends):
+        if end is None:
+            streams.append(None)
+            continue
+        f: Any = io.open(end, "wb" if i == 0 else "rb", stdio.bufsize)
+        if stdio.text and i == 0:
+            f = io.TextIOWrapper(f, encoding=stdio.encoding, errors=stdio.errors,
+                                 write_through=True, line_buffering=stdio.line_buffering)
+        elif stdio.text:
+            f = io.TextIOWrapper(f, encoding=stdio.encoding, errors=stdio.errors)
+        streams.append(f)
+    return streams
+
+
 def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
           receipt: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
-          executor: str | None = None, setup_timeout: float | None = None) -> SandboxProcess:
+          executor: str | None = None, setup_timeout: float | None = None,
+          stdio: Stdio = RAW, args: Any = None) -> SandboxProcess:
     """Start the confined command. Raises ChildSetupError when a setup step failed.
+    ``stdin``/``stdout``/``stderr`` as Popen's (``stderr=STDOUT``: the command's stderr is
+    its stdout, whatever that is); ``stdio``: how the parent's ends are opened (buffering,
+    text mode, pipe size); ``args``: the process's ``args`` (default: the plan's argv).
     ``executor``: "native", "ctypes" or "auto" (None: the process default, see native).
     ``receipt``, given as the function that makes it, is made once the child has the plan,
     while it sets up (it is a function of the plan alone): off the spawn's critical path.
@@ -287,7 +421,14 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     pidns = plan.confined and "pidns" in plan.layers
     try:
         for i, spec in enumerate((stdin, stdout, stderr)):
-            fd, end = _stdio_fd(spec, i, to_close)
+            if isinstance(spec, int) and not isinstance(spec, bool) and spec == STDOUT:
+                if i != 2:
+                    raise ValueError(f"{('stdin', 'stdout')[i]}=STDOUT: only stderr can be "
+                                     f"sent to stdout")
+                fds.append(fds[1])  # the same open file as stdout: one pipe, in order
+                ends.append(None)
+                continue
+            fd, end = _stdio_fd(spec, i, to_close, stdio.pipesize)
             fds.append(fd)
             ends.append(end)
         proxy_end = child_end = -1
@@ -347,10 +488,12 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         step_i, err = struct.unpack("<HH", record[:4])
         step = child.STEPS[step_i] if step_i < len(child.STEPS) else "internal"
         raise ChildSetupError(step, err or errno.EIO, record[4:].decode(errors="replace"))
-    streams = [None if e is None else os.fdopen(e, "wb" if i == 0 else "rb", buffering=0)
-               for i, e in enumerate(ends[:3])]
-    proc = SandboxProcess(pid, *streams, receipt=receipt or {},  # type: ignore[arg-type]
-                          pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None)
+    stdin_f, stdout_f, stderr_f = _open_streams(ends[:3], stdio)
+    proc = SandboxProcess(pid, stdin_f, stdout_f, stderr_f,
+                          receipt=receipt or {},  # type: ignore[arg-type]
+                          pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None,
+                          args=[a.decode() for a in plan.argv] if args is None else args,
+                          stdio=stdio)
     if ready_ok is False:
         proc.receipt.setdefault("spawn", {})["notes"] = [
             f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; it was killed "

@@ -25,7 +25,7 @@ from . import _libc as L
 from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
 from .child import CANARY, PROXY_ADDRESS
 from .environment import build_env
-from .errors import ChildSetupError, LayerUnavailableError, PolicyError
+from .errors import ChildSetupError, LayerUnavailableError, PolicyError, printable
 from .limits import pid_fence
 from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
 
@@ -158,8 +158,16 @@ class Plan:
 
 def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
                  caller_env: Mapping[str, str] | None = None,
-                 terminals: Sequence[str] = ()) -> Plan:
-    """Resolve the bin, build the env and the confinement for ``argv`` under ``policy``."""
+                 terminals: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 cwd: str | None = None, executable: str | None = None) -> Plan:
+    """Resolve the bin, build the env and the confinement for ``argv`` under ``policy``.
+
+    ``caller_env``: the environment the allow-list draws locale and terminal variables from
+    (default ``os.environ``). ``env``: variables the caller grants this command, over the
+    policy's (already checked, popen.granted_env); given, nothing is drawn from the caller's
+    environment, as with Popen's ``env``. ``cwd``: the command's working directory (default:
+    the jail; see :func:`working_dir`). ``executable``: the program to run in place of
+    ``argv[0]`` (Popen's), the one the allow-list is asked about."""
     if not argv:
         raise PolicyError("empty command")
     for i, arg in enumerate(argv):
@@ -172,10 +180,14 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         except UnicodeEncodeError:
             raise PolicyError(f"argv[{i}]: not valid UTF-8") from None
     native = policy.mode == NATIVE_LOCAL
-    allow = policy.allow_bins or (argv[0],)
-    exe = resolve_bin(argv[0], allow, cwd=policy.jail or os.getcwd(), native_local=native,
-                      host_path=(os.environ if caller_env is None else caller_env).get("PATH"),
-                      writable=policy.writable_roots)
+    bin_ = argv[0] if executable is None else executable
+    allow = policy.allow_bins or (bin_,)
+    workdir = working_dir(policy, cwd)
+    lookup = env if env is not None else os.environ if caller_env is None else caller_env
+    exe = resolve_bin(bin_, allow, cwd=workdir, native_local=native,
+                      host_path=lookup.get("PATH"), writable=policy.writable_roots)
+    if env is not None:
+        caller_env = {}  # Popen's env replaces the environment: nothing else is drawn from
     if native:
         layers = frozenset()
     view = "mountns" in layers
@@ -193,6 +205,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     else:
         home = tmpdir = _private_tmp_in_jail(_tmp_root(policy))
     explicit = dict(policy.env)
+    explicit.update(env or {})
     if policy.network == "allow":
         if "netns" not in layers and not native:
             raise LayerUnavailableError("netns", "network = \"allow\" fences egress with a "
@@ -205,7 +218,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         policy=policy, mode=policy.mode, exe=os.fsencode(exe),
         argv=[a.encode() for a in argv],
         env=env,
-        cwd=os.fsencode(policy.jail), layers=layers, parent_pid=os.getpid(),
+        cwd=os.fsencode(workdir), layers=layers, parent_pid=os.getpid(),
         uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
         env_replaced=replaced,
         proc_fresh="pidns" in layers, rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
@@ -229,6 +242,27 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         plan.close()
         raise
     return plan
+
+
+def working_dir(policy: Policy, cwd: str | None) -> str:
+    """The command's working directory: the jail, or ``cwd`` (a relative one starts at the
+    jail, the sandbox's own working directory). It must be an existing directory inside a
+    tree the sandbox's view holds at the same path as the host (the jail, a write root, a
+    read-only or system root): checked here, on its canonical path, which the plan keeps;
+    the child changes to that path inside the view and resolves nothing else."""
+    assert policy.jail is not None
+    if cwd is None:
+        return policy.jail
+    real = os.path.realpath(os.path.join(policy.jail, cwd))  # "l/.." is l's target's parent
+    shown = printable(cwd) if real == cwd else f"{printable(cwd)} ({printable(real)})"
+    if not os.path.isdir(real):
+        raise PolicyError(f"cwd: {shown} is not an existing directory")
+    roots = policy.writable_roots + policy.read_only_roots + tuple(
+        os.path.realpath(p) for p in policy.system_roots if os.path.isdir(p))
+    if not any(_is_within(real, r) for r in roots):
+        raise PolicyError(f"cwd: {shown} is outside the sandbox's view (the jail, "
+                          f"write_roots, read_only_roots, system_roots)")
+    return real
 
 
 def _child_env(caller_env: Mapping[str, str] | None, explicit: Mapping[str, str], **fixed: str

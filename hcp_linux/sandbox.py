@@ -7,6 +7,7 @@ the receipt says.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import os
@@ -16,16 +17,17 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Mapping, Sequence
 
-from . import executor, native
+from . import executor, native, popen
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                      LayerUnavailableError, PolicyError, SandboxError)
-from .executor import DEVNULL, PIPE, SandboxProcess
+from .executor import DEVNULL, PIPE, STDOUT, SandboxProcess
 from .plan import REMEDIES, Plan, clear_cache, compile_plan
-from .policy import LAYERS, NATIVE_LOCAL, Policy
+from .limits import Limits
+from .policy import DEFAULT_SECCOMP_PROFILES, DEFAULT_SYSTEM_ROOTS, LAYERS, Policy
 from .receipt import build_receipt
 
 __all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "release_resources", "PIPE",
-           "DEVNULL"]
+           "DEVNULL", "STDOUT", "CalledProcessError", "TimeoutExpired"]
 
 #: Steps whose failure means "this host cannot provide that layer".
 STEP_LAYER = {
@@ -42,12 +44,13 @@ _missing_lock = threading.Lock()
 
 @dataclass
 class CompletedRun:
-    """The result of :meth:`Sandbox.run`, shaped like :class:`subprocess.CompletedProcess`."""
+    """The result of :meth:`Sandbox.run`, shaped like :class:`subprocess.CompletedProcess`
+    (``args`` as given; ``stdout``/``stderr`` str in text mode)."""
 
-    args: list[str]
+    args: Any
     returncode: int
-    stdout: bytes | None = None
-    stderr: bytes | None = None
+    stdout: Any = None
+    stderr: Any = None
     receipt: dict[str, Any] = field(default_factory=dict)
     timed_out: bool = False
     truncated: frozenset[str] = frozenset()  # captured streams cut at limits.output
@@ -99,24 +102,54 @@ class Sandbox:
             wanted.discard("netns")
         return frozenset(wanted)
 
-    def spawn(self, argv: Sequence[str], *, stdin: Any = None, stdout: Any = None,
-              stderr: Any = None, env: Mapping[str, str] | None = None) -> SandboxProcess:
-        """Start ``argv`` confined; a Popen-like handle. ``env`` is the caller environment
-        the allowlist draws from (default: ``os.environ``)."""
-        attempts = self.attempts(argv, env=env, terminals=_terminals(stdin, stdout, stderr))
+    def spawn(self, args: Any, bufsize: int = -1, executable: Any = None, stdin: Any = None,
+              stdout: Any = None, stderr: Any = None, preexec_fn: Any = None,
+              close_fds: bool = True, shell: bool = False, cwd: Any = None,
+              env: Mapping[Any, Any] | None = None, universal_newlines: bool | None = None,
+              startupinfo: Any = None, creationflags: int = 0, restore_signals: bool = True,
+              start_new_session: bool = False, pass_fds: Any = (), *, user: Any = None,
+              group: Any = None, extra_groups: Any = None, encoding: str | None = None,
+              errors: str | None = None, text: bool | None = None, umask: int = -1,
+              pipesize: int = -1, process_group: int | None = None) -> SandboxProcess:
+        """Start ``args`` confined: :class:`subprocess.Popen`'s signature and meaning, except
+        where docs/popen.md says otherwise. In short: ``args`` is a sequence (a lone str is
+        one program name, as without a shell; ``shell=True`` runs it with ``/bin/sh -c``,
+        under the allow-list); ``cwd`` must be a directory of the sandbox's view (relative:
+        to the jail); ``env`` grants these variables to the command, over the policy's
+        ``env``, and nothing is drawn from this process's environment (None, or
+        ``os.environ`` itself: the allow-list draws locale and terminal variables from
+        ``os.environ``, as ever); the run always has a session of its own and no fd above 2.
+        ``preexec_fn``, ``pass_fds``, ``close_fds=False``, ``restore_signals=False``,
+        ``user``, ``group``, ``extra_groups``, ``umask`` and ``process_group`` are refused
+        (PolicyError, naming the argument and why)."""
+        popen.refuse_unsupported({
+            "preexec_fn": preexec_fn, "close_fds": close_fds, "pass_fds": pass_fds,
+            "restore_signals": restore_signals, "user": user, "group": group,
+            "extra_groups": extra_groups, "umask": umask, "process_group": process_group,
+            "startupinfo": startupinfo, "creationflags": creationflags})
+        del start_new_session  # always a new session (setsid): True or False, the same run
+        stdio = popen.Stdio.of(bufsize, text, universal_newlines, encoding, errors, pipesize)
+        popen.stdio_checks(stdin, stdout, stderr)
+        argv, exe = popen.command(args, bool(shell), executable)
+        grants = popen.granted_env(env)
+        workdir = popen.working_dir(cwd)
+        attempts = self.attempts(argv, env=grants, cwd=workdir, executable=exe,
+                                 terminals=_terminals(stdin, stdout, stderr))
         try:
             plan, receipt = next(attempts)  # receipt: made by spawn while hcp-exec sets up
             while True:
                 try:
                     return executor.spawn(plan, stdin=stdin, stdout=stdout, stderr=stderr,
-                                          receipt=receipt, executor=self.executor)
+                                          receipt=receipt, executor=self.executor,
+                                          stdio=stdio, args=args)
                 except ChildSetupError as e:
                     plan, receipt = attempts.throw(e)
         finally:
             attempts.close()  # closes the last plan
 
     def attempts(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 terminals: Sequence[str] = (), only_with: frozenset[str] = frozenset()
+                 terminals: Sequence[str] = (), only_with: frozenset[str] = frozenset(),
+                 cwd: str | None = None, executable: str | None = None
                  ) -> Generator[tuple[Plan, Callable[[], dict[str, Any]]], None, None]:
         """The plans to try for ``argv``, each with what makes its receipt (a function of the
         plan alone, so a caller may make it while the command is being set up): the first with
@@ -124,7 +157,8 @@ class Sandbox:
         raises the error that failure means, or, when a layer the policy lets degrade turned
         out to be missing, yields the plan without it. Each plan is closed when the next is asked for.
         ``only_with``: stop (StopIteration), before compiling, when a plan would lack one of
-        these layers."""
+        these layers. ``env`` (variables granted by the call, checked), ``cwd`` and
+        ``executable``: as :func:`~hcp_linux.plan.compile_plan` takes them."""
         policy = self.policy
         wanted = self._wanted_layers()
         degraded: dict[str, str] = {}
@@ -138,8 +172,8 @@ class Sandbox:
             if not only_with <= wanted:
                 return
             try:
-                plan = compile_plan(policy, argv, layers=wanted, caller_env=env,
-                                    terminals=terminals)
+                plan = compile_plan(policy, argv, layers=wanted, env=env, cwd=cwd,
+                                    executable=executable, terminals=terminals)
             except LayerUnavailableError as e:
                 if e.layer not in wanted:  # already gone, and the policy cannot do without it
                     raise
@@ -152,15 +186,16 @@ class Sandbox:
                 raise SandboxError("attempts: the plan was not run")  # next() without a failure
             except ChildSetupError as e:
                 if e.step == "execve":
-                    raise _exec_error(argv[0], e) from None
-                layer = STEP_LAYER.get(e.step)
-                if layer is None:
+                    raise _exec_error(argv[0] if executable is None else executable,
+                                      e) from None
+                lost = STEP_LAYER.get(e.step)
+                if lost is None:
                     raise
                 reason = f"{e.step}: {os.strerror(e.errno)}"
                 with _missing_lock:
-                    _missing[layer] = reason
-                self._give_up(layer, reason, degraded)
-                wanted -= {layer}
+                    _missing[lost] = reason
+                self._give_up(lost, reason, degraded)
+                wanted -= {lost}
             finally:
                 plan.close()
 
@@ -169,50 +204,146 @@ class Sandbox:
             raise LayerUnavailableError(layer, reason, REMEDIES[layer])
         degraded[layer] = reason
 
-    def run(self, argv: Sequence[str], *, input: bytes | None = None,
-            capture_output: bool = False, timeout: float | None = None,
-            stdin: Any = None, stdout: Any = None, stderr: Any = None,
-            env: Mapping[str, str] | None = None) -> CompletedRun:
-        """Run ``argv`` to completion. On timeout the whole sandbox is killed and
-        ``timed_out`` is set."""
-        if capture_output:
-            stdout = stderr = PIPE
+    def run(self, args: Any, bufsize: int = -1, executable: Any = None, stdin: Any = None,
+            stdout: Any = None, stderr: Any = None, preexec_fn: Any = None,
+            close_fds: bool = True, shell: bool = False, cwd: Any = None,
+            env: Mapping[Any, Any] | None = None, universal_newlines: bool | None = None,
+            startupinfo: Any = None, creationflags: int = 0, restore_signals: bool = True,
+            start_new_session: bool = False, pass_fds: Any = (), *, input: Any = None,
+            capture_output: bool = False, timeout: float | None = None, check: bool = False,
+            user: Any = None, group: Any = None, extra_groups: Any = None,
+            encoding: str | None = None, errors: str | None = None, text: bool | None = None,
+            umask: int = -1, pipesize: int = -1, process_group: int | None = None
+            ) -> CompletedRun:
+        """Run ``args`` to completion: :func:`subprocess.run`'s signature and meaning (the
+        arguments of :meth:`spawn`, with ``input``, ``capture_output``, ``timeout`` and
+        ``check``), except: on timeout (``timeout``, else the policy's) the whole sandbox is
+        killed and the result says ``timed_out``, its ``returncode`` the kill's; with
+        ``check=True`` a timeout raises :class:`TimeoutExpired` instead, as subprocess does,
+        and a non-zero exit :class:`CalledProcessError` (subclasses of subprocess's, with
+        the run's ``receipt``)."""
         if input is not None:
+            if stdin is not None:
+                raise ValueError("stdin and input arguments may not both be used.")
             stdin = PIPE
+        if capture_output:
+            if stdout is not None or stderr is not None:
+                raise ValueError("stdout and stderr arguments may not be used with "
+                                 "capture_output.")
+            stdout = stderr = PIPE
         timeout = self.policy.timeout if timeout is None else timeout
-        proc = self.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env)
-        out, err, timed_out = proc.finish(input, timeout, self.policy.limits.output)
-        return CompletedRun(list(argv), proc.wait(), out, err, proc.receipt, timed_out,
+        proc = self.spawn(args, bufsize, executable, stdin, stdout, stderr, preexec_fn,
+                          close_fds, shell, cwd, env, universal_newlines, startupinfo,
+                          creationflags, restore_signals, start_new_session, pass_fds,
+                          user=user, group=group, extra_groups=extra_groups,
+                          encoding=encoding, errors=errors, text=text, umask=umask,
+                          pipesize=pipesize, process_group=process_group)
+        with proc:  # as subprocess.run: whatever happens, the pipes are closed
+            out, err, timed_out = proc.finish(input, timeout, self.policy.limits.output)
+        returncode = proc.wait()
+        if check and timed_out:
+            raw_out, raw_err = proc._collected()
+            raise TimeoutExpired(args, timeout or 0, raw_out, raw_err, receipt=proc.receipt)
+        if check and returncode:
+            raise CalledProcessError(returncode, args, out, err, receipt=proc.receipt)
+        return CompletedRun(args, returncode, out, err, proc.receipt, timed_out,
                             frozenset(proc.truncated))
 
 
-def confine(argv: Sequence[str], policy: Policy) -> list[str]:
+class CalledProcessError(subprocess.CalledProcessError):
+    """``Sandbox.run(check=True)``: the command exited non-zero (or by a signal). A
+    :class:`subprocess.CalledProcessError`, with the run's ``receipt``."""
+
+    def __init__(self, returncode: int, cmd: Any, output: Any = None, stderr: Any = None, *,
+                 receipt: dict[str, Any] | None = None) -> None:
+        super().__init__(returncode, cmd, output, stderr)
+        self.receipt = receipt or {}
+
+
+class TimeoutExpired(subprocess.TimeoutExpired):
+    """``Sandbox.run(check=True)``: the run timed out, and the whole sandbox was killed. A
+    :class:`subprocess.TimeoutExpired` (``output``/``stderr``: the bytes read, as
+    subprocess gives them), with the run's ``receipt``."""
+
+    def __init__(self, cmd: Any, timeout: float, output: Any = None, stderr: Any = None, *,
+                 receipt: dict[str, Any] | None = None) -> None:
+        super().__init__(cmd, timeout, output, stderr)
+        self.receipt = receipt or {}
+
+
+def _repeated(flag: str) -> Callable[[Sequence[str]], list[str]]:
+    return lambda items: [f"{flag}={item}" for item in items]
+
+
+def _replacing(flag: str, default: tuple[str, ...], name: str
+               ) -> Callable[[Sequence[str]], list[str]]:
+    """A set with a default, which the flag replaces when given: so an empty set cannot be
+    said on the command line."""
+    def flags(items: Sequence[str]) -> list[str]:
+        if tuple(items) == default:
+            return []
+        if not items:
+            raise PolicyError(f"confine: {name} is empty, which the CLI cannot express "
+                              f"({flag} replaces the default set with the ones given)")
+        return [f"{flag}={item}" for item in items]
+    return flags
+
+
+def _limit_text(value: Any) -> str:
+    """A limit as ``--limit`` reads it back (values.py): exact digits, never an exponent."""
+    if value is None:
+        return "unlimited"
+    text = repr(value)
+    if "e" in text or "inf" in text or "nan" in text:
+        raise PolicyError(f"confine: limit {text} has no exact decimal form")
+    return text
+
+
+def _limits(limits: Limits) -> list[str]:
+    default = Limits().as_dict()
+    return [f"--limit={key}={_limit_text(value)}" for key, value in limits.as_dict().items()
+            if value != default[key]]
+
+
+#: How `hcp-linux run` says each Policy field: field -> its flags for a value. A field
+#: missing here is refused by confine(), never dropped (sandbox, native_local: see mode).
+_FLAGS: dict[str, Callable[[Any], list[str]]] = {
+    "jail": lambda jail: [f"--jail={jail}"],
+    "read_only_jail": lambda on: ["--read-only-jail"] if on else [],
+    "write_roots": _repeated("--write-root"),
+    "read_only_roots": _repeated("--read-only-root"),
+    "system_roots": _replacing("--system-root", DEFAULT_SYSTEM_ROOTS, "system_roots"),
+    "network": lambda mode: [] if mode == "none" else [f"--network={mode}"],
+    "allow_bins": _repeated("--allow-bin"),
+    "env": lambda env: [f"--env={k}={v}" for k, v in env.items()],
+    "allow_degraded": lambda layers: [f"--allow-degraded={x}" for x in sorted(layers)],
+    "sandbox": lambda on: [] if on else ["--no-sandbox"],
+    "native_local": lambda on: ["--native-local"] if on else [],
+    "seccomp_profiles": _replacing("--seccomp-profile", DEFAULT_SECCOMP_PROFILES,
+                                   "seccomp_profiles"),
+    "timeout": lambda t: [] if t is None else [f"--timeout={t!r}"],
+    "allow_hosts": _repeated("--allow-host"),
+    "deny_hosts": _repeated("--deny-host"),
+    "proxy_log": lambda path: [] if path is None else [f"--proxy-log={path}"],
+    "limits": _limits,
+    "on_exit": lambda how: [] if how == "kill" else [f"--on-exit={how}"],
+}
+
+
+def confine(argv: Any, policy: Policy) -> list[str]:
     """The argv that runs ``argv`` confined under ``policy`` through the CLI (for callers in
-    other languages)."""
-    default = Policy(jail=policy.jail)
-    if policy.system_roots != default.system_roots or \
-            policy.seccomp_profiles != default.seccomp_profiles:
-        raise PolicyError("confine: system_roots and seccomp_profiles have no CLI flags; "
-                          "use a --policy file")
-    out = [sys.executable, "-m", "hcp_linux", "run", "--jail", str(policy.jail),
-           "--network", policy.network]
-    if policy.read_only_jail:
-        out.append("--read-only-jail")
-    for root in policy.write_roots:
-        out += ["--write-root", root]
-    for root in policy.read_only_roots:
-        out += ["--read-only-root", root]
-    for b in policy.allow_bins:
-        out += ["--allow-bin", b]
-    for k, v in policy.env.items():
-        out += ["--env", f"{k}={v}"]
-    for layer in sorted(policy.allow_degraded):
-        out += ["--allow-degraded", layer]
-    if policy.timeout is not None:
-        out += ["--timeout", str(policy.timeout)]
-    if policy.mode == NATIVE_LOCAL:
-        out += ["--no-sandbox", "--native-local"]
-    return out + ["--", *argv]
+    other languages): every field of the policy as its flag (``--flag=VALUE``, so that no
+    value is taken for an option), so that the CLI builds this very policy. A policy the
+    CLI cannot express is refused (PolicyError naming the field), never run with less.
+    Writes nothing. ``argv`` as :meth:`Sandbox.spawn` takes it (a str is one program)."""
+    command, _ = popen.command(argv, False, None)
+    out = [sys.executable, "-m", "hcp_linux", "run"]
+    for f in dataclasses.fields(Policy):
+        flags = _FLAGS.get(f.name)
+        if flags is None:
+            raise PolicyError(f"confine: the CLI has no flag for the policy field {f.name}")
+        out += flags(getattr(policy, f.name))
+    return out + ["--", *command]
 
 
 def release_resources(timeout: float = 5.0) -> bool:

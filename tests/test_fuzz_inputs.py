@@ -323,6 +323,10 @@ OPTIONS: dict[str, tuple[st.SearchStrategy[str], st.SearchStrategy[str]]] = {
     "--jail": (st.sampled_from(["{S}/jail", "{S}/wr"]), dirs),
     "--write-root": (st.sampled_from(["{S}/wr", "{S}/wr2"]), dirs),
     "--read-only-root": (st.sampled_from(["{S}/ro", "{S}/ro/sub"]), dirs),
+    "--system-root": (st.sampled_from(["/usr", "/bin", "/lib", "/lib64", "/etc"]), dirs),
+    "--seccomp-profile": (st.sampled_from(["baseline", "socket-families", "network-off"]),
+                          st.one_of(st.sampled_from(["nonexistent", "", "../../etc/passwd"]),
+                                    nasty)),
     "--network": (st.sampled_from(["none", "host", "allow"]),
                   st.one_of(st.sampled_from(["NONE", "allow\n", "all"]), nasty)),
     "--allow-host": (st.sampled_from(["127.0.0.1:9", "example.test", "*.example.test:*"]),
@@ -344,7 +348,7 @@ OPTIONS: dict[str, tuple[st.SearchStrategy[str], st.SearchStrategy[str]]] = {
     "--principal": (st.sampled_from(["alice", "default"]), principals),
 }
 REPEATABLE = {"--write-root", "--read-only-root", "--allow-host", "--deny-host", "--allow-bin",
-              "--env", "--allow-degraded", "--limit"}
+              "--env", "--allow-degraded", "--limit", "--system-root", "--seccomp-profile"}
 FLAGS = ["--no-sandbox", "--native-local", "--bogus", "-x", "--", "--jail", "--help"]
 
 

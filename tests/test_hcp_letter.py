@@ -106,12 +106,14 @@ def test_a_bare_name_never_resolves_into_a_writable_root(tmp_path):
 
 # --- locale categories only -------------------------------------------------------------------
 
-def test_only_locale_categories_are_inherited(jail_dir):
-    caller = {"PATH": "/usr/bin:/bin", "LC_TIME": "C", "LC_DEPLOY_TOKEN": "s3cret-deploy",
+def test_only_locale_categories_are_inherited(jail_dir, monkeypatch):
+    caller = {"LC_TIME": "C", "LC_DEPLOY_TOKEN": "s3cret-deploy",
               "LC_ALL": "../../../tmp/evil", "LANG": "C.UTF-8", "LC_MESSAGES": "x" * 200,
               "LC_CTYPE": "de_DE.ISO-8859-15@euro"}
+    for key, value in caller.items():  # the runtime's own environment
+        monkeypatch.setenv(key, value)
     sb = Sandbox(Policy(jail=str(jail_dir), allow_bins=("env",)))
-    r = sb.run(["env"], capture_output=True, env=caller, timeout=TIMEOUT)
+    r = sb.run(["env"], capture_output=True, timeout=TIMEOUT)
     got = dict(line.split("=", 1) for line in r.stdout.decode().splitlines())
     assert got["LC_TIME"] == "C" and got["LANG"] == "C.UTF-8"
     assert got["LC_CTYPE"] == "de_DE.ISO-8859-15@euro"
@@ -122,7 +124,7 @@ def test_only_locale_categories_are_inherited(jail_dir):
     # negative control: the same key passed explicitly (a deliberate grant) does arrive
     explicit = Sandbox(Policy(jail=str(jail_dir), allow_bins=("env",),
                               env={"LC_DEPLOY_TOKEN": "granted"}))
-    r = explicit.run(["env"], capture_output=True, env=caller, timeout=TIMEOUT)
+    r = explicit.run(["env"], capture_output=True, timeout=TIMEOUT)
     assert b"LC_DEPLOY_TOKEN=granted\n" in r.stdout
 
 

@@ -277,10 +277,12 @@ def test_receipt_records_timeout(jail: Path, tmp_path: Path) -> None:
     assert read_receipt(path)["exit"]["timed_out"] is True
 
 
-def test_python_api_receipt(jail: Path) -> None:
+def test_python_api_receipt(jail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hcp_linux import Policy, Sandbox
-    r = Sandbox(Policy(jail=str(jail), env={"FOO": "1"})).run(
-        ["true"], env=dict(os.environ, AWS_SECRET_ACCESS_KEY=SECRET), timeout=TIMEOUT)
+    # the secret in this process's own environment: what the allow-list protects (an env=
+    # argument is a grant, docs/popen.md)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    r = Sandbox(Policy(jail=str(jail), env={"FOO": "1"})).run(["true"], timeout=TIMEOUT)
     assert r.returncode == 0 and not r.timed_out
     _check_full_receipt(r.receipt, jail)
 

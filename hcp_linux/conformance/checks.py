@@ -384,6 +384,14 @@ def cwd_jail(h: Harness, ev: Evidence) -> str:
                         "the host")
 
 
+def _restore(key: str, value: str | None) -> None:
+    """Put back a variable of this process's environment as it was (None: absent)."""
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
 @check("10.2.3-no-ambient-credentials", "§10.2.3", "Secrets in the caller's environment and "
        "$HOME never reach the child",
        requirement="Inherit no ambient credentials: provide only credentials minted through "
@@ -420,22 +428,23 @@ def no_ambient_credentials(h: Harness, ev: Evidence) -> str:
     c = h.cli(["run", "--jail", jail, "--env", "EXPLICIT=passed", "--", "sh", "-c", script,
                "sh", home], env=env, expect_run=True)
     judge("CLI", c, {"EXPLICIT": "passed"})
-    r = h.run(["sh", "-c", script, "sh", str(home)], jail=jail, env=env)  # env: the caller's
-    judge("API", r, {})
-    # The driver reads the runtime's own environment (os.environ): put a secret there.
+    # The API and the driver read the runtime's own environment (os.environ): put the
+    # secrets there (an env= argument of the API is a grant, as Popen's env: docs/popen.md).
     manifest = h.pack("pack", ["sh"], mode="ephemeral",
                       extra='agent_env = { PACK_SETTING = "from-pack" }')
-    saved = {k: os.environ.get(k) for k in keys}
+    ambient = {"HOME": str(home), "SSH_AUTH_SOCK": str(home / "agent.sock")}
+    saved = {k: os.environ.get(k) for k in keys + tuple(ambient)}
     try:
-        os.environ.update({k: secret for k in keys})
+        os.environ.update({k: secret for k in keys}, **ambient)
+        r = h.run(["sh", "-c", script, "sh", str(home)], jail=jail)
+        for k in ambient:  # the driver's workspaces live under the real HOME
+            _restore(k, saved[k])
         d = h.drive(h.driver(), manifest, ["sh", "-c", script, "sh", str(home)],
                     credentials={"MINTED_TOKEN": "minted"})
     finally:
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _restore(k, v)
+    judge("API", r, {})
     judge("driver", d, {"PACK_SETTING": "from-pack", "MINTED_TOKEN": "minted"})
     # Control: the same snippet, unconfined, sees the secrets.
     c = h.unconfined(["sh", "-c", script, "sh", str(home)], env=env, cwd=str(jail))
@@ -458,7 +467,15 @@ def locale_only(h: Harness, ev: Evidence) -> str:
     ev.try_("caller env LC_DEPLOY_TOKEN, LC_HCP_CONFORMANCE, LC_ALL=../../<secret>, "
             "LC_TIME=C; the child runs env")
     c = h.cli(["run", "--jail", jail, "--", "env"], env=env, expect_run=True)
-    r = h.run(["env"], jail=jail, env=env)
+    # The API reads the runtime's own environment (an env= argument is a grant, as Popen's).
+    lc = {k: v for k, v in env.items() if k.startswith("LC_")}
+    saved = {k: os.environ.get(k) for k in lc}
+    try:
+        os.environ.update(lc)
+        r = h.run(["env"], jail=jail)
+    finally:
+        for k, v in saved.items():
+            _restore(k, v)
     for what, p in (("CLI", c), ("API", r)):
         if _ran(ev, what, p):
             child = _env_lines(_stdout(p))
