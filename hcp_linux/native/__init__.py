@@ -340,8 +340,8 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     if view is None:
         view = view_bytes(plan)
     parts += [_U64(len(view)), view, _U64(len(plan.rlimits))]
-    for res, value in plan.rlimits:
-        parts += [_U64(res), _U64(value & _MASK)]
+    for res, limit in plan.rlimits:
+        parts += [_U64(res), _U64(limit & _MASK)]
     parts.append(_U64(len(plan.argv)))
     for arg in plan.argv:
         _str(parts, arg)
@@ -406,8 +406,8 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
     try:  # from a thread that lasts: the run must not die with the spawning thread
         spare = on_lasting_thread(lambda: _make_spare(key + (None,)))
     except OSError as e:
-        pid = _cannot_exec(executor, exe, e)
-        return None if pid is None else (pid, False)
+        _cannot_exec(executor, exe, e)
+        return None
     if _hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
         stats["on_the_spot"] += 1
         pool.kick()
@@ -426,7 +426,8 @@ def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
         try:  # from a thread that lasts: the run must not die with the spawning thread
             return on_lasting_thread(lambda: spawn_hcp_exec(exe, fd, err_w, keep))
         except OSError as e:
-            return _cannot_exec(executor, exe, e)
+            _cannot_exec(executor, exe, e)
+            return None
     finally:
         os.close(fd)
 
@@ -800,8 +801,8 @@ class _Pool:
                 key = self._short()
                 self.busy = True
             time.sleep(0.001)  # the spawning thread that kicked us is on its way to block
-            for spare in doomed:
-                _retire(spare)
+            for old in doomed:
+                _retire(old)
             if key is None:
                 continue
             try:
