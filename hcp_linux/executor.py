@@ -109,13 +109,13 @@ class SandboxProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._done is not None:
             if not teardown.readable(self._done, timeout):
-                raise subprocess.TimeoutExpired(self.pid, timeout or 0)
+                raise subprocess.TimeoutExpired(self.pid, timeout or 0)  # type: ignore[arg-type]
             if self._reported() is not None:
                 return self.returncode  # type: ignore[return-value]
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         status = self._monitor.wait(remaining)
         if status is None:
-            raise subprocess.TimeoutExpired(self.pid, timeout or 0)
+            raise subprocess.TimeoutExpired(self.pid, timeout or 0)  # type: ignore[arg-type]
         return self._set_status(status)
 
     def end_fd(self) -> tuple[int, bool]:
@@ -176,18 +176,18 @@ class SandboxProcess:
             while sel.get_map():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise subprocess.TimeoutExpired(self.pid, timeout or 0)
+                    raise subprocess.TimeoutExpired(self.pid, timeout or 0)  # type: ignore[arg-type]
                 for key, _ in sel.select(remaining):
-                    stream = key.fileobj
-                    if stream is self.stdin:
+                    ready = key.fileobj
+                    if ready is self.stdin:
                         self._write_some(sel)
                         continue
                     data = os.read(key.fd, 65536)
                     if not data:
-                        sel.unregister(stream)
-                        stream.close()  # type: ignore[union-attr]
+                        sel.unregister(ready)
+                        ready.close()  # type: ignore[union-attr]
                         continue
-                    name = names[id(stream)]
+                    name = names[id(ready)]
                     kept = sum(map(len, self._chunks[name]))
                     room = len(data) if max_bytes is None else max(0, max_bytes - kept)
                     if room < len(data):
@@ -350,7 +350,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         raise ChildSetupError(step, err or errno.EIO, record[4:].decode(errors="replace"))
     streams = [None if e is None else os.fdopen(e, "wb" if i == 0 else "rb", buffering=0)
                for i, e in enumerate(ends[:3])]
-    proc = SandboxProcess(pid, *streams, receipt=receipt or {},  # type: ignore[arg-type]
+    proc = SandboxProcess(pid, *streams, receipt=receipt or {},  # type: ignore[arg-type, misc]
                           pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None)
     proc.receipt["executor"] = ran
     if ready_ok is False:
@@ -412,7 +412,7 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
 def _answer(err_r: int, by: float) -> bytes | None:
     """The child's answer on the error pipe: b"" (EOF: it reached exec), a failure record,
     or None when neither came by ``by`` (time.monotonic())."""
-    parts = []
+    parts: list[bytes] = []
     while True:
         if not teardown.readable(err_r, max(0.0, by - time.monotonic())):
             return None

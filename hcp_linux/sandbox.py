@@ -153,14 +153,14 @@ class Sandbox:
             except ChildSetupError as e:
                 if e.step == "execve":
                     raise _exec_error(argv[0], e) from None
-                layer = STEP_LAYER.get(e.step)
-                if layer is None:
+                failed = STEP_LAYER.get(e.step)
+                if failed is None:
                     raise
                 reason = f"{e.step}: {os.strerror(e.errno)}"
                 with _missing_lock:
-                    _missing[layer] = reason
-                self._give_up(layer, reason, degraded)
-                wanted -= {layer}
+                    _missing[failed] = reason
+                self._give_up(failed, reason, degraded)
+                wanted -= {failed}
             finally:
                 plan.close()
 
