@@ -105,7 +105,8 @@ def test_cli_refuses_unknown_layer() -> None:
 
 _LAUNCHER = r"""
 import ctypes, os, platform, sys
-import pyseccomp, seccomp_profiles
+import pyseccomp
+from hcp_linux import seccomp_profiles
 names, err = sys.argv[1].split(","), int(sys.argv[2])
 # Compile the engine's BPF while seccomp(2) still works: libseccomp needs it to compile, and
 # the engine does not yet treat that failure as "seccomp unavailable" (see the report). The
