@@ -92,7 +92,8 @@ def as_nobody() -> list[str]:
         return []
     prefix = ["runuser", "-u", "nobody", "--"]
     check = subprocess.run(prefix + [sys.executable, "-c",
-                                     "import hcp_linux, landlock, seccomp_profiles, pyseccomp"],
+                                     "import hcp_linux.landlock, hcp_linux.seccomp_profiles, "
+                                     "pyseccomp"],
                            capture_output=True, timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL)
     if check.returncode != 0:
         pytest.skip("nobody cannot run this interpreter/tree: " + check.stderr.decode()[-300:])
