@@ -32,7 +32,7 @@ native: $(VENV)/.installed
 	@$(PY) -m hcp_linux.native.build --quiet
 
 # Editable installs map the packages that exist at install time: reinstall when one appears.
-$(VENV)/.installed: pyproject.toml scripts/install-system-deps $(wildcard */__init__.py)
+$(VENV)/.installed: pyproject.toml setup.py scripts/install-system-deps $(wildcard */__init__.py)
 	./scripts/install-system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
@@ -66,4 +66,4 @@ bench: setup
 	$(PY) bench/spawn.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) jail build *.egg-info hcp_linux/native/_build
+	rm -rf $(VENV) jail build dist *.egg-info hcp_linux/native/_build

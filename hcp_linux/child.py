@@ -153,13 +153,13 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     if len(data) == 4:
         status = struct.unpack("<i", data)[0]
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
+        signum = os.WTERMSIG(status)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if sig != signal.SIGKILL:  # SIGKILL's action cannot be changed (and needs no reset)
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)  # signals whose default action is not to terminate
+        if signum != signal.SIGKILL:  # SIGKILL's action cannot be changed (and needs no reset)
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)  # signals whose default action is not to terminate
     os._exit(os.waitstatus_to_exitcode(status))
 
 

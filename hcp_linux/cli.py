@@ -48,7 +48,7 @@ def _columns() -> int:
     except ValueError:
         pass
     try:
-        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
         if 10 <= columns <= 1000:
             return columns
     except (AttributeError, ValueError, OSError):

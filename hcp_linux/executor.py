@@ -440,7 +440,8 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             to_close.append(child_end)
         ready_ok = True
         while True:
-            pid, ready, err_r, done_r = _start(plan, executor, fds, child_end, pidns, ready_ok)
+            pid, ready, err_r, done_r, ran = _start(plan, executor, fds, child_end, pidns,
+                                                    ready_ok)
             try:
                 if callable(receipt):
                     receipt = receipt()
@@ -494,6 +495,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                           pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None,
                           args=[a.decode() for a in plan.argv] if args is None else args,
                           stdio=stdio)
+    proc.receipt["executor"] = ran
     if ready_ok is False:
         proc.receipt.setdefault("spawn", {})["notes"] = [
             f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; it was killed "
@@ -509,9 +511,9 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
 
 
 def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pidns: bool,
-           ready_ok: bool) -> tuple[int, bool, int, int]:
+           ready_ok: bool) -> tuple[int, bool, int, int, str]:
     """Start one attempt: (monitor pid, whether a ready spare took it, error pipe's read end,
-    done pipe's read end or -1). Each attempt has its own error and done pipes: a spare that
+    done pipe's read end or -1, the executor that started it: the receipt's ``executor``). Each attempt has its own error and done pipes: a spare that
     was given up on may hold the last ones until it is gone."""
     done_r = done_w = -1
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -522,7 +524,7 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
         # hcp-exec through posix_spawn; None: this process forks the ctypes executor
         started = native.spawn(executor, plan, err_w, fds, child_end, done_w, ready_ok)
         if started is not None:
-            pid, ready = started
+            (pid, ready), ran = started, "native"
         else:  # the ctypes executor: the child restricts itself with our ruleset
             if plan.landlock is not None:
                 ruleset = plan.landlock.create()
@@ -535,7 +537,7 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
                               done_w)
                 return pid
             # from a thread that lasts: the run must not die with the spawning thread
-            pid, ready = spawner.on_lasting_thread(fork), False
+            pid, ready, ran = spawner.on_lasting_thread(fork), False, "ctypes"
     except BaseException:
         for fd in (err_r, done_r):
             if fd >= 0:
@@ -547,13 +549,13 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
                 os.close(fd)
         if ruleset is not None:
             ruleset.close()
-    return pid, ready, err_r, done_r
+    return pid, ready, err_r, done_r, ran
 
 
 def _answer(err_r: int, by: float) -> bytes | None:
     """The child's answer on the error pipe: b"" (EOF: it reached exec), a failure record,
     or None when neither came by ``by`` (time.monotonic())."""
-    parts = []
+    parts: list[bytes] = []
     while True:
         if not teardown.readable(err_r, max(0.0, by - time.monotonic())):
             return None

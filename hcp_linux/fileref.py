@@ -707,9 +707,10 @@ def _place_by_link(p: _Pending) -> None:
     o = p.out
     d, name, tmp = o.dest_dir_fd, o.dest_name, p.tmp
     assert tmp is not None
-    backup: str | None = temp_name(name, "old")
+    aside = temp_name(name, "old")
+    backup: str | None = aside
     try:
-        os.link(name, backup, src_dir_fd=d, dst_dir_fd=d, follow_symlinks=False)
+        os.link(name, aside, src_dir_fd=d, dst_dir_fd=d, follow_symlinks=False)
     except OSError:
         backup = None
     try:

@@ -405,7 +405,8 @@ def _read_all(fd: int, timeout: float) -> bytes | None:
     """Everything until EOF, or None when EOF has not come within ``timeout`` seconds."""
     import time
     from .teardown import readable
-    parts, deadline = [], time.monotonic() + timeout
+    parts: list[bytes] = []
+    deadline = time.monotonic() + timeout
     while True:
         if not readable(fd, max(0.0, deadline - time.monotonic())):
             return None

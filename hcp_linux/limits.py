@@ -135,7 +135,7 @@ class Limits:
                 object.__setattr__(self, f.name, _parse(_key(f.name), value))
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> "Limits":
+    def from_mapping(cls, data: "Mapping[str, Any] | Limits") -> "Limits":
         """From a table of ``key: value`` (``as`` for ``as_``); unknown keys are refused."""
         if isinstance(data, Limits):
             return data

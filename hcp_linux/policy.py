@@ -232,6 +232,7 @@ class Policy:
         interface, writable as root. Checked last, so that a plainer error (a read-only root
         inside the jail, as with ``jail = "/"``) is the one reported."""
         mounts = values.mount_table()  # read once for every root
+        assert self.jail is not None  # _check_roots set it (the cwd when not given)
         roots = [("jail", self.jail)] + [("write_roots", p) for p in self.write_roots] \
             + [("read_only_roots", p) for p in self.read_only_roots]
         for real in system:

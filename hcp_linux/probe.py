@@ -32,6 +32,9 @@ class ProbeReport:
     layers: dict[str, LayerVerdict]
     facts: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    #: The executor runs use here: {"name": "native", "detail": its path} or
+    #: {"name": "ctypes", "detail": why (no binary for this source, or asked for)}.
+    executor: dict[str, str] = field(default_factory=dict)
 
     @property
     def fully_enforceable(self) -> bool:
@@ -39,7 +42,8 @@ class ProbeReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"fully_enforceable": self.fully_enforceable, "error": self.error,
-                "layers": {k: asdict(v) for k, v in self.layers.items()}, "facts": self.facts}
+                "layers": {k: asdict(v) for k, v in self.layers.items()}, "facts": self.facts,
+                "executor": self.executor}
 
 
 def _read(path: str) -> str | None:
@@ -87,6 +91,20 @@ def _userns_hint(facts: dict[str, Any]) -> str:
     return "refused by the kernel or a seccomp filter on this process"
 
 
+def executor_verdict(ran: str | None = None) -> dict[str, str]:
+    """Which executor runs use (``ran``: the one a run just used, as its receipt says) and
+    why: the binary's path, or why there is none."""
+    from . import native
+
+    name, detail = native.status()
+    if native.get_default() != "auto":
+        name = native.get_default()
+        detail = f"asked for ({name}); " + ("built: " if native.binary() else "") + detail
+    if ran is not None and ran != name:  # the run found out more (e.g. exec refused)
+        name, detail = ran, native.status()[1]
+    return {"name": name, "detail": detail}
+
+
 @functools.lru_cache(maxsize=1)
 def probe() -> ProbeReport:
     """Probe once per process; later calls return the same report."""
@@ -100,9 +118,9 @@ def probe() -> ProbeReport:
         try:
             run = Sandbox(policy).run(["true"], capture_output=True)
         except SandboxError as e:
-            verdicts = {n: LayerVerdict(n, False, f"probe run failed: {e}", REMEDIES[n])
-                        for n in LAYERS}
-            return ProbeReport(verdicts, facts, error=str(e))
+            failed = {n: LayerVerdict(n, False, f"probe run failed: {e}", REMEDIES[n])
+                      for n in LAYERS}
+            return ProbeReport(failed, facts, error=str(e), executor=executor_verdict())
     layers = run.receipt["layers"]
     verdicts: dict[str, LayerVerdict] = {}
     for name in LAYERS:
@@ -119,13 +137,15 @@ def probe() -> ProbeReport:
             if name == "userns" and entry["status"] == "degraded":
                 detail += f" ({_userns_hint(facts)})"
         verdicts[name] = LayerVerdict(name, ok, detail, None if ok else REMEDIES[name])
-    return ProbeReport(verdicts, facts)
+    return ProbeReport(verdicts, facts, executor=executor_verdict(run.receipt.get("executor")))
 
 
 def format_table(report: ProbeReport) -> str:
     rows = [("layer", "status", "detail")]
     for v in report.layers.values():
         rows.append((v.name, "ok" if v.available else "MISSING", v.detail))
+    if report.executor:
+        rows.append(("executor", report.executor["name"], report.executor["detail"]))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     lines = [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]

@@ -288,6 +288,7 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
                                      process=state["process"])
             receipt = make_receipt()
             receipt["served_by"] = {"pid": os.getpid(), "socket": server.path}
+            receipt["executor"] = "native"  # the client starts hcp-exec with this plan
             say(b"plan", os.fsencode(native.binary() or ""), blob,
                 json.dumps(receipt).encode(),
                 b"" if policy.timeout is None else repr(policy.timeout).encode(),

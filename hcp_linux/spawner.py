@@ -40,7 +40,7 @@ class _Launcher:
         self.thread = threading.Thread(target=self._run, name="hcp-linux launcher", daemon=True)
         self.thread.start()
 
-    def call(self, fn: Callable[[], _T], mask: set[signal.Signals]) -> _T:
+    def call(self, fn: Callable[[], _T], mask: "set[int | signal.Signals]") -> _T:
         job = _Job(fn, mask)
         with self.cond:
             self.jobs.append(job)
@@ -71,7 +71,7 @@ class _Launcher:
 class _Job:
     __slots__ = ("fn", "mask", "done", "result", "error")
 
-    def __init__(self, fn: Callable[[], object], mask: set[signal.Signals]) -> None:
+    def __init__(self, fn: Callable[[], object], mask: "set[int | signal.Signals]") -> None:
         self.fn, self.mask = fn, mask
         self.done = threading.Event()
         self.result: object = None

@@ -53,7 +53,8 @@ _INT = re.compile(r"\s*([+-]?[0-9]+)\s*", re.ASCII)
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*", re.ASCII | re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h)?\s*", re.ASCII)
-_DURATION_UNITS = {None: 1, "ms": Fraction(1, 1000), "s": 1, "m": 60, "h": 3600}
+_DURATION_UNITS: dict[str | None, Fraction | int] = {None: 1, "ms": Fraction(1, 1000), "s": 1,
+                                                     "m": 60, "h": 3600}
 _DECIMAL = re.compile(r"\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*", re.ASCII)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -306,7 +307,7 @@ def pseudo_fs_reason(real: str, mounts: list[tuple[str, str]] | None = None) -> 
         if is_within(real, tree):
             return f"it is under {tree}"
     magic = _fs_magic(real)
-    if magic in PSEUDO_FS_MAGIC:
+    if magic is not None and magic in PSEUDO_FS_MAGIC:
         return f"it is on {PSEUDO_FS_MAGIC[magic]}, a kernel pseudo file system"
     mounts = mount_table() if mounts is None else mounts
     inside = real.rstrip("/") + "/"

@@ -185,7 +185,7 @@ def _absolute(path: object, label: str) -> str:
     object); else one line naming ``label``."""
     if not isinstance(path, str):
         try:
-            path = os.fspath(path)  # type: ignore[arg-type]
+            path = os.fspath(path)  # type: ignore[arg-type, call-overload]
         except TypeError:
             path = None
         if not isinstance(path, str):

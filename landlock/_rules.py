@@ -77,7 +77,8 @@ def plan_path_access(access: AccessFs, handled: AccessFs, is_dir: bool, label: s
     return AccessFs(effective)
 
 
-def check_access_fs(access: AccessFs, requested: AccessFs, label: str) -> AccessFs:
+def check_access_fs(access: AccessFs | int, requested: AccessFs, label: str
+                    ) -> AccessFs:
     """Refuse unknown bits, an empty access, and rights the ruleset does not handle.
 
     Checked against what was *requested*, not what the ABI kept: a caller's mistake must

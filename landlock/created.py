@@ -77,7 +77,7 @@ class CreatedRuleset:
         if self._enforceable and self.fd < 0:
             raise LandlockError("ruleset is closed")
 
-    def add_path_fd(self, fd: int, access: AccessFs) -> None:
+    def add_path_fd(self, fd: int, access: AccessFs | int) -> None:
         """Add a rule for an open fd (O_PATH is fine; not closed here), with the same checks,
         ABI masking and dir-only stripping as :meth:`Ruleset.add_path`."""
         self._check_open()

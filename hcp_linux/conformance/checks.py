@@ -25,7 +25,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
 from ..policy import Policy
@@ -197,8 +197,8 @@ def native_local_opt_in(h: Harness, ev: Evidence) -> str:
     c = h.cli(["run", "--jail", jail, "--no-sandbox", "--native-local", "--", "sh", "-c",
                'echo "$HCP_SANDBOX" > ran'])
     if _ran(ev, "CLI --no-sandbox --native-local", c):
-        got = marker.read_text() if marker.exists() else None
-        ev.require(got == "native-local\n", f"both flags: child saw HCP_SANDBOX={got!r}")
+        seen = marker.read_text() if marker.exists() else None
+        ev.require(seen == "native-local\n", f"both flags: child saw HCP_SANDBOX={seen!r}")
     return _verdict(ev, "each switch alone is refused (library, policy file, CLI); both "
                         "together give native-local")
 
@@ -677,7 +677,7 @@ def isolation_is_runtime(h: Harness, ev: Evidence) -> str:
     before = _tree_digest(root)
     host = h.mkdir("host")
     h.write(host / "in.txt", "hello pack\n")
-    configs = [
+    configs: list[tuple[str, dict[str, Any], str]] = [
         ("default", {}, "sandbox"),
         ("stricter: limits, timeout, runtime allow-list",
          {"limits": {"nproc": 128, "nofile": 256, "fsize": "16m"}, "timeout": h.timeout,
@@ -687,7 +687,7 @@ def isolation_is_runtime(h: Harness, ev: Evidence) -> str:
         ("looser: host network", {"network": "host"}, "sandbox"),
         ("native-local", {"sandbox": False, "native_local": True}, "native-local"),
     ]
-    outputs = set()
+    outputs: set[str | None] = set()
     for name, fields, mode in configs:
         out = host / f"out-{len(outputs)}-{secrets.token_hex(2)}.txt"
         ev.try_(f"{name}: bin/tool --file in.txt -o {out.name}")

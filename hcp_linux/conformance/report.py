@@ -96,13 +96,13 @@ def format_text(report: Report) -> str:
             out.append(f"    {'rule:':<10}{r.requirement}")
             out.append(f"    {'enforced:':<10}{r.enforced_by}")
             out.extend(_evidence_lines(r))
-    c = report.counts
+    n = report.counts
     out.append("")
-    out.append(f"{len(report.results)} checks: {c[PASS]} pass, {c[FAIL]} fail, "
-               f"{c[NOT_APPLICABLE]} not applicable ({report.duration:.1f}s) — "
+    out.append(f"{len(report.results)} checks: {n[PASS]} pass, {n[FAIL]} fail, "
+               f"{n[NOT_APPLICABLE]} not applicable ({report.duration:.1f}s) — "
                + ("CONFORMANT on this host" if report.ok else "NOT CONFORMANT: "
                   + ", ".join(report.ids(FAIL))))
-    if report.ok and c[NOT_APPLICABLE]:
+    if report.ok and n[NOT_APPLICABLE]:
         out.append("(not applicable: " + ", ".join(report.ids(NOT_APPLICABLE)) + ")")
     out.append("full evidence: --json")
     return "\n".join(out)

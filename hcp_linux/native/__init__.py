@@ -66,6 +66,7 @@ _MASK = (1 << 64) - 1
 _default = "auto"
 _lock = threading.Lock()
 _binary: "str | None | bool" = False  # False: not looked up yet
+_missing = ""  # why _binary is None
 _broken: str | None = None  # why auto stopped using the native executor in this process
 _step_table: bytes | None = None
 #: How native spawns went in this process: a ready spare, one started on the spot, or hcp-exec
@@ -96,37 +97,86 @@ def source_digest() -> str:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
+def artifact_name() -> str:
+    """The binary's file name for the current source: a build of other source is not used."""
+    return "hcp-exec-" + source_digest()
+
+
 def artifact_path() -> str:
-    """Where the build puts the binary for the current source."""
-    return os.path.join(BUILD_DIR, "hcp-exec-" + source_digest())
+    """Where the build puts the binary for the current source (a platform wheel carries it
+    there too, listed in the wheel's RECORD, so that ``pip uninstall`` removes it)."""
+    return os.path.join(BUILD_DIR, artifact_name())
+
+
+def untrusted(path: str) -> str | None:
+    """Why ``path`` must not be run as hcp-exec, or None: it must be a regular, executable
+    file, owned by root or by us, and writable by nobody else, except the group when the
+    group can write this very module too (pip installs a wheel's files as 0o775/0o664 under
+    umask 002, Ubuntu's default for users: whoever can rewrite the binary then can already
+    rewrite the Python that runs it, so refusing it protects nothing)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path}: not a regular file"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{path}: owned by uid {st.st_uid}, neither root nor us"
+    loose = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if loose:
+        try:
+            own = os.stat(__file__)
+        except OSError:
+            own = None
+        if (loose & stat.S_IWOTH or own is None or not own.st_mode & stat.S_IWGRP
+                or (own.st_uid, own.st_gid) != (st.st_uid, st.st_gid)):
+            return f"{path}: writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if not os.access(path, os.X_OK):
+        return f"{path}: not executable"
+    return None
 
 
 def _trusted(path: str) -> bool:
-    """A regular, executable file, owned by root or by us, writable by nobody else."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return (stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and os.access(path, os.X_OK))
+    return untrusted(path) is None
 
 
 def binary() -> str | None:
     """The built hcp-exec for this source, or None (looked up once per process)."""
-    global _binary
+    return _lookup()[0]
+
+
+def _lookup() -> tuple[str | None, str]:
+    """(the trusted binary or None, why not), looked up once per process."""
+    global _binary, _missing
     if _binary is False:
         with _lock:
             if _binary is False:
                 try:
                     path = artifact_path()
-                except OSError:
-                    path = None
-                _binary = path if path is not None and _trusted(path) else None
-    return _binary  # type: ignore[return-value]
+                    why = untrusted(path)
+                except OSError as e:
+                    path, why = None, f"source {SOURCE}: {e.strerror}"
+                if why is not None and why.endswith(os.strerror(errno.ENOENT)):
+                    why = f"no binary for this source: {path} does not exist"
+                _missing = why or ""
+                _binary = path if why is None else None
+    return _binary, _missing  # type: ignore[return-value]
 
 
 def available() -> bool:
     return binary() is not None and _broken is None
+
+
+def status() -> tuple[str, str]:
+    """What ``auto`` uses and why: ("native", the binary's path) or ("ctypes", the reason
+    no native executor can run: no binary for this source, an untrusted one, or one the
+    kernel refused to exec in this process)."""
+    path, why = _lookup()
+    if path is None:
+        return "ctypes", why
+    if _broken is not None:
+        return "ctypes", _broken
+    return "native", path
 
 
 def selected(name: str | None = None) -> str:
@@ -139,10 +189,32 @@ def selected(name: str | None = None) -> str:
     return "native" if available() else "ctypes"
 
 
+#: The fallback's cost, measured on the 2-vCPU development VM: /bin/true through the ctypes
+#: executor 12.8-14.7 ms, through hcp-exec 3.6-3.9 ms (issue #16).
+FALLBACK_WARNING = ("hcp-linux: warning: native executor not available ({why}); using the ctypes "
+                    "fallback, ~3x slower per run: pip install a platform wheel, or run "
+                    "`python -m hcp_linux.native.build`")
+_warned = False
+
+
+def _warn_fallback() -> None:
+    """Say once per process that ``auto`` fell back to ctypes for want of a binary it can run
+    (never when the caller asked for ctypes): the slowdown must not be silent."""
+    global _warned
+    why = status()[1]  # before the lock: the lookup takes it
+    with _lock:
+        if _warned:
+            return
+        _warned = True
+    import sys
+    from ..errors import printable
+    print(FALLBACK_WARNING.format(why=printable(why)), file=sys.stderr)
+
+
 def _unavailable() -> Exception:
     from ..errors import SandboxError
-    why = _broken or ("not built for this source (run `make setup` or "
-                      "`python -m hcp_linux.native.build`; it needs a C compiler)")
+    why = _broken or (f"{_lookup()[1]} (install a platform wheel, or run `make setup` or "
+                      "`python -m hcp_linux.native.build`: it needs a C compiler)")
     return SandboxError(f"native executor unavailable: {why}")
 
 
@@ -268,8 +340,8 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     if view is None:
         view = view_bytes(plan)
     parts += [_U64(len(view)), view, _U64(len(plan.rlimits))]
-    for res, value in plan.rlimits:
-        parts += [_U64(res), _U64(value & _MASK)]
+    for res, limit in plan.rlimits:
+        parts += [_U64(res), _U64(limit & _MASK)]
     parts.append(_U64(len(plan.argv)))
     for arg in plan.argv:
         _str(parts, arg)
@@ -296,6 +368,8 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
     passed (makes_ruleset).
     """
     if selected(executor) == "ctypes":
+        if (executor or _default) == "auto":
+            _warn_fallback()
         return None
     exe = binary()
     if exe is None or _broken is not None:
@@ -332,8 +406,8 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
     try:  # from a thread that lasts: the run must not die with the spawning thread
         spare = on_lasting_thread(lambda: _make_spare(key + (None,)))
     except OSError as e:
-        pid = _cannot_exec(executor, exe, e)
-        return None if pid is None else (pid, False)
+        _cannot_exec(executor, exe, e)
+        return None
     if _hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
         stats["on_the_spot"] += 1
         pool.kick()
@@ -352,7 +426,8 @@ def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
         try:  # from a thread that lasts: the run must not die with the spawning thread
             return on_lasting_thread(lambda: spawn_hcp_exec(exe, fd, err_w, keep))
         except OSError as e:
-            return _cannot_exec(executor, exe, e)
+            _cannot_exec(executor, exe, e)
+            return None
     finally:
         os.close(fd)
 
@@ -366,6 +441,7 @@ def _cannot_exec(executor: str | None, exe: str, e: OSError) -> None:
         from ..errors import SandboxError
         raise SandboxError(f"native executor {exe}: {os.strerror(e.errno)}") from None
     _broken = f"{exe}: {os.strerror(e.errno)}"  # e.g. a noexec mount
+    _warn_fallback()
     return None
 
 
@@ -725,8 +801,8 @@ class _Pool:
                 key = self._short()
                 self.busy = True
             time.sleep(0.001)  # the spawning thread that kicked us is on its way to block
-            for spare in doomed:
-                _retire(spare)
+            for old in doomed:
+                _retire(old)
             if key is None:
                 continue
             try:

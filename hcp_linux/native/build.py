@@ -11,7 +11,12 @@ these that builds a binary that runs:
 - the system C compiler, dynamic (no libc.a).
 
 Optional by design: with no compiler, or when compiling fails, it says so and exits 0, and
-hcp-linux uses the ctypes executor. ``--check`` exits 1 when no binary is built.
+hcp-linux uses the ctypes executor. ``--check`` exits 1 when no binary is built. A package
+directory this user cannot write (hcp-linux installed by root, run by a user) is one line and
+exit 1: the binary is looked for only next to the source it was built from, owned by root or
+by its user (see ``untrusted``), so there is nowhere else to put it.
+
+The wheel build (setup.py) calls ``build_into`` to put the binary in the wheel.
 """
 from __future__ import annotations
 
@@ -24,6 +29,11 @@ import sys
 import tempfile
 
 from . import BUILD_DIR, SOURCE, _trusted, artifact_path
+
+#: Set to 0 to build without hcp-exec even when a C compiler is there (a wheel or an
+#: install that is to use the ctypes executor); 1 makes a failed build an error
+#: (platform wheels, CI). Unset: build when possible.
+ENV = "HCP_LINUX_NATIVE"
 
 CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-fstack-protector-strong",
           "-D_FORTIFY_SOURCE=2"]
@@ -76,22 +86,49 @@ def _runs(path: str) -> bool:
     return p.returncode == 2 and p.stderr.startswith(b"hcp-exec: ")
 
 
-def build(force: bool = False, quiet: bool = False) -> str | None:
-    """Path of the built binary, or None (with the reason on stderr unless quiet)."""
-    def say(msg: str) -> None:
-        if not quiet:
-            print(f"hcp-linux native executor: {msg}", file=sys.stderr)
+class CannotWrite(Exception):
+    """The build directory cannot be written by this user."""
 
+
+def build(force: bool = False, quiet: bool = False) -> str | None:
+    """Path of the built binary, or None (with the reason on stderr unless quiet); raises
+    CannotWrite when the package's build directory is not this user's to write."""
     out = artifact_path()
     if not force and _trusted(out):
-        say(f"up to date ({out})")
+        _say(quiet, f"up to date ({out})")
         return out
+    built = build_into(out, quiet)
+    if built is None:
+        return None
+    # Keep a few older builds: a running process may still hold the previous path.
+    builds = sorted(glob.glob(os.path.join(BUILD_DIR, "hcp-exec-*")), key=os.path.getmtime)
+    for old in builds[:-3]:
+        os.unlink(old)
+    return built[0]
+
+
+def _say(quiet: bool, msg: str) -> None:
+    if not quiet:
+        print(f"hcp-linux native executor: {msg}", file=sys.stderr)
+
+
+def build_into(out: str, quiet: bool = False) -> tuple[str, str] | None:
+    """Compile hcp-exec to ``out`` with the first recipe that makes a binary that runs:
+    (``out``, the recipe's name), or None when there is no compiler, ``HCP_LINUX_NATIVE=0``
+    or no recipe worked (said on stderr unless quiet)."""
+    if os.environ.get(ENV) == "0":
+        _say(quiet, f"{ENV}=0: not built; the ctypes executor will be used")
+        return None
     cc = compiler()
     if cc is None:
-        say("no C compiler found (cc, gcc, clang); the ctypes executor will be used")
+        _say(quiet, "no C compiler found (cc, gcc, clang); the ctypes executor will be used")
         return None
-    os.makedirs(BUILD_DIR, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".hcp-exec-", dir=BUILD_DIR)
+    directory = os.path.dirname(out)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".hcp-exec-", dir=directory)
+    except OSError as e:
+        raise CannotWrite(f"cannot write {directory}: {e.strerror}") from None
     os.close(fd)
     try:
         errors = ""
@@ -105,19 +142,15 @@ def build(force: bool = False, quiet: bool = False) -> str | None:
                 why = p.stderr if p.returncode else "the binary did not answer as hcp-exec"
                 errors += f"[{name}] {why}\n"
             else:
-                say(f"compiling failed; the ctypes executor will be used\n{errors}")
+                _say(quiet, f"compiling failed; the ctypes executor will be used\n{errors}")
                 return None
         os.replace(tmp, out)
         tmp = ""
     finally:
         if tmp:
             os.unlink(tmp)
-    # Keep a few older builds: a running process may still hold the previous path.
-    builds = sorted(glob.glob(os.path.join(BUILD_DIR, "hcp-exec-*")), key=os.path.getmtime)
-    for old in builds[:-3]:
-        os.unlink(old)
-    say(f"built {out} ({name})")
-    return out
+    _say(quiet, f"built {out} ({name})")
+    return out, name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--check", action="store_true", help="exit 1 when nothing is built")
     a = ap.parse_args(argv)
-    path = build(force=a.force, quiet=a.quiet)
+    try:
+        path = build(force=a.force, quiet=a.quiet)
+    except CannotWrite as e:
+        from ..errors import printable
+        print(f"hcp-linux native executor: {printable(str(e))} (the package belongs to "
+              f"another user: run this as that user, or install a platform wheel, which "
+              f"carries hcp-exec); the ctypes executor will be used", file=sys.stderr)
+        return 1
+    if path is None and os.environ.get(ENV) == "1":
+        print(f"hcp-linux native executor: {ENV}=1 and nothing was built", file=sys.stderr)
+        return 1
     return 1 if a.check and path is None else 0
 
 
