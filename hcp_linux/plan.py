@@ -212,12 +212,12 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
                                         "network namespace, and none can be made here",
                                         REMEDIES["netns"])
         explicit.update(proxy_env())
-    env, removed, replaced = _child_env(caller_env, explicit, marker=policy.mode,
-                                        path=search_path, home=home, tmpdir=tmpdir)
+    child_env, removed, replaced = _child_env(caller_env, explicit, marker=policy.mode,
+                                              path=search_path, home=home, tmpdir=tmpdir)
     plan = Plan(
         policy=policy, mode=policy.mode, exe=os.fsencode(exe),
         argv=[a.encode() for a in argv],
-        env=env,
+        env=child_env,
         cwd=os.fsencode(workdir), layers=layers, parent_pid=os.getpid(),
         uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
         env_replaced=replaced,

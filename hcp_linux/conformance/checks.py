@@ -782,7 +782,8 @@ def mode_none_scratch(h: Harness, ev: Evidence) -> str:
         home = _stdout(r3).strip()
         ev.require(home != str(homed.parent) and not (homed.parent / "h").exists(),
                    f"HOME is the pack root: {home}")
-        ev.require(home and not os.path.exists(home), f"the scratch HOME {home} survived")
+        ev.require(bool(home) and not os.path.exists(home),
+                   f"the scratch HOME {home} survived")
     left = os.listdir(h.dir / "tmp")
     ev.require(left == [], f"leftovers in the driver's tmp dir: {left}")
     return _verdict(ev, "private TMPDIR per exec, writable HOME (home_env) outside the pack, "
