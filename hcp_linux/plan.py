@@ -58,6 +58,12 @@ _RO_ACCESS = _FS.EXECUTE | _FS.READ_FILE | _FS.READ_DIR
 _DEV_ACCESS = _FS.READ_FILE | _FS.WRITE_FILE | _FS.TRUNCATE
 _PROC_ACCESS = _FS.READ_FILE | _FS.READ_DIR
 
+#: The Landlock ABI whose rights, network rights and scopes the policy handles. Pinned rather
+#: than the binding's LATEST_ABI (the moving target rust-landlock warns against): when the
+#: binding learns a newer ABI, what a command may do changes only when this is bumped, with
+#: tests/test_landlock_policy_abi.py, which lists the handled rights by name, updated with it.
+POLICY_ABI = 8
+
 #: Landlock rights the default policy cannot do without: truncate (ABI 3) would otherwise be
 #: unmediated. Scopes (ABI 6) are required only where no namespace covers for them.
 _REQUIRED_FS = landlock.AccessFs.from_abi(3)
@@ -533,7 +539,7 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
     for root in policy.readable_roots + tuple(prefixes):  # a read-only jail among them
         grants.append((root, _RO_ACCESS, ro_attrs, False))
     # Ask for every right this binding knows; the ruleset masks what the kernel lacks.
-    full = int(landlock.AccessFs.from_abi(landlock.LATEST_ABI))
+    full = int(landlock.AccessFs.from_abi(POLICY_ABI))
     for root in policy.writable_roots:
         grants.append((root, full, rw_attrs, True))
     for dev in DEVICES:
@@ -602,7 +608,7 @@ def _masks(policy: Policy, granted: Sequence[str]) -> list[tuple[bytes, bool]]:
 
 
 def _landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Ruleset":
-    latest = landlock.LATEST_ABI
+    pinned = POLICY_ABI
     try:
         abi = landlock.abi_version()
     except landlock.SyscallError as e:  # e.g. a seccomp filter on this process refuses it
@@ -614,17 +620,17 @@ def _landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Rules
     handled_net = landlock.AccessNet(0)
     if "netns" not in layers and policy.network == "none":
         # No private network namespace: refuse every TCP bind and connect instead.
-        handled_net = landlock.AccessNet.from_abi(latest)
+        handled_net = landlock.AccessNet.from_abi(pinned)
     required: list = [_REQUIRED_FS]
     if not {"netns", "pidns"} <= layers:
         # Scopes stand in for the namespaces that would otherwise isolate abstract unix
         # sockets (netns) and hide outside processes from kill() (pidns).
-        required.append(landlock.Scope.from_abi(latest))
+        required.append(landlock.Scope.from_abi(pinned))
     if handled_net:
         required.append(handled_net)
     try:
-        return landlock.Ruleset(handled_fs=landlock.AccessFs.from_abi(latest),
-                                handled_net=handled_net, scoped=landlock.Scope.from_abi(latest),
+        return landlock.Ruleset(handled_fs=landlock.AccessFs.from_abi(pinned),
+                                handled_net=handled_net, scoped=landlock.Scope.from_abi(pinned),
                                 required=tuple(required))
     except (landlock.UnsupportedError, landlock.IncompatibleError) as e:
         raise LayerUnavailableError("landlock", str(e), REMEDIES["landlock"]) from None
