@@ -1,7 +1,7 @@
 """`hcp-linux` / `python -m hcp_linux`: run a command confined, probe the host, reclaim leftovers.
 
 Every refusal is one line on stderr, ``error: sandbox: <what>``, with the exit status of
-DESIGN §5 (the README's table), and nothing spawned or written.
+the README's table of exit statuses, and nothing spawned or written.
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        """A usage error is one line, with the prefix of every refusal, and exit 2 (DESIGN
-        §5); argparse's own form is two (usage, then "prog: error: ...") and shows what the
+        """A usage error is one line, with the prefix of every refusal, and exit 2 (the
+        README's table); argparse's own form is two (usage, then "prog: error: ...") and shows what the
         user typed raw: a control character in argv could add lines or move the cursor."""
         print(f"error: sandbox: {printable(message)} (see '{self.prog} --help')",
               file=sys.stderr)

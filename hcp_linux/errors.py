@@ -4,7 +4,7 @@ The CLI prints every one of them as a single ``error: sandbox: <message>`` line.
 """
 from __future__ import annotations
 
-# Exit statuses of `hcp-linux run` (DESIGN §5; the README lists them).
+# Exit statuses of `hcp-linux run` (the README lists them).
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
 EXIT_REFUSED = 125

@@ -19,7 +19,7 @@ from .environment import check_explicit
 from .errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
 
-#: Read-only system roots of the default policy (DESIGN §4). Missing ones are simply absent.
+#: Read-only system roots of the default policy (docs/policy.md). Missing ones are simply absent.
 DEFAULT_SYSTEM_ROOTS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt")
 
 #: Layers a policy can require; each one can be given up with ``allow_degraded``.

@@ -28,7 +28,7 @@ TIMEOUT = 60  # seconds, for every subprocess a test starts
 
 ERROR_PREFIX = "error: sandbox: "
 
-# exit statuses of `hcp-linux run` (DESIGN §5)
+# exit statuses of `hcp-linux run` (the README's table)
 EXIT_USAGE, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND = 2, 124, 125, 126, 127
 
 Arg = "str | bytes | os.PathLike[str]"

@@ -4,7 +4,7 @@ Targets: the CLI's argv (in process, through ``hcp_linux.cli.main``, and a few t
 program), TOML policy files loaded as ``--policy FILE`` loads them, and pack manifests loaded
 as ``--pack FILE`` loads them.
 
-Invariants, for every input (DESIGN §5, §8; README "Exit statuses and messages"):
+Invariants, for every input (README "Exit statuses"; docs/failure-paths.md):
 
 * no exception escapes but the project's ``SandboxError`` subclasses, or ``SystemExit`` from
   argparse (2; 0 for ``--help``);

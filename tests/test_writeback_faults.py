@@ -1,4 +1,4 @@
-"""Writeback when things go wrong (DESIGN §8), and reclaiming what a killed runtime left.
+"""Writeback when things go wrong (docs/failure-paths.md), and reclaiming what a killed runtime left.
 
 Real file systems, real processes: a full tmpfs (mounted on the host as root; in a mount
 namespace of our own otherwise), a destination directory removed during the run, an immutable

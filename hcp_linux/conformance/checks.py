@@ -1,4 +1,7 @@
-"""One check per normative rule of HCP §10 (seeds/hcp-10-sandbox.md), plus hardening canaries.
+"""One check per normative rule of HCP §10, plus hardening canaries.
+
+The rules are those of https://harnesscontextprotocol.io/docs/specification/sandbox, quoted
+in each check's ``requirement``.
 
 Every check does the thing for real through the public surfaces (the Python API, the
 ``hcp-linux`` CLI, the HCP driver) and judges what happened on the host: files on disk, bytes
@@ -1092,7 +1095,7 @@ def writeback(h: Harness, ev: Evidence) -> str:
 @check("canary-fs-outside-jail", "hardening", "Files outside the granted roots cannot be "
        "read, written, executed or listed",
        requirement="Only granted paths exist: reads, writes and execs outside the roots fail "
-                   "(§10.2.2 jail, DESIGN §4).",
+                   "(§10.2.2 jail, the default policy).",
        enforced_by="mount view (mountns) or Landlock; either alone suffices")
 def fs_outside_jail(h: Harness, ev: Evidence) -> str:
     secret = _token()
@@ -1179,7 +1182,7 @@ def _meta_state(p: Path) -> tuple:
 
 @check("canary-metadata-outside-jail", "hardening", "chmod, chown, utime and xattrs outside "
        "the writable roots fail",
-       requirement="Metadata writes outside the writable roots fail (DESIGN §4: Landlock does "
+       requirement="Metadata writes outside the writable roots fail (Landlock does "
                    "not mediate them; the read-only mount view does).",
        enforced_by="mount view (mountns) only: Landlock does not mediate metadata")
 def metadata_outside(h: Harness, ev: Evidence) -> str:
@@ -1232,7 +1235,7 @@ for host, port in zip(args[::2], args[1::2]):
 
 @check("canary-host-loopback", "hardening", "A host loopback listener gets no connection",
        requirement="No network: host loopback services, the LAN and the internet are "
-                   "unreachable (DESIGN §4).",
+                   "unreachable.",
        enforced_by="network namespace, or Landlock TCP rules, or seccomp network-off; any "
                    "one suffices")
 def host_loopback(h: Harness, ev: Evidence) -> str:
@@ -1294,7 +1297,7 @@ else:
 
 @check("canary-nested-namespaces", "hardening", "The command cannot create namespaces",
        requirement="Namespaces (unshare, clone flags) are refused inside the sandbox "
-                   "(DESIGN §4 seccomp).",
+                   "(the default policy's seccomp blocklist, docs/policy.md).",
        enforced_by="seccomp (unshare, clone flags, clone3)")
 def nested_namespaces(h: Harness, ev: Evidence) -> str:
     jail = h.mkdir("jail")
@@ -1375,14 +1378,14 @@ def _foreign_abi(h: Harness, ev: Evidence, name: str, source: str, what: str) ->
 
 
 @check("canary-i386-int80", "hardening", "An i386 system call (int 0x80) kills the process",
-       requirement="Foreign-arch (i386 int 0x80) calls kill the process (DESIGN §4).",
+       requirement="Foreign-arch (i386 int 0x80) calls kill the process.",
        enforced_by="seccomp (arch check, KILL_PROCESS)")
 def i386_int80(h: Harness, ev: Evidence) -> str:
     return _foreign_abi(h, ev, "int80_getpid", _INT80_C, "an i386 int 0x80 call")
 
 
 @check("canary-x32-syscall", "hardening", "An x32-ABI system call kills the process",
-       requirement="x32 numbers kill the process (DESIGN §4).",
+       requirement="x32 numbers kill the process.",
        enforced_by="seccomp (x32 bit check, KILL_PROCESS)")
 def x32_syscall(h: Harness, ev: Evidence) -> str:
     return _foreign_abi(h, ev, "x32_getpid", _X32_C, "an x32 call")
@@ -1400,7 +1403,7 @@ if r >= 0:
 
 
 @check("canary-io-uring", "hardening", "io_uring_setup is refused",
-       requirement="io_uring is blocked: its operations bypass seccomp (DESIGN §4).",
+       requirement="io_uring is blocked: its operations bypass seccomp.",
        enforced_by="seccomp")
 def io_uring(h: Harness, ev: Evidence) -> str:
     if platform.machine() not in ("x86_64", "aarch64"):
@@ -1449,8 +1452,8 @@ print(" ".join(res))
 
 
 @check("canary-tiocsti", "hardening", "TIOCSTI cannot inject input into the terminal",
-       requirement="No terminal injection: TIOCSTI/TIOCLINUX refused, low 32 bits compared "
-                   "(DESIGN §4).",
+       requirement="No terminal injection: TIOCSTI/TIOCLINUX refused, low 32 bits "
+                   "compared.",
        enforced_by="seccomp (the command can make the terminal its controlling tty again, so "
                    "setsid alone does not stop it)")
 def tiocsti(h: Harness, ev: Evidence) -> str:
@@ -1485,7 +1488,7 @@ def tiocsti(h: Harness, ev: Evidence) -> str:
 
 @check("canary-proc-environ", "hardening", "The runtime's /proc/<pid>/environ is unreadable",
        requirement="Other processes' environments (the launcher's, the sandbox init's) are "
-                   "unreadable (DESIGN §4).",
+                   "unreadable.",
        enforced_by="pid namespace (outside pids invisible), or Landlock (ptrace scoping); "
                    "the init is non-dumpable")
 def proc_environ(h: Harness, ev: Evidence) -> str:
@@ -1566,7 +1569,7 @@ def proc_environ(h: Harness, ev: Evidence) -> str:
 
 
 @check("canary-signals", "hardening", "Signals cannot reach a process outside the sandbox",
-       requirement="No signals, ptrace or abstract sockets outward (DESIGN §4).",
+       requirement="No signals, ptrace or abstract sockets outward.",
        enforced_by="pid namespace (outside pids invisible), or Landlock signal scope (ABI 6)")
 def signals(h: Harness, ev: Evidence) -> str:
     jail = h.mkdir("jail")
