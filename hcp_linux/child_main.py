@@ -139,8 +139,10 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         if machine is None:
             raise ChildSetupError("seccomp", errno.ENOSYS, os.uname().machine)
         seccomp = (plan.seccomp.bpf, machine.seccomp_nr, SECCOMP_SET_MODE_FILTER)
+    from .launch import status_fields
     return {
         "fds": (tuple(stdio), proxy_fd, done_fd),
+        "ignored": int(status_fields("self", "SigIgn")["SigIgn"], 16),
         "ruleset": rules,
         "seccomp": seccomp,
         "binds": tuple((b.source, b.target, b.is_dir, b.dev, b.ino, b.attrs)
@@ -217,6 +219,22 @@ class _Filter:
         _call(self.nr, self.op, 0, ctypes.addressof(self._prog))
 
 
+def _ignore_as(runtime: int) -> None:
+    """Ignore what the runtime ignores (bit n-1: signal n), as a fork would, and nothing
+    more: posix_spawn made glibc's internal signals 32 and 33 ignored (the runtime had
+    handlers for them), and ignored stays ignored across the command's execve. The raw
+    syscall: glibc's sigaction() refuses 32 and 33. A zeroed kernel sigaction is SIG_DFL."""
+    import ctypes
+    with open("/proc/self/status", "rb") as f:
+        status = f.read()
+    ours = int(status.split(b"\nSigIgn:")[1].split()[0], 16)
+    nr = 13 if os.uname().machine == "x86_64" else 134  # as _libc: x86_64, else asm-generic
+    default = (ctypes.c_ulong * 4)()
+    for sig in range(1, 65):
+        if ours >> (sig - 1) & 1 and not runtime >> (sig - 1) & 1:
+            _call(nr, sig, ctypes.addressof(default), 0, 8)
+
+
 _NR_LANDLOCK_ADD_RULE, _NR_LANDLOCK_RESTRICT_SELF = 445, 446  # one number on every arch
 _LANDLOCK_RULE_PATH_BENEATH = 1
 
@@ -251,6 +269,7 @@ def main(args: list[str]) -> "NoReturn":
         for inherited in (err, *stdio, proxy_fd, done_fd, *fields["ruleset"][:1]):
             if inherited > 2:
                 os.set_inheritable(inherited, False)
+        _ignore_as(fields.pop("ignored"))
         ruleset = _Ruleset(*fields["ruleset"]) if fields["ruleset"] else None
         fields["seccomp"] = _Filter(*fields["seccomp"]) if fields["seccomp"] else None
         plan = _Plan(fields)
