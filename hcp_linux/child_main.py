@@ -23,8 +23,12 @@ clears close-on-exec; the helper sets it again at once). The mount view's binds 
 
 A single-threaded runtime still forks (:data:`FORK_WHEN_ALONE`): with no other thread there
 is nothing a lock could be held by, the count is exact (only the counting thread could start
-another), and the fork is cheaper. Measured on this 2-CPU host (median of /bin/true runs,
-bench/timing.py style, default policy, Python 3.11): see docs/executors.md.
+another), and the fork is cheaper. Measured (bench/ctypes_helper.py, median per /bin/true
+run, default policy, 2-CPU VM, Python 3.11): fork 13.5 ms, helper 19.9 ms in-process;
+`hcp-linux run` 87 vs 91 ms. The helper's extra is the interpreter's start without site
+(7.5 ms; 19 ms with it) and child.py's imports (~3 ms). An API runtime has a thread more
+(the reaper) from its second run on, so the fork is the CLI's and a first run's; the helper,
+the API's. docs/executors.md has the table.
 
 A helper that cannot start (``sys.executable`` empty, missing, not executable; ENOMEM) fails
 the run closed as :class:`ChildSetupError` with step ``helper``; one that starts but cannot
