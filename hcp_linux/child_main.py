@@ -31,8 +31,10 @@ run, default policy, 2-CPU VM, Python 3.11): fork 13.5 ms, helper 19.9 ms in-pro
 the API's. docs/executors.md has the table.
 
 A helper that cannot start (``sys.executable`` empty, missing, not executable; ENOMEM) fails
-the run closed as :class:`ChildSetupError` with step ``helper``; one that starts but cannot
-import this package or read its run reports step ``helper`` on the error pipe.
+the run closed as :class:`ChildSetupError` with step ``helper``; so does an interpreter that
+exits before its first line (it writes one byte on a start pipe first: EOF on the error pipe
+alone would read as an exec); one that runs but cannot import this package or read its run
+reports step ``helper`` on the error pipe.
 """
 from __future__ import annotations
 
@@ -50,10 +52,12 @@ if TYPE_CHECKING:
 #: Fork the runtime when it has no other thread (cheaper); else start the helper.
 FORK_WHEN_ALONE = True
 
-#: The helper's program: put this package's directory first on sys.path (no site: its
-#: start-up costs ~12 ms, and the package is found without it), run main(); an import that
-#: fails still answers on the error pipe, as step "helper", so it never reads as an exec.
+#: The helper's program: say it runs (one byte on the start pipe), put this package's
+#: directory first on sys.path (no site: its start-up costs ~12 ms, and the package is found
+#: without it), run main(); an import that fails still answers on the error pipe, as step
+#: "helper", so it never reads as an exec.
 _BOOT = ("import os,sys\n"
+         "a=int(sys.argv[4]);os.write(a,b'+');os.close(a)\n"
          "try:\n"
          " sys.path.insert(0,sys.argv[1]);from hcp_linux.child_main import main\n"
          "except BaseException as e:\n"
@@ -106,17 +110,48 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
         raise ChildSetupError("helper", errno.ENOENT, "sys.executable is empty")
     blob = marshal.dumps(message(plan, stdio, ruleset, proxy_fd, done_fd))
     fd = memfd(blob)
+    started_r, started_w = os.pipe2(os.O_CLOEXEC)
     try:
-        keep = {fd, err_w, *stdio, proxy_fd, done_fd, -1 if ruleset is None else ruleset.fd}
+        keep = {fd, started_w, err_w, *stdio, proxy_fd, done_fd,
+                -1 if ruleset is None else ruleset.fd}
         actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
         head = STEP_INDEX["helper"].to_bytes(2, "little") + errno.EIO.to_bytes(2, "little")
-        argv = [exe, "-I", "-S", "-c", _BOOT % head, _ROOT, str(err_w), str(fd), MARKER]
+        argv = [exe, "-I", "-S", "-c", _BOOT % head, _ROOT, str(err_w), str(fd),
+                str(started_w), MARKER]
         try:
-            return os.posix_spawn(exe, argv, os.environ, file_actions=actions)
+            pid = os.posix_spawn(exe, argv, os.environ, file_actions=actions)
         except OSError as e:
             raise ChildSetupError("helper", e.errno or errno.EIO, exe) from None
+        os.close(started_w)
+        started_w = -1
+        _started(pid, started_r, exe)
+        return pid
     finally:
-        os.close(fd)
+        for end in (fd, started_r, started_w):
+            if end >= 0:
+                os.close(end)
+
+
+def _started(pid: int, started_r: int, exe: str) -> None:
+    """Wait until the helper runs our first line: an interpreter that dies in its own
+    start-up (no memory, a broken install, a sys.executable that is no Python) must not
+    read as an exec (EOF on the error pipe). Bounded by SETUP_TIMEOUT; killed and reaped
+    if it does not say it runs, or on an interrupt (^C) meanwhile."""
+    import errno
+    import signal
+
+    from . import teardown
+    from .errors import ChildSetupError, SetupTimeoutError
+    try:
+        if not teardown.readable(started_r, teardown.SETUP_TIMEOUT):
+            raise SetupTimeoutError(teardown.SETUP_TIMEOUT)
+        if os.read(started_r, 1) == b"+":
+            return
+        raise ChildSetupError("helper", errno.EIO, f"{exe} exited before it ran the helper")
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)  # our child, not yet reaped: the pid is still its own
+        os.waitpid(pid, 0)
+        raise
 
 
 def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset | None",
@@ -254,7 +289,7 @@ def _call(nr: int, *args: "int | bytes") -> None:
 
 
 def main(args: list[str]) -> "NoReturn":
-    """The helper: ``ERR_FD PLAN_FD MARKER``. Becomes the run's monitor (child.run)."""
+    """The helper: ``ERR_FD PLAN_FD STARTED_FD MARKER``. Becomes the run's monitor."""
     import errno
     import marshal
 

@@ -308,6 +308,13 @@ def test_a_helper_that_cannot_start_fails_closed(jail: Path, busy_runtime: None,
     with pytest.raises(ChildSetupError) as e:
         sb.run(["/bin/true"], timeout=TIMEOUT)
     assert e.value.step == "helper"
+    # an executable that is no Python exits without starting the helper: not an exec
+    marker = jail / "ran"
+    monkeypatch.setattr(sys, "executable", "/bin/true")
+    with pytest.raises(ChildSetupError) as e:
+        sb.run(["/bin/sh", "-c", f"touch {marker}"], timeout=TIMEOUT)
+    assert e.value.step == "helper" and "exited before it ran the helper" in str(e.value)
+    assert not marker.exists()
 
 
 def test_a_helper_that_cannot_import_us_reports_it(jail: Path, busy_runtime: None,
