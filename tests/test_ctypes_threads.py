@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -144,6 +145,26 @@ def test_the_steps_run_in_a_fresh_helper_unless_the_runtime_has_one_thread(
         runtime.communicate("", timeout=TIMEOUT)
     assert runtime.returncode == 0
     assert not processes_with(token)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="CPython warns of a threaded fork from 3.12")
+@pytest.mark.parametrize("start", ["helper", "control-forced-fork"])
+def test_cpython_sees_no_fork_of_a_threaded_runtime(jail: Path, start: str, busy_runtime: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPython's own detector (3.12+: a DeprecationWarning when os.fork() runs while the
+    process has other threads, counted by the kernel) says nothing of a run from a busy
+    runtime; the control, the old behaviour (a fork whatever the threads, forced here),
+    trips it."""
+    if start != "helper":
+        monkeypatch.setattr(child_main, "threads", lambda: 1)
+    sb = Sandbox(Policy(jail=str(jail)), executor="ctypes")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        r = sb.run(["/bin/true"], timeout=TIMEOUT)
+    assert r.returncode == 0
+    forks = [w for w in caught if issubclass(w.category, DeprecationWarning)
+             and "multi-threaded" in str(w.message) and "fork()" in str(w.message)]
+    assert bool(forks) == (start != "helper"), [str(w.message) for w in caught]
 
 
 # --- runs from a busy runtime ------------------------------------------------------------------
