@@ -200,6 +200,31 @@ def test_the_confinement_holds_from_a_busy_runtime(jail: Path, ro_root: Path,
     assert control.returncode == 0 and target.read_text() == "x\n"
 
 
+def test_landlock_without_a_mount_view_holds_from_a_busy_runtime(jail: Path, tmp_path: Path,
+                                                                 busy_runtime: None) -> None:
+    """Without a mount view only Landlock fences the host's files: the ruleset the runtime
+    made and checked, handed to the helper by its fd, with the rule the helper adds for
+    /proc, restricts the command: a write beside the jail is refused and absent after, while
+    a read of /proc/self works; the same write unconfined lands (control)."""
+    from hcp_linux import executor
+    from hcp_linux.plan import compile_plan
+    from hcp_linux.policy import LAYERS
+    beside = tmp_path / "beside"
+    script = f"head -c0 /proc/self/status && echo proc-ok; touch {beside}"
+    plan = compile_plan(Policy(jail=str(jail)), ["/bin/sh", "-c", script],
+                        layers=frozenset(LAYERS) - {"mountns"})
+    assert plan.landlock is not None and plan.late_rules
+    try:
+        p = executor.spawn(plan, stdout=executor.PIPE, stderr=executor.PIPE, executor="ctypes")
+        out, err = p.communicate(timeout=TIMEOUT)
+    finally:
+        plan.close()
+    assert out == b"proc-ok\n" and b"Permission denied" in err and p.returncode != 0
+    assert not beside.exists()
+    assert subprocess.run(["/bin/sh", "-c", f"touch {beside}"], timeout=TIMEOUT).returncode == 0
+    assert beside.exists()
+
+
 def test_the_command_gets_the_signal_dispositions_a_fork_would_give(jail: Path,
                                                                     busy_runtime: None) -> None:
     """posix_spawn leaves glibc's internal signals 32 and 33 ignored in the helper, and
