@@ -57,7 +57,10 @@ FORK_WHEN_ALONE = True
 #: without it), run main(); an import that fails still answers on the error pipe, as step
 #: "helper", so it never reads as an exec.
 _BOOT = ("import os,sys\n"
-         "a=int(sys.argv[4]);os.write(a,b'+');os.close(a)\n"
+         "try:\n"
+         " a=int(sys.argv[4]);os.write(a,b'+');os.close(a)\n"
+         "except OSError:\n"
+         " os._exit(125)\n"  # the runtime is gone (EPIPE): nothing to say, nobody to say it to
          "try:\n"
          " sys.path.insert(0,sys.argv[1]);from hcp_linux.child_main import main\n"
          "except BaseException as e:\n"
