@@ -1,13 +1,19 @@
 """The child side of a confined spawn: a fixed list of steps, then execve.
 
-Everything here runs between fork and exec. It only executes what the Plan precomputed:
-no configuration is read, nothing is imported, nothing is logged. A failing step writes
-(step, errno, detail) to the error pipe and exits 125; the parent turns that into
-``error: sandbox: <step>: <strerror>``.
+Everything here runs in the monitor the runtime started, until exec. It only executes what
+the Plan precomputed: no configuration is read, nothing is imported, nothing is logged. A
+failing step writes (step, errno, detail) to the error pipe and exits 125; the parent turns
+that into ``error: sandbox: <step>: <strerror>``.
+
+The monitor is a fork of the runtime only while the runtime has a single thread; otherwise a
+fresh helper interpreter, posix_spawn'd (:mod:`hcp_linux.child_main`): Python never runs in
+a fork of a multi-threaded process. So this module imports only what that helper can afford
+at start-up: no typing, and ``_signal`` and ``_socket`` rather than their Python wrappers,
+which import enum (~4 ms of the helper's start).
 
 Process shape (the pid namespace needs a fork after unshare):
 
-    parent ──fork──► monitor (C1): session, namespaces, uid/gid maps
+    parent ──fork (or the helper)──► monitor (C1): session, namespaces, uid/gid maps
                         └──fork──► payload (C2): pid 1 of the new pid namespace; mount view,
                                    loopback, no_new_privs, capabilities, Landlock, seccomp, exec
 
@@ -21,14 +27,17 @@ import errno
 import fcntl
 import os
 import resource
-import signal
-import socket
 import struct
-from typing import TYPE_CHECKING, NoReturn
+
+import _signal
+import _socket
 
 from . import _libc as L
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
+    from typing import NoReturn
+
     from hcp_linux.landlock import CreatedRuleset
 
     from .plan import Plan
@@ -40,7 +49,7 @@ STEPS = (
     "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary", "pivot-root",
     "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
     "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "fork-command", "verify",
-    "execve",
+    "execve", "helper",
 )
 STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
 
@@ -99,7 +108,7 @@ def _monitor(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
     # cannot inject input (seccomp refuses them too), and the run is its own process group.
     _step("setsid", os.setsid)
     # Die with the parent; a parent that already died before prctl is caught by the check.
-    _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
+    _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, _signal.SIGKILL)
     if os.getppid() != plan.parent_pid:
         os._exit(125)
     layers = plan.layers
@@ -141,11 +150,11 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     """
     _close_all_but(status_r)
     # A graceful stop (terminate()) reaches the command through the init, which forwards it.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, _f: _kill_quietly(pid, s))
+    for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(sig, lambda s, _f: _kill_quietly(pid, s))
     # KILL_REQUEST: kill the init; its exit waits until the kernel has killed and reaped every
     # process of the namespace, so when we exit (and the parent's wait() returns) all is gone.
-    signal.signal(KILL_REQUEST, lambda _s, _f: _kill_quietly(pid, signal.SIGKILL))
+    _signal.signal(KILL_REQUEST, lambda _s, _f: _kill_quietly(pid, _signal.SIGKILL))
     data = b""
     while chunk := os.read(status_r, 4):
         data += chunk
@@ -155,9 +164,9 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if signum != signal.SIGKILL:  # SIGKILL's action cannot be changed (and needs no reset)
-            signal.signal(signum, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        if signum != _signal.SIGKILL:  # SIGKILL's action cannot be changed (and needs no reset)
+            _signal.signal(signum, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [signum])
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)  # signals whose default action is not to terminate
     os._exit(os.waitstatus_to_exitcode(status))
@@ -174,7 +183,7 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
              status_w: int) -> NoReturn:
     if "pidns" in plan.layers:
         # pid 1 of the sandbox dies with the monitor; the kernel then empties the namespace.
-        _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, _signal.SIGKILL)
     if "mountns" in plan.layers:
         _build_mount_view(plan)
     if "netns" in plan.layers:
@@ -207,7 +216,7 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     # nothing in the sandbox can read or write our memory.
     pid = _step("fork-command", os.fork)
     if pid == 0:
-        _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, _signal.SIGKILL)
         # A session of its own, so a scheduler autogroup of its own: a fork bomb in the
         # command's tree then shares the CPU among itself, and the init and monitor, which
         # must run to end the run, are not starved by it (as bubblewrap's --new-session).
@@ -229,10 +238,10 @@ def _close_all_but(*keep: int) -> None:
 
 
 #: Sent to the monitor by SandboxProcess.kill(): "kill the whole sandbox, then exit".
-KILL_REQUEST = signal.SIGUSR1
+KILL_REQUEST = _signal.SIGUSR1
 
-_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-              signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT)
+_FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1,
+              _signal.SIGUSR2, _signal.SIGWINCH, _signal.SIGCONT)
 
 
 def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
@@ -245,7 +254,7 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
     down, then to the monitor."""
     L.prctl(L.PR_SET_DUMPABLE, 0)
     for sig in _FORWARDED:
-        signal.signal(sig, lambda s, _f: _kill_quietly(command, s))
+        _signal.signal(sig, lambda s, _f: _kill_quietly(command, s))
     command_status = None
     while True:
         try:
@@ -255,10 +264,10 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
         if pid == command:
             command_status = status
             for sig in _FORWARDED:
-                signal.signal(sig, lambda s, _f: _kill_quietly(-1, s))  # to all that remain
+                _signal.signal(sig, lambda s, _f: _kill_quietly(-1, s))  # to all that remain
             if not wait_for_tree:
                 try:
-                    os.kill(-1, signal.SIGKILL)
+                    os.kill(-1, _signal.SIGKILL)
                 except ProcessLookupError:  # nothing else runs
                     pass
     if command_status is None:
@@ -286,12 +295,12 @@ def _kill_quietly(pid: int, sig: int) -> None:
 #: Signals the command gets at their default action whatever the runtime does with them: the
 #: Python runtime ignores these, ignored stays ignored across execve, and subprocess resets
 #: them (restore_signals). Both executors apply it (hcp-exec through the plan's ignored set).
-DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
 
 
 def _exec(plan: "Plan") -> NoReturn:
     for sig in DEFAULT_SIGNALS:
-        _step("execve", signal.signal, sig, signal.SIG_DFL)
+        _step("execve", _signal.signal, sig, _signal.SIG_DFL)
     try:
         os.execve(plan.exe, plan.argv, plan.env)
     except OSError as e:
@@ -399,7 +408,7 @@ def _mount_proc(fresh: bool) -> None:
 
 
 def _loopback_up() -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 0)
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM, 0)
     try:
         req = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req))[1]
@@ -412,12 +421,12 @@ def _proxy_listen(channel: int) -> None:
     """Listen for the egress proxy inside this network namespace and hand the listening
     socket to the parent (SCM_RIGHTS): the proxy accepts connections from inside the sandbox
     and dials out from the host's namespace. The sandbox gets no route of its own."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    ch = socket.socket(fileno=channel)
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    ch = _socket.socket(fileno=channel)
     try:
         s.bind(PROXY_ADDRESS)
         s.listen(128)
-        socket.send_fds(ch, [b"L"], [s.fileno()])
+        ch.sendmsg([b"L"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", s.fileno()))])
     finally:
         s.close()
         ch.close()

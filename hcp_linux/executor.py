@@ -19,7 +19,7 @@ import subprocess
 import time
 from typing import IO, Any, Callable
 
-from . import child, native, spawner, teardown
+from . import child, child_main, native, spawner, teardown
 from .errors import ChildSetupError, SetupTimeoutError
 from .plan import Plan
 from .popen import Stdio
@@ -521,7 +521,8 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
     try:
         if pidns:
             done_r, done_w = os.pipe2(os.O_CLOEXEC)
-        # hcp-exec through posix_spawn; None: this process forks the ctypes executor
+        # hcp-exec through posix_spawn; None: the ctypes executor (child_main: a fork of
+        # this process while it has one thread, else a fresh helper process)
         started = native.spawn(executor, plan, err_w, fds, child_end, done_w, ready_ok)
         if started is not None:
             (pid, ready), ran = started, "native"
@@ -529,15 +530,11 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
             if plan.landlock is not None:
                 ruleset = plan.landlock.create()
 
-            def fork() -> int:
-                pid = os.fork()
-                if pid == 0:
-                    os.close(err_r)
-                    child.run(plan, err_w, (fds[0], fds[1], fds[2]), ruleset, child_end,
-                              done_w)
-                return pid
+            def start() -> int:
+                return child_main.start(plan, err_w, (fds[0], fds[1], fds[2]), ruleset,
+                                        child_end, done_w, err_r)
             # from a thread that lasts: the run must not die with the spawning thread
-            pid, ready, ran = spawner.on_lasting_thread(fork), False, "ctypes"
+            pid, ready, ran = spawner.on_lasting_thread(start), False, "ctypes"
     except BaseException:
         for fd in (err_r, done_r):
             if fd >= 0:

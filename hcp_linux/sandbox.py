@@ -92,7 +92,7 @@ class Sandbox:
         if policy is not None and policy_fields:
             raise TypeError("give a Policy or policy fields, not both")
         self.policy = policy if policy is not None else Policy(**policy_fields)
-        # "native" (hcp-exec), "ctypes" (fork), "auto" (native when built); None: the
+        # "native" (hcp-exec), "ctypes" (the fallback), "auto" (native when built); None: the
         # process default (hcp_linux.native.set_default)
         self.executor = None if executor is None else native.check(executor)
 
