@@ -254,7 +254,7 @@ def command_of(a: argparse.Namespace) -> list[str]:
 
 def _run(a: argparse.Namespace) -> int:
     from .interrupt import EndOnSignal, end_by_signal
-    from .launch import end_of_run
+    from .run_end import end_of_run
     from .sandbox import Sandbox
 
     argv = command_of(a)

@@ -1,6 +1,6 @@
 """`hcp-linux serve --socket PATH`: plans for `hcp-linux run`, compiled in a warm process.
 
-A client (hcp_linux.launch, with ``HCP_LINUX_SERVER=PATH``) sends its `run` arguments and
+A client (hcp_linux.serve_client, with ``HCP_LINUX_SERVER=PATH``) sends its `run` arguments and
 its process state: cwd, environment, umask, ignored and blocked signals, hard limits, the
 terminals on its fds 0-2, and the fd number of its done pipe. The server answers
 with what the in-process run would do: the plan hcp-exec reads (compiled as if in the
@@ -34,11 +34,12 @@ from typing import Any
 from . import child, native
 from .cli import _parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
-from .launch import (PROTOCOL, encode, hard_limits, more_confined, peer, recv_frame,
-                     same_place)
+from .hcp_spawn import hard_limits
+from .peer import more_confined, peer, same_place
 from .plan import Plan
 from .policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
 from .sandbox import Sandbox
+from .serve_wire import PROTOCOL, encode, recv_frame
 
 #: A client that says nothing for this long is dropped (the server is sequential).
 REQUEST_TIMEOUT = 10.0
