@@ -1,4 +1,4 @@
-"""The `hcp-linux` command's entry point, and the client side of `hcp-linux serve`.
+"""The `hcp-linux` command's entry point: a served `run` (hcp_linux.serve_client), else the CLI.
 
 Python's start-up and the engine's imports cost `hcp-linux run` ~40 ms before the command
 runs. With ``HCP_LINUX_SERVER`` set to the socket of a running ``hcp-linux serve``, `run`
@@ -11,8 +11,8 @@ seccomp filters, cgroup, limits), never the server's. The server runs nothing.
 Anything unexpected (no server, a server that is not this user's or lives in other
 namespaces or under a confinement this process does not have, a policy file, a pack,
 ``--network allow``, a host without the layers the fast path needs) falls back to the
-ordinary in-process run, which gives the same result. This module imports only what that
-path needs (no dataclasses, subprocess, argparse...): that is the point of it.
+ordinary in-process run, which gives the same result. This module and the client import only
+what that path needs (no dataclasses, subprocess, argparse...): that is the point of them.
 """
 from __future__ import annotations
 
@@ -47,19 +47,14 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     server = os.environ.get("HCP_LINUX_SERVER")
     if server and args[:1] == ["run"]:
-        from .peer import bad_server_path
-        from .serve_client import _not_using, run_via_server
-        why = bad_server_path(server)
-        if why is not None:
-            _not_using(f"HCP_LINUX_SERVER={server}", why)
-        else:
-            try:
-                code = run_via_server(server, args)
-            except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
-                from .interrupt import die_by
-                die_by(2)
-            if code is not None:
-                _served = True
-                return code
+        from .serve_client import run_via_server
+        try:
+            code = run_via_server(server, args)
+        except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
+            from .interrupt import die_by
+            die_by(2)
+        if code is not None:
+            _served = True
+            return code
     from .cli import main as cli_main
     return cli_main(args)

@@ -35,7 +35,7 @@ from . import child, native
 from .cli import _parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
 from .hcp_spawn import hard_limits
-from .peer import more_confined, peer, same_place
+from .peer import MAX_SOCKET_PATH, more_confined, peer, same_place
 from .plan import Plan
 from .policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
 from .sandbox import Sandbox
@@ -63,10 +63,6 @@ def serve(path: str) -> int:
     finally:
         server.close()
     return 0
-
-
-#: The longest path a unix socket can be bound to (sun_path, with its NUL).
-MAX_SOCKET_PATH = 107
 
 
 def _socket_path(path: str) -> str:

@@ -9,7 +9,7 @@ import os
 import sys
 
 from .hcp_spawn import hard_limits, memfd, spawn_hcp_exec
-from .peer import more_confined, peer, same_place, status_fields
+from .peer import bad_server_path, more_confined, peer, same_place, status_fields
 from .run_end import end_of_run
 from .serve_wire import PROTOCOL, encode, recv_frame
 
@@ -48,7 +48,12 @@ def _unreachable(path: str, error: OSError) -> str | None:
 
 def run_via_server(path: str, args: list[str]) -> int | None:
     """`hcp-linux run ARGS` with the plan from the server at ``path``; None: run in-process
-    instead (and nothing was started)."""
+    instead (and nothing was started). A path that cannot name a server's socket is said
+    so, once."""
+    why = bad_server_path(path)
+    if why is not None:
+        _not_using(f"HCP_LINUX_SERVER={path}", why)
+        return None
     import _socket
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
