@@ -32,7 +32,7 @@ import sys
 from typing import Any
 
 from . import child, native
-from .cli import _parser, check_outputs, command_of, policy_from_args
+from .cli_args import _parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
 from .hcp_spawn import hard_limits
 from .peer import MAX_SOCKET_PATH, more_confined, peer, same_place

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-from hcp_linux import Policy, PolicyError, cli
+from hcp_linux import Policy, PolicyError, cli_args
 from hcp_linux.limits import Limits
 from hcp_linux.sandbox import confine
 from sandboxing import TIMEOUT
@@ -77,9 +77,9 @@ def _round_trip(policy: Policy, argv: list[str]) -> Policy:
     """The policy the CLI builds from ``confine``'s argv."""
     out = confine(argv, policy)
     assert out[:4] == [sys.executable, "-m", "hcp_linux", "run"]
-    args = cli._parser().parse_args(out[3:])
-    assert cli.command_of(args) == argv
-    return cli.policy_from_args(args)
+    args = cli_args._parser().parse_args(out[3:])
+    assert cli_args.command_of(args) == argv
+    return cli_args.policy_from_args(args)
 
 
 def _same(a: Policy, b: Policy) -> None:
