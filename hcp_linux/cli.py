@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-from .cli_args import _parser, check_outputs, command_of, policy_from_args
+from .cli_args import build_parser, check_outputs, command_of, policy_from_args
 from .errors import EXIT_USAGE, PolicyError, SandboxError, printable
 
 #: The subcommands, for the hint a bare `hcp-linux` prints.
@@ -140,7 +140,7 @@ def bare_usage(parser: argparse.ArgumentParser) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
+    parser = build_parser()
     if not args_list:
         return bare_usage(parser)
     args = parser.parse_args(args_list)

@@ -6,18 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import sys
 from typing import Any, NoReturn
 
-from . import __version__
-from .environment import is_injection_key
+from . import __version__, policy_flags
 from .errors import EXIT_USAGE, PolicyError, SandboxError, printable
-from .policy import DEFAULT_SECCOMP_PROFILES, DEFAULT_SYSTEM_ROOTS, NETWORK_MODES, Policy
-
-#: What `--env` accepts as a name: the portable shell name, as a pack's wrap.agent_env
-#: (anything else cannot be read by a shell and is most likely a mistake: "A B=1").
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+from .policy import Policy
+from .policy_flags import FIELDS
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -76,7 +71,8 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `hcp-linux` and its subcommands; it holds no state between parses."""
     p = _Parser(prog="hcp-linux", description="Linux confinement backend for HCP §10 Sandbox.")
     p.add_argument("--version", action="version", version=f"hcp-linux {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -90,41 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="let LAYER degrade in every run the checks make (repeatable)")
     r = sub.add_parser("run", help="run one command confined",
                        usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
-    r.add_argument("--jail", action=_Once,
-                   help="working directory and first writable root (default: cwd)")
-    r.add_argument("--read-only-jail", action="store_true",
-                   help="the jail is the working directory only, read-only (writes go to "
-                        "the private /tmp and the write roots)")
-    r.add_argument("--write-root", action="append", default=[], metavar="DIR")
-    r.add_argument("--read-only-root", action="append", default=[], metavar="DIR")
-    r.add_argument("--system-root", action="append", default=[], metavar="DIR",
-                   help="a read-only system root; given, these replace the default set "
-                        f"({' '.join(DEFAULT_SYSTEM_ROOTS)}) (repeatable)")
-    r.add_argument("--network", action=_Once,
-                   help=f"one of {', '.join(NETWORK_MODES)} (default none)")
-    r.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
-                   help="with --network allow: egress allowed to HOST (repeatable; *.example.com, "
-                        "IP literals, CIDRs)")
-    r.add_argument("--deny-host", action="append", default=[], metavar="HOST[:PORT]",
-                   help="with --network allow: refused even when an allow entry matches")
-    r.add_argument("--proxy-log", action=_Once, metavar="FILE",
-                   help="append each egress decision as JSON")
-    r.add_argument("--allow-bin", action="append", default=[], metavar="BIN")
-    r.add_argument("--policy", action=_Once, metavar="FILE",
-                   help="TOML policy file (keys as in Policy)")
-    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    r.add_argument("--timeout", action=_Once, type=float, metavar="SECONDS")
-    r.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER")
-    r.add_argument("--seccomp-profile", action="append", default=[], metavar="NAME",
-                   help="a seccomp profile to apply; given, these replace the default set "
-                        f"({' '.join(DEFAULT_SECCOMP_PROFILES)}) (repeatable)")
-    r.add_argument("--no-sandbox", action="store_true")
-    r.add_argument("--native-local", action="store_true")
-    r.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
-                   help="resource limit, e.g. nproc=256 fsize=1g as=4g tmp_size=512m "
-                        "(repeatable; 'unlimited' lifts one)")
-    r.add_argument("--on-exit", action=_Once, choices=("kill", "wait"),
-                   help="when the command exits: kill what it left running (default) or wait")
+    for f in FIELDS:  # the Policy fields' options (hcp_linux.policy_flags)
+        _add_field(r, f)
+        if f.name == "allow_bins":  # where --policy has always stood in the help
+            r.add_argument("--policy", action=_Once, metavar="FILE",
+                           help="TOML policy file (keys as in Policy)")
     r.add_argument("--receipt", action=_Once, metavar="FILE|-",
                    help="write the receipt as JSON ('-': stderr)")
     r.add_argument("--pack", action=_Once, metavar="FILE",
@@ -156,17 +122,7 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         check_cwd(" (give --jail DIR)")
     if a.policy == "":
         raise PolicyError("--policy: empty path")
-    env: dict[str, str] = {}
-    for item in a.env:
-        if not isinstance(item, str):  # argparse makes the value `--` of an append flag []
-            raise PolicyError("--env: expected KEY=VALUE, got '--'")
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise PolicyError(f"--env {item!r}: expected KEY=VALUE")
-        if not ENV_NAME.match(key) and not is_injection_key(key):  # that one has its message
-            raise PolicyError(f"--env: invalid variable name {key!r} (letters, digits and "
-                              f"_, not starting with a digit)")  # not the value: a secret?
-        env[key] = value
+    policy_flags.check_args(a)
     base: dict = {}
     if a.policy:
         # a file without a jail takes --jail's, not the cwd's (which may not be a valid one);
@@ -174,42 +130,19 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         fallback = {"jail": a.jail} if a.jail is not None else None
         from_file = Policy.from_toml(a.policy, fallback=fallback)
         base = {f.name: getattr(from_file, f.name) for f in dataclasses.fields(Policy)}
-    fields = dict(base)
-    if a.jail is not None:
-        fields["jail"] = a.jail
-    if a.read_only_jail:
-        fields["read_only_jail"] = True
-    fields["write_roots"] = tuple(base.get("write_roots", ())) + tuple(a.write_root)
-    fields["read_only_roots"] = tuple(base.get("read_only_roots", ())) + tuple(a.read_only_root)
-    fields["allow_bins"] = tuple(base.get("allow_bins", ())) + tuple(a.allow_bin)
-    for name, given in (("system_roots", a.system_root), ("seccomp_profiles", a.seccomp_profile)):
-        if given:  # sets with a default: given, they replace it (and a file's)
-            fields[name] = tuple(given)
-    fields["allow_hosts"] = tuple(base.get("allow_hosts", ())) + tuple(a.allow_host)
-    fields["deny_hosts"] = tuple(base.get("deny_hosts", ())) + tuple(a.deny_host)
-    if a.proxy_log is not None:
-        fields["proxy_log"] = a.proxy_log
-    fields["allow_degraded"] = tuple(base.get("allow_degraded", ())) + tuple(a.allow_degraded)
-    fields["env"] = {**dict(base.get("env", {})), **env}
-    limits = dict(base["limits"].as_dict()) if "limits" in base else {}
-    for item in a.limit:
-        if not isinstance(item, str):  # argparse makes the value `--` of an append flag []
-            raise PolicyError("--limit: expected KEY=VALUE, got '--'")
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SandboxError(f"--limit {item!r}: expected KEY=VALUE")
-        limits[key] = value  # Limits parses the text itself (hcp_linux.values)
-    fields["limits"] = limits
-    if a.on_exit is not None:
-        fields["on_exit"] = a.on_exit
-    if a.network is not None:
-        fields["network"] = a.network
-    if a.timeout is not None:
-        fields["timeout"] = a.timeout
-    if a.no_sandbox or a.native_local:
-        fields["sandbox"] = not a.no_sandbox
-        fields["native_local"] = a.native_local
-    return Policy(**fields)
+    return Policy(**policy_flags.merge(a, base))
+
+
+def _add_field(parser: argparse.ArgumentParser, f: policy_flags.Field) -> None:
+    """A Policy field's option of `run`, as policy_flags describes it."""
+    kwargs: dict[str, Any] = {"help": f.help, "metavar": f.metavar}
+    if f.takes == policy_flags.SWITCH:
+        kwargs = {"action": "store_true", "help": f.help}
+    elif f.takes == policy_flags.APPEND:
+        kwargs.update(action="append", default=[])
+    else:
+        kwargs.update(action=_Once, type=f.type, choices=f.choices)
+    parser.add_argument(f.flag, **kwargs)
 
 
 def check_cwd(hint: str = "") -> None:

@@ -32,7 +32,7 @@ import sys
 from typing import Any
 
 from . import child, native
-from .cli_args import _parser, check_outputs, command_of, policy_from_args
+from .cli_args import build_parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
 from .hcp_spawn import hard_limits
 from .peer import MAX_SOCKET_PATH, more_confined, peer, same_place
@@ -85,7 +85,7 @@ class _Server:
     def __init__(self, path: str) -> None:
         self.path = path
         self.listener, self.inode = _listen(path)
-        self.parser = _parser()  # holds no state between parses
+        self.parser = build_parser()  # holds no state between parses
         self.stopping = False
         try:
             _warm()
