@@ -24,7 +24,7 @@ from .interrupt import SIGNAL_NAMES, EndOnSignal, end_by_signal
 
 
 def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .cli import check_cwd, check_outputs, policy_from_args
+    from .cli_args import check_cwd, check_outputs, policy_from_args
     from .driver import DriverResult, Execution, LinuxDriver, WritebackReport
     from .pack import WORKSPACE
     from .workspace import default_state_dir, default_tmp_dir

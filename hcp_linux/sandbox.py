@@ -7,7 +7,6 @@ the receipt says.
 """
 from __future__ import annotations
 
-import dataclasses
 import errno
 import functools
 import os
@@ -22,8 +21,8 @@ from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                      LayerUnavailableError, PolicyError, SandboxError)
 from .executor import DEVNULL, PIPE, STDOUT, SandboxProcess
 from .plan import REMEDIES, Plan, clear_cache, compile_plan
-from .limits import Limits
-from .policy import DEFAULT_SECCOMP_PROFILES, DEFAULT_SYSTEM_ROOTS, LAYERS, Policy
+from .policy import LAYERS, Policy
+from .policy_flags import flags_of
 from .receipt import build_receipt
 
 __all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "release_resources", "PIPE",
@@ -271,65 +270,6 @@ class TimeoutExpired(subprocess.TimeoutExpired):
         self.receipt = receipt or {}
 
 
-def _repeated(flag: str) -> Callable[[Sequence[str]], list[str]]:
-    return lambda items: [f"{flag}={item}" for item in items]
-
-
-def _replacing(flag: str, default: tuple[str, ...], name: str
-               ) -> Callable[[Sequence[str]], list[str]]:
-    """A set with a default, which the flag replaces when given: so an empty set cannot be
-    said on the command line."""
-    def flags(items: Sequence[str]) -> list[str]:
-        if tuple(items) == default:
-            return []
-        if not items:
-            raise PolicyError(f"confine: {name} is empty, which the CLI cannot express "
-                              f"({flag} replaces the default set with the ones given)")
-        return [f"{flag}={item}" for item in items]
-    return flags
-
-
-def _limit_text(value: Any) -> str:
-    """A limit as ``--limit`` reads it back (values.py): exact digits, never an exponent."""
-    if value is None:
-        return "unlimited"
-    text = repr(value)
-    if "e" in text or "inf" in text or "nan" in text:
-        raise PolicyError(f"confine: limit {text} has no exact decimal form")
-    return text
-
-
-def _limits(limits: Limits) -> list[str]:
-    default = Limits().as_dict()
-    return [f"--limit={key}={_limit_text(value)}" for key, value in limits.as_dict().items()
-            if value != default[key]]
-
-
-#: How `hcp-linux run` says each Policy field: field -> its flags for a value. A field
-#: missing here is refused by confine(), never dropped (sandbox, native_local: see mode).
-_FLAGS: dict[str, Callable[[Any], list[str]]] = {
-    "jail": lambda jail: [f"--jail={jail}"],
-    "read_only_jail": lambda on: ["--read-only-jail"] if on else [],
-    "write_roots": _repeated("--write-root"),
-    "read_only_roots": _repeated("--read-only-root"),
-    "system_roots": _replacing("--system-root", DEFAULT_SYSTEM_ROOTS, "system_roots"),
-    "network": lambda mode: [] if mode == "none" else [f"--network={mode}"],
-    "allow_bins": _repeated("--allow-bin"),
-    "env": lambda env: [f"--env={k}={v}" for k, v in env.items()],
-    "allow_degraded": lambda layers: [f"--allow-degraded={x}" for x in sorted(layers)],
-    "sandbox": lambda on: [] if on else ["--no-sandbox"],
-    "native_local": lambda on: ["--native-local"] if on else [],
-    "seccomp_profiles": _replacing("--seccomp-profile", DEFAULT_SECCOMP_PROFILES,
-                                   "seccomp_profiles"),
-    "timeout": lambda t: [] if t is None else [f"--timeout={t!r}"],
-    "allow_hosts": _repeated("--allow-host"),
-    "deny_hosts": _repeated("--deny-host"),
-    "proxy_log": lambda path: [] if path is None else [f"--proxy-log={path}"],
-    "limits": _limits,
-    "on_exit": lambda how: [] if how == "kill" else [f"--on-exit={how}"],
-}
-
-
 def confine(argv: Any, policy: Policy) -> list[str]:
     """The argv that runs ``argv`` confined under ``policy`` through the CLI (for callers in
     other languages): every field of the policy as its flag (``--flag=VALUE``, so that no
@@ -337,13 +277,7 @@ def confine(argv: Any, policy: Policy) -> list[str]:
     CLI cannot express is refused (PolicyError naming the field), never run with less.
     Writes nothing. ``argv`` as :meth:`Sandbox.spawn` takes it (a str is one program)."""
     command, _ = popen.command(argv, False, None)
-    out = [sys.executable, "-m", "hcp_linux", "run"]
-    for f in dataclasses.fields(Policy):
-        flags = _FLAGS.get(f.name)
-        if flags is None:
-            raise PolicyError(f"confine: the CLI has no flag for the policy field {f.name}")
-        out += flags(getattr(policy, f.name))
-    return out + ["--", *command]
+    return [sys.executable, "-m", "hcp_linux", "run", *flags_of(policy), "--", *command]
 
 
 def release_resources(timeout: float = 5.0) -> bool:

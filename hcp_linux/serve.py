@@ -1,6 +1,6 @@
 """`hcp-linux serve --socket PATH`: plans for `hcp-linux run`, compiled in a warm process.
 
-A client (hcp_linux.launch, with ``HCP_LINUX_SERVER=PATH``) sends its `run` arguments and
+A client (hcp_linux.serve_client, with ``HCP_LINUX_SERVER=PATH``) sends its `run` arguments and
 its process state: cwd, environment, umask, ignored and blocked signals, hard limits, the
 terminals on its fds 0-2, and the fd number of its done pipe. The server answers
 with what the in-process run would do: the plan hcp-exec reads (compiled as if in the
@@ -32,13 +32,14 @@ import sys
 from typing import Any
 
 from . import child, native
-from .cli import _parser, check_outputs, command_of, policy_from_args
+from .cli_args import build_parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
-from .launch import (PROTOCOL, encode, hard_limits, more_confined, peer, recv_frame,
-                     same_place)
+from .hcp_spawn import hard_limits
+from .peer import MAX_SOCKET_PATH, more_confined, peer, same_place
 from .plan import Plan
 from .policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
 from .sandbox import Sandbox
+from .serve_wire import PROTOCOL, encode, recv_frame
 
 #: A client that says nothing for this long is dropped (the server is sequential).
 REQUEST_TIMEOUT = 10.0
@@ -64,10 +65,6 @@ def serve(path: str) -> int:
     return 0
 
 
-#: The longest path a unix socket can be bound to (sun_path, with its NUL).
-MAX_SOCKET_PATH = 107
-
-
 def _socket_path(path: str) -> str:
     """``--socket`` as the absolute path the server binds and clients are told; refused
     when empty or too long for a unix socket (bind's own error says neither)."""
@@ -88,7 +85,7 @@ class _Server:
     def __init__(self, path: str) -> None:
         self.path = path
         self.listener, self.inode = _listen(path)
-        self.parser = _parser()  # holds no state between parses
+        self.parser = build_parser()  # holds no state between parses
         self.stopping = False
         try:
             _warm()

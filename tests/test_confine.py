@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-from hcp_linux import Policy, PolicyError, cli
+from hcp_linux import Policy, PolicyError, cli_args
 from hcp_linux.limits import Limits
 from hcp_linux.sandbox import confine
 from sandboxing import TIMEOUT
@@ -77,9 +77,9 @@ def _round_trip(policy: Policy, argv: list[str]) -> Policy:
     """The policy the CLI builds from ``confine``'s argv."""
     out = confine(argv, policy)
     assert out[:4] == [sys.executable, "-m", "hcp_linux", "run"]
-    args = cli._parser().parse_args(out[3:])
-    assert cli.command_of(args) == argv
-    return cli.policy_from_args(args)
+    args = cli_args.build_parser().parse_args(out[3:])
+    assert cli_args.command_of(args) == argv
+    return cli_args.policy_from_args(args)
 
 
 def _same(a: Policy, b: Policy) -> None:
@@ -93,7 +93,7 @@ def _same(a: Policy, b: Policy) -> None:
 def test_every_field_has_samples() -> None:
     missing = [n for n in FIELDS if n not in SAMPLES]
     assert not missing, (f"Policy fields {missing} have no sample here: give confine a flag "
-                         f"for each (hcp_linux/sandbox.py _FLAGS, hcp_linux/cli.py) or make "
+                         f"for each (hcp_linux/policy_flags.py FIELDS) or make "
                          f"it refuse them, and add samples")
     assert set(SAMPLES) <= set(FIELDS)
 
@@ -158,11 +158,15 @@ def test_confine_argv_runs_under_the_policy(tmp_path: Path) -> None:
 def test_limits_have_exact_text() -> None:
     """Every limit value a Policy can hold comes back through its flag's text unchanged
     (no exponent, no rounding): the parser the CLI uses, on the text confine writes."""
-    from hcp_linux.sandbox import _limit_text
+    from hcp_linux.policy_flags import BY_NAME
     for key, value in (("cpu_quota", 0.01), ("cpu_quota", 1.5), ("cpu_quota", 175921860.0),
                        ("nofile", 1), ("as", (1 << 63) - 1), ("output", None)):
         field = "as_" if key == "as" else key
+        [flag] = BY_NAME["limits"].flags(Limits.from_mapping({key: value}))
+        prefix = f"--limit={key}="
+        assert flag.startswith(prefix), flag
+        text = flag[len(prefix):]
         if key == "cpu_quota":
-            assert Limits.from_mapping({key: _limit_text(value)}).cpu_quota == value
+            assert Limits.from_mapping({key: text}).cpu_quota == value
         else:
-            assert getattr(Limits.from_mapping({key: _limit_text(value)}), field) == value
+            assert getattr(Limits.from_mapping({key: text}), field) == value

@@ -217,8 +217,8 @@ def check_outcome(o: Outcome, before: dict, scratch: Scratch, argv: Sequence[Any
 KNOWN: dict[str, str] = {
     "refusal-created:.gitignore,.hcp-tmp": "F1",
     "exception:ValueError@receipt.py:check_output_path": "F2",
-    "exception:AttributeError@cli.py:policy_from_args": "F3",
-    "exception:ValueError@cli.py:policy_from_args": "F4",
+    "exception:AttributeError@cli_args.py:policy_from_args": "F3",
+    "exception:ValueError@cli_args.py:policy_from_args": "F4",
     "refusal-changed:tmp": "F5/F6",
 }
 #: The findings still open: their replays are marked xfail and the fuzz targets tolerate

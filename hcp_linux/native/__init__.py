@@ -23,7 +23,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from ..launch import memfd, parse_status, spawn_hcp_exec
+from ..hcp_spawn import memfd, spawn_hcp_exec
+from ..peer import parse_status
 from ..spawner import on_lasting_thread
 
 if TYPE_CHECKING:
