@@ -15,7 +15,7 @@ runtime never *asks* them to end a run and waits: it acts itself, and every wait
   over is killed.
 
 Only the standard library's lightest modules are imported here at import time: the served
-client (launch.py) uses this module on the start-up path of `hcp-linux run`.
+client (serve_client.py) uses this module on the start-up path of `hcp-linux run`.
 """
 from __future__ import annotations
 
