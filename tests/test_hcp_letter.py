@@ -17,6 +17,7 @@ from hcp_linux.errors import (BinNotFoundError, HostPathError, NotAllowlistedErr
                               PolicyError)
 from hcp_linux.policy import Policy
 from hcp_linux.sandbox import Sandbox
+from sandboxing import jail  # noqa: F401
 from test_driver import TIMEOUT, Env, sh
 
 SHELL = shutil.which("dash") or "/bin/sh"
@@ -29,14 +30,14 @@ def env(tmp_path):
 
 # --- the allow-list names binaries -----------------------------------------------------------
 
-def test_a_shell_copied_into_the_jail_under_a_listed_name_does_not_run(jail_dir):
+def test_a_shell_copied_into_the_jail_under_a_listed_name_does_not_run(jail):
     """`bin = ["cp", "printf"]`: `cp dash printf`, then `./printf` would be a shell."""
-    sb = Sandbox(Policy(jail=str(jail_dir), allow_bins=("cp", "printf")))
+    sb = Sandbox(Policy(jail=str(jail), allow_bins=("cp", "printf")))
     r = sb.run(["cp", SHELL, "printf"], capture_output=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
-    planted = jail_dir / "printf"
+    planted = jail / "printf"
     assert planted.exists()
-    marker = jail_dir / "pwned"
+    marker = jail / "pwned"
     for request in ("./printf", str(planted)):
         with pytest.raises(NotAllowlistedError) as info:
             sb.run([request, "-c", f"echo pwned > {marker}"], timeout=TIMEOUT)
@@ -47,13 +48,13 @@ def test_a_shell_copied_into_the_jail_under_a_listed_name_does_not_run(jail_dir)
     r = sb.run(["printf", "%s", "-c"], capture_output=True, timeout=TIMEOUT)
     assert (r.returncode, r.stdout) == (0, b"-c") and not marker.exists()
     # negative control: an entry that names the planted path lets it run, and it is a shell
-    named = Sandbox(Policy(jail=str(jail_dir), allow_bins=(str(planted),)))
+    named = Sandbox(Policy(jail=str(jail), allow_bins=(str(planted),)))
     r = named.run([str(planted), "-c", f"echo pwned > {marker}"], timeout=TIMEOUT)
     assert r.returncode == 0 and marker.read_text() == "pwned\n"
 
 
-def test_a_listed_name_matches_the_same_binary_by_any_path(jail_dir):
-    sb = Sandbox(Policy(jail=str(jail_dir), allow_bins=("sh",)))
+def test_a_listed_name_matches_the_same_binary_by_any_path(jail):
+    sb = Sandbox(Policy(jail=str(jail), allow_bins=("sh",)))
     for path in ("/bin/sh", "/usr/bin/sh"):
         if os.path.exists(path):
             r = sb.run([path, "-c", "echo ok"], capture_output=True, timeout=TIMEOUT)
@@ -106,13 +107,13 @@ def test_a_bare_name_never_resolves_into_a_writable_root(tmp_path):
 
 # --- locale categories only -------------------------------------------------------------------
 
-def test_only_locale_categories_are_inherited(jail_dir, monkeypatch):
+def test_only_locale_categories_are_inherited(jail, monkeypatch):
     caller = {"LC_TIME": "C", "LC_DEPLOY_TOKEN": "s3cret-deploy",
               "LC_ALL": "../../../tmp/evil", "LANG": "C.UTF-8", "LC_MESSAGES": "x" * 200,
               "LC_CTYPE": "de_DE.ISO-8859-15@euro"}
     for key, value in caller.items():  # the runtime's own environment
         monkeypatch.setenv(key, value)
-    sb = Sandbox(Policy(jail=str(jail_dir), allow_bins=("env",)))
+    sb = Sandbox(Policy(jail=str(jail), allow_bins=("env",)))
     r = sb.run(["env"], capture_output=True, timeout=TIMEOUT)
     got = dict(line.split("=", 1) for line in r.stdout.decode().splitlines())
     assert got["LC_TIME"] == "C" and got["LANG"] == "C.UTF-8"
@@ -122,7 +123,7 @@ def test_only_locale_categories_are_inherited(jail_dir, monkeypatch):
     assert "s3cret-deploy" not in r.stdout.decode()
     assert "LC_DEPLOY_TOKEN" in r.receipt["env"]["removed"]
     # negative control: the same key passed explicitly (a deliberate grant) does arrive
-    explicit = Sandbox(Policy(jail=str(jail_dir), allow_bins=("env",),
+    explicit = Sandbox(Policy(jail=str(jail), allow_bins=("env",),
                               env={"LC_DEPLOY_TOKEN": "granted"}))
     r = explicit.run(["env"], capture_output=True, timeout=TIMEOUT)
     assert b"LC_DEPLOY_TOKEN=granted\n" in r.stdout
@@ -218,9 +219,3 @@ def test_unknown_wrap_keys_are_ignored_and_named_in_the_receipt(env):
     r = d.run(plain, sh("true"), timeout=TIMEOUT)
     assert r.receipt["driver"]["ignored_keys"] == []
 
-
-@pytest.fixture
-def jail_dir(tmp_path):
-    d = tmp_path / "jail"
-    d.mkdir()
-    return d

@@ -27,18 +27,11 @@ import pytest
 from hcp_linux import Policy, PolicyError, Sandbox
 from hcp_linux.errors import BinNotFoundError, NotAllowlistedError
 from hcp_linux.sandbox import CalledProcessError, TimeoutExpired
-from sandboxing import TIMEOUT, pid_alive, processes_with, sleep_token, wait_for
+from sandboxing import TIMEOUT, jail, pid_alive, processes_with, sleep_token, wait_for  # noqa: F401
 
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 #: A script that writes to both streams, interleaved: merged, the order must survive.
 BOTH = "echo out1; echo err1 >&2; echo out2; echo err2 >&2; exit 3"
-
-
-@pytest.fixture
-def jail(tmp_path: Path) -> Path:
-    d = tmp_path / "jail"
-    d.mkdir()
-    return d
 
 
 @pytest.fixture
