@@ -274,14 +274,17 @@ class HcpSandboxBackend(BaseSandboxBackend):
 
     ``policy`` is the confinement of every sandbox this backend makes (its ``jail`` is
     replaced by each sandbox's own, a fresh 0700 directory under ``jail_root``, default the
-    temp dir). Thread-safe: a Ray actor with ``max_concurrency`` > 1 runs commands in
+    temp dir); ``executor`` is :class:`~hcp_linux.Sandbox`'s (None: the process default).
+    Thread-safe: a Ray actor with ``max_concurrency`` > 1 runs commands in
     parallel, and ``delete_sandbox`` from one thread kills what another is running.
     """
 
     def __init__(self, policy: Optional[Policy] = None, jail_root: Optional[str] = None,
-                 image_manager: Optional[BaseImageManager] = None) -> None:
+                 image_manager: Optional[BaseImageManager] = None,
+                 executor: Optional[str] = None) -> None:
         super().__init__(image_manager=image_manager or HostImageManager())
         self.policy = policy if policy is not None else Policy()
+        self.executor = executor
         self.jail_root = jail_root or tempfile.gettempdir()
         self._boxes: Dict[str, _Box] = {}
         self._lock = threading.Lock()
@@ -299,7 +302,8 @@ class HcpSandboxBackend(BaseSandboxBackend):
         mapping["workdir"] = jail
         sandbox_id = f"hcp-{uuid.uuid4().hex[:16]}"
         with self._lock:
-            self._boxes[sandbox_id] = _Box(config, jail, jail_fd, Sandbox(policy), mapping)
+            self._boxes[sandbox_id] = _Box(config, jail, jail_fd,
+                                          Sandbox(policy, executor=self.executor), mapping)
         return sandbox_id
 
     def _box(self, sandbox_id: str) -> _Box:
@@ -419,10 +423,10 @@ class HcpSandboxRuntime(SandboxRuntime):
     write_file, read_file, get_status, delete, terminate, ttl) is Ray's own.
     """
 
-    def __init__(self, policy: Optional[Policy] = None, jail_root: Optional[str] = None
-                 ) -> None:
+    def __init__(self, policy: Optional[Policy] = None, jail_root: Optional[str] = None,
+                 executor: Optional[str] = None) -> None:
         self._image_manager = HostImageManager()
-        self._backend = HcpSandboxBackend(policy, jail_root, self._image_manager)
+        self._backend = HcpSandboxBackend(policy, jail_root, self._image_manager, executor)
         self._ttl_timers: Dict[str, threading.Timer] = {}
 
     @property
@@ -442,8 +446,9 @@ class HcpSandbox:
     with ``create(num_cpus=)``)."""
 
     def __init__(self, image: str = HOST_IMAGE, policy: Optional[Policy] = None,
-                 jail_root: Optional[str] = None, **config: Any) -> None:
-        self.runtime = HcpSandboxRuntime(policy, jail_root)
+                 jail_root: Optional[str] = None, executor: Optional[str] = None,
+                 **config: Any) -> None:
+        self.runtime = HcpSandboxRuntime(policy, jail_root, executor)
         self.instance_id = self.runtime.create(image=image, **config)
 
     def __del__(self) -> None:
@@ -496,7 +501,8 @@ class HcpSandbox:
 def create(image: str = HOST_IMAGE, policy: Optional[Policy] = None, *,
            node_id: Optional[str] = None, num_cpus: float = 0,
            resources: Optional[Dict[str, float]] = None, max_concurrency: int = 64,
-           jail_root: Optional[str] = None, **config: Any) -> Any:
+           jail_root: Optional[str] = None, executor: Optional[str] = None,
+           **config: Any) -> Any:
     """Place an :class:`HcpSandbox` actor and return its handle: the counterpart of
     ``ray.experimental.sandbox.create``, with the same ``SandboxConfig`` keywords.
 
@@ -511,7 +517,8 @@ def create(image: str = HOST_IMAGE, policy: Optional[Policy] = None, *,
         options["resources"] = resources
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    return HcpSandbox.options(**options).remote(image, policy, jail_root, **config)
+    return HcpSandbox.options(**options).remote(image, policy, jail_root, executor,
+                                                **config)
 
 
 def get(ref: Any, timeout: float = 60.0) -> Any:

@@ -121,9 +121,19 @@ def cluster():
 
 
 @pytest.fixture
-def hr():
+def hr(request):
+    """hcp_linux.ray, with ``create`` and ``HcpSandboxRuntime`` on this run's --executor (the
+    Ray workers do not see the pytest process's default)."""
+    import functools
+    import types
+
     import hcp_linux.ray as hr
-    return hr
+    name = request.config.getoption("--executor")
+    executor = None if name == "auto" else name
+    return types.SimpleNamespace(**{
+        k: getattr(hr, k) for k in hr.__all__},
+        create=functools.partial(hr.create, executor=executor),
+        HcpSandboxRuntime=functools.partial(hr.HcpSandboxRuntime, executor=executor))
 
 
 def test_import_hcp_linux_does_not_import_ray(tmp_path):
@@ -148,7 +158,7 @@ def test_import_hcp_linux_does_not_import_ray(tmp_path):
 @needs_ray
 def test_runtime_is_a_sandbox_runtime_and_config_refusals_name_the_field(hr, tmp_path):
     rt = hr.HcpSandboxRuntime(jail_root=str(tmp_path))
-    assert isinstance(rt, SandboxRuntime)
+    assert isinstance(rt, SandboxRuntime) and isinstance(rt.backend, hr.HcpSandboxBackend)
     with pytest.raises(SandboxCreationError, match="image='python:3.12'"):
         rt.create("python:3.12")
     for field, value in [("cpu", 1.0), ("memory", "1Gi"), ("workdir", "/w"),
