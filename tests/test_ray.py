@@ -130,10 +130,10 @@ def hr(request):
     import hcp_linux.ray as hr
     name = request.config.getoption("--executor")
     executor = None if name == "auto" else name
-    return types.SimpleNamespace(**{
-        k: getattr(hr, k) for k in hr.__all__},
-        create=functools.partial(hr.create, executor=executor),
-        HcpSandboxRuntime=functools.partial(hr.HcpSandboxRuntime, executor=executor))
+    names = {k: getattr(hr, k) for k in hr.__all__}
+    names["create"] = functools.partial(hr.create, executor=executor)
+    names["HcpSandboxRuntime"] = functools.partial(hr.HcpSandboxRuntime, executor=executor)
+    return types.SimpleNamespace(**names)
 
 
 def test_import_hcp_linux_does_not_import_ray(tmp_path):
