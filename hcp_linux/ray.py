@@ -265,7 +265,8 @@ class _Box:
     sandbox: Sandbox
     mapping: Dict[str, str]
     running: set = dataclasses.field(default_factory=set)
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # guards running/deleted; notified when a run leaves ``running``
+    lock: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     deleted: bool = False
 
 
@@ -359,6 +360,7 @@ class HcpSandboxBackend(BaseSandboxBackend):
         finally:
             with box.lock:
                 box.running.discard(proc)
+                box.lock.notify_all()
         if box.deleted:
             raise SandboxNotFoundError(f"Sandbox ID '{sandbox_id}' was deleted while the "
                                        "command ran; the command was killed")
@@ -390,21 +392,19 @@ class HcpSandboxBackend(BaseSandboxBackend):
 
     def delete_sandbox(self, sandbox_id: str) -> None:
         """Kill every command running in the sandbox (each run's whole pid namespace), wait
-        for them (at most :data:`KILL_WAIT` s each), then remove the jail. Idempotent."""
+        (at most :data:`KILL_WAIT` s) until they are reaped, then remove the jail.
+        Idempotent."""
         with self._lock:
             box = self._boxes.pop(sandbox_id, None)
         if box is None:
             return
         with box.lock:
             box.deleted = True
-            running = list(box.running)
-        for proc in running:
-            proc.kill()
-        for proc in running:
-            try:
-                proc.wait(KILL_WAIT)
-            except subprocess.TimeoutExpired:
-                pass
+            for proc in box.running:
+                proc.kill()
+            # each run is reaped by the thread running it (a SandboxProcess is waited on by
+            # one thread at a time): wait for those threads to let go of them
+            box.lock.wait_for(lambda: not box.running, KILL_WAIT)
         os.close(box.jail_fd)
         remove_tree(box.jail)
 
