@@ -86,11 +86,12 @@ def main() -> int:
         "num_cpus": 1, "object_store_memory": OBJECT_STORE, "include_dashboard": False})
     worker = cluster.add_node(num_cpus=2, object_store_memory=OBJECT_STORE)
     ray.init(address=cluster.address, log_to_driver=False)
+    boxes: list = []
     try:
         cluster.wait_for_nodes()
         head_id, worker_id = cluster.head_node.node_id, worker.node_id
         # num_cpus=0: an actor holding a CPU would starve the plain tasks of it
-        boxes = [hr.create(node_id=node, num_cpus=0, max_concurrency=args.per_cpu)
+        boxes += [hr.create(node_id=node, num_cpus=0, max_concurrency=args.per_cpu)
                  for node in (head_id, worker_id, worker_id)]
         # warm-up: the worker pools, the sandboxes' executors and spares
         run_plain(60, args.per_cpu)
@@ -104,8 +105,9 @@ def main() -> int:
                 walls[mode].append(wall)
                 inner[mode].extend(durations)
                 print(f"round {r + 1} {mode:5s}: {wall:.2f} s", file=sys.stderr)
-        ray.get([b.delete.remote() for b in boxes], timeout=60)
     finally:
+        if boxes:
+            ray.get([b.delete.remote() for b in boxes], timeout=60)
         ray.shutdown()
         cluster.shutdown()
     result = {"commands": args.commands, "rounds": args.rounds, "cpus": 3, "per_cpu": args.per_cpu,

@@ -27,6 +27,7 @@ This is the only module of hcp_linux that imports Ray; ``import hcp_linux`` neve
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import errno
 import os
@@ -38,13 +39,15 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Union
 
-import ray
-from ray.experimental.sandbox import (BaseImageManager, BaseSandboxBackend, ExecResult,
-                                      SandboxCreationError, SandboxError, SandboxExecError,
-                                      SandboxNotFoundError, SandboxRuntime, SandboxStatus,
-                                      SandboxTimeoutError)
-from ray.experimental.sandbox.config import SandboxConfig, parse_memory_bytes
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+# Each Ray import is ignored when Ray is absent: `mypy -p hcp_linux` runs without the extra.
+import ray  # type: ignore[import-not-found, unused-ignore]
+from ray.experimental.sandbox import (  # type: ignore[import-not-found, unused-ignore]
+    BaseImageManager, BaseSandboxBackend, ExecResult, SandboxCreationError, SandboxError,
+    SandboxExecError, SandboxNotFoundError, SandboxRuntime, SandboxStatus, SandboxTimeoutError)
+from ray.experimental.sandbox.config import (  # type: ignore[import-not-found, unused-ignore]
+    SandboxConfig, parse_memory_bytes)
+from ray.util.scheduling_strategies import (  # type: ignore[import-not-found, unused-ignore]
+    NodeAffinitySchedulingStrategy)
 
 from . import Policy, Sandbox
 from . import SandboxError as HcpError
@@ -364,7 +367,7 @@ class HcpSandboxBackend(BaseSandboxBackend):
         if box.deleted:
             raise SandboxNotFoundError(f"Sandbox ID '{sandbox_id}' was deleted while the "
                                        "command ran; the command was killed")
-        return ExecResult(exit_code=proc.returncode, stdout=out, stderr=err,
+        return ExecResult(exit_code=proc.wait(), stdout=out, stderr=err,
                           duration_seconds=time.monotonic() - start)
 
     def write_file(self, sandbox_id: str, path: str, content: Union[str, bytes],
@@ -425,18 +428,20 @@ class HcpSandboxRuntime(SandboxRuntime):
 
     def __init__(self, policy: Optional[Policy] = None, jail_root: Optional[str] = None,
                  executor: Optional[str] = None) -> None:
-        self._image_manager = HostImageManager()
-        self._backend = HcpSandboxBackend(policy, jail_root, self._image_manager, executor)
+        # Ray types these two as gVisor's classes; any backend and image manager do
+        self._image_manager = HostImageManager()  # type: ignore[assignment, unused-ignore]
+        self._backend = HcpSandboxBackend(  # type: ignore[assignment, unused-ignore]
+            policy, jail_root, self._image_manager, executor)
         self._ttl_timers: Dict[str, threading.Timer] = {}
 
     @property
-    def backend(self) -> HcpSandboxBackend:  # type: ignore[override]
-        return self._backend
+    def backend(self) -> HcpSandboxBackend:  # type: ignore[override, unused-ignore]
+        return self._backend  # type: ignore[return-value, unused-ignore]
 
 
 # --- the actor -------------------------------------------------------------------------------
 
-@ray.remote(num_cpus=0, max_concurrency=64)
+@ray.remote(num_cpus=0, max_concurrency=64)  # type: ignore[call-overload, unused-ignore]
 class HcpSandbox:
     """One sandbox, held by an actor on the node where its jail lives: the method names of
     ``ray.experimental.sandbox.Sandbox``. Place it with :func:`create`.
@@ -450,6 +455,9 @@ class HcpSandbox:
                  **config: Any) -> None:
         self.runtime = HcpSandboxRuntime(policy, jail_root, executor)
         self.instance_id = self.runtime.create(image=image, **config)
+        # a worker that exits (ray.shutdown, the actor going out of scope) removes the jail;
+        # one killed outright (its node lost, ray.kill) cannot: docs/ray.md
+        atexit.register(self.runtime.backend.close)
 
     def __del__(self) -> None:
         try:
@@ -517,8 +525,8 @@ def create(image: str = HOST_IMAGE, policy: Optional[Policy] = None, *,
         options["resources"] = resources
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    return HcpSandbox.options(**options).remote(image, policy, jail_root, executor,
-                                                **config)
+    actor = HcpSandbox.options(**options)  # type: ignore[attr-defined, unused-ignore]
+    return actor.remote(image, policy, jail_root, executor, **config)
 
 
 def get(ref: Any, timeout: float = 60.0) -> Any:
