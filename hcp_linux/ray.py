@@ -455,8 +455,8 @@ class HcpSandbox:
                  **config: Any) -> None:
         self.runtime = HcpSandboxRuntime(policy, jail_root, executor)
         self.instance_id = self.runtime.create(image=image, **config)
-        # a worker that exits (ray.shutdown, the actor going out of scope) removes the jail;
-        # one killed outright (its node lost, ray.kill) cannot: docs/ray.md
+        # an actor that exits (its last handle dropped) removes its jail; a worker killed
+        # outright (its node lost, ray.kill, the cluster shut down) cannot: docs/ray.md
         atexit.register(self.runtime.backend.close)
 
     def __del__(self) -> None:
