@@ -181,6 +181,31 @@ def test_runtime_is_a_sandbox_runtime_and_config_refusals_name_the_field(hr, tmp
 
 
 @needs_ray
+def test_every_method_of_ray_s_runtime_works_over_the_backend(hr, tmp_path):
+    """Ray's own SandboxRuntime methods, inherited unchanged, over HcpSandboxBackend."""
+    import asyncio
+    rt = hr.HcpSandboxRuntime(jail_root=str(tmp_path / "jails"))
+    os.mkdir(tmp_path / "jails")
+    sid = rt.create(hr.HOST_IMAGE)
+    (tmp_path / "up.txt").write_bytes(b"uploaded")
+    rt.upload_file(sid, str(tmp_path / "up.txt"), "in/up.txt")
+    assert rt.exec(sid, ["cat", "in/up.txt"]).stdout == "uploaded"
+    rt.download_file(sid, "in/up.txt", str(tmp_path / "down" / "d.txt"))
+    assert (tmp_path / "down" / "d.txt").read_bytes() == b"uploaded"
+    assert asyncio.run(rt.exec_async(sid, "echo async")).stdout == "async\n"
+    rt.write_file(sid, "w.txt", "a")
+    rt.write_file(sid, "w.txt", "b", append=True)
+    assert rt.read_file(sid, "w.txt") == b"ab"
+    rt.terminate(sid)
+    assert rt.get_status(sid) == SandboxStatus.TERMINATED
+    assert os.listdir(tmp_path / "jails") == []
+    short = rt.create(hr.HOST_IMAGE, ttl_seconds=1)   # Ray's TTL timer deletes it
+    assert rt.get_status(short) == SandboxStatus.RUNNING
+    _wait_for(lambda: rt.get_status(short) == SandboxStatus.TERMINATED, "the TTL ran out", 10)
+    _wait_for(lambda: os.listdir(tmp_path / "jails") == [], "the TTL removed the jail", 10)
+
+
+@needs_ray
 def test_allow_list_decides_the_shell(hr, tmp_path):
     from hcp_linux import Policy
     rt = hr.HcpSandboxRuntime(Policy(allow_bins=["echo"]), jail_root=str(tmp_path))
