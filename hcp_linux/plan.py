@@ -23,11 +23,11 @@ from hcp_linux import seccomp_profiles
 
 from . import _libc as L
 from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
-from .child import CANARY, PROXY_ADDRESS
 from .environment import build_env
 from .errors import ChildSetupError, LayerUnavailableError, PolicyError, printable
 from .limits import pid_fence
 from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
+from .protocol import CANARY, PROXY_ADDRESS
 
 #: Device files every tool expects; each is bound read-write from the host.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
