@@ -28,10 +28,11 @@ from .allowlist import is_allowlisted
 from .environment import check_explicit
 from .errors import (BinNotFoundError, NotAllowlistedError, PolicyError, WritebackError,
                      printable)
-from .fileref import FileRef, OffLimits, Staging, scan
+from .fileref import FileRef, OffLimits, scan
 from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
 from .sandbox import PIPE, Sandbox, SandboxProcess
+from .staging import Staging
 from .workspace import (DEFAULT_PRINCIPAL, Workspace, _Cancelled, check_principal,
                         default_tmp_dir, diff_snapshots, open_workspace, snapshot,
                         state_dir_path, sweep_jails)
