@@ -11,30 +11,24 @@ one (its jail, read-only system roots, nothing of /home). This module translates
   that prefix is a *host* file, relative to the caller's cwd:
   an input is copied into the jail's staging dir (the mount view does not contain it); an
   output (``--output``/``-o``) is staged in the jail and written back after a successful run,
-  never through a symlink, all outputs or none (:meth:`Staging.writeback`).
+  never through a symlink, all outputs or none (:mod:`hcp_linux.staging`).
 - Every other token is left as it is, but one that is (or ends, after any ``=``, in) a
   host-absolute path under /etc, /home, /root or /Users, or a ``/proc/*/root``-style route to
   the host, is refused: ``error: sandbox: host path not allowed``.
 
-All checks that need no jail run in :func:`scan`, before anything is created or spawned.
-Staging and writeback go through directory file descriptors opened before the child starts,
-with ``O_NOFOLLOW`` on every name we create or read in a directory the child could write.
+All checks that need no jail run here, in :func:`scan`, before anything is created or
+spawned; :mod:`hcp_linux.staging` copies, stages and writes back.
 """
 from __future__ import annotations
 
-import errno
 import os
 import re
-import signal
 import stat
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 from .errors import HostPathError, PolicyError, WritebackError, printable
 from .pack import OUTPUT_FLAGS
-from .reclaim import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, sweep_temps, temp_name
-from .workspace import IO_DIR, remove_tree
 
 __all__ = ["FileRef", "OffLimits", "WritebackError", "scan", "check_host_path", "is_host_path",
            "resolve_jail_ref", "WORKSPACE_PREFIX", "HOST_PREFIXES", "JAIL", "INPUT", "OUTPUT"]

@@ -10,23 +10,21 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import signal
 import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
-from .errors import HostPathError, PolicyError, WritebackError, printable
-from .pack import OUTPUT_FLAGS
+from .errors import HostPathError, PolicyError, WritebackError
+from .fileref import INPUT, JAIL, FileRef, is_host_path, resolve_jail_ref
 from .reclaim import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, sweep_temps, temp_name
 from .workspace import IO_DIR, remove_tree
-from .fileref import INPUT, JAIL, FileRef, is_host_path, resolve_jail_ref
+
+__all__ = ["Staging"]
 
 _COPY_CHUNK = 1 << 20
 
-
-# --- staging and writeback -------------------------------------------------------------
 
 @dataclass(eq=False)
 class _Output:
