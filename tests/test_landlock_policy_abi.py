@@ -1,13 +1,13 @@
-"""The Landlock rights the policy handles are pinned to a named ABI (plan.POLICY_ABI).
+"""The Landlock rights the policy handles are pinned to a named ABI (rulesets.POLICY_ABI).
 
 When the Landlock binding learns a newer ABI (its LATEST_ABI), the rights a command is
 confined by must not change with it: this test lists them by name, so a bump is a
-deliberate edit here and in plan.py, and a binding upgrade alone changes nothing.
+deliberate edit here and in rulesets.py, and a binding upgrade alone changes nothing.
 """
 from __future__ import annotations
 
 from hcp_linux import landlock
-from hcp_linux.plan import POLICY_ABI, _landlock_ruleset
+from hcp_linux.rulesets import POLICY_ABI, _landlock_ruleset
 from hcp_linux.policy import LAYERS, Policy
 
 HANDLED_FS = {"EXECUTE", "WRITE_FILE", "READ_FILE", "READ_DIR", "REMOVE_DIR", "REMOVE_FILE",
