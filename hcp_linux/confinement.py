@@ -6,27 +6,24 @@ every path they were made from (the *stamp*) is unchanged.
 """
 from __future__ import annotations
 
-import errno
 import glob
 import os
 import stat
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Hashable, Mapping, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Sequence
 
 from hcp_linux import landlock
-from hcp_linux import seccomp_profiles
 
 from . import _libc as L
-from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
-from .environment import build_env
-from .errors import ChildSetupError, LayerUnavailableError, PolicyError, printable
-from .limits import pid_fence
-from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
-from .protocol import CANARY, PROXY_ADDRESS
-from .rulesets import POLICY_ABI, REMEDIES, _GrantedRuleset, _landlock_ruleset
+from .allowlist import SANDBOX_PATH
+from .policy import Policy, _is_within
+from .protocol import CANARY
+from .rulesets import POLICY_ABI, GrantedRuleset, landlock_ruleset
 
+__all__ = ["Bind", "Confinement", "DEVICES", "MASKED_PATHS", "cache_stats", "clear_cache",
+           "covered", "search_path", "shared_confinement"]
 
 #: Device files every tool expects; each is bound read-write from the host.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -72,18 +69,20 @@ class Bind:
     access: int = 0  # the Landlock rule on it (effective rights; 0: none, or no Landlock)
 
 
-def _search_path(prefixes: Sequence[str]) -> str:
+def search_path(prefixes: Sequence[str]) -> str:
+    """The sandbox's PATH: each granted install prefix's bin, then the system roots' bin dirs."""
     path_dirs = [os.path.join(p, "bin") for p in prefixes if os.path.isdir(os.path.join(p, "bin"))]
     return ":".join(path_dirs + list(SANDBOX_PATH))
 
 
-def _covered(prefix: str, policy: Policy) -> bool:
+def covered(prefix: str, policy: Policy) -> bool:
+    """True when one of the policy's roots holds ``prefix`` already (no grant of its own)."""
     roots = policy.writable_roots + policy.readable_roots + tuple(
         os.path.realpath(p) for p in policy.system_roots if os.path.exists(p))
     return any(_is_within(prefix, r) for r in roots)
 
 
-class _Confinement:
+class Confinement:
     """The part of a plan that depends on the policy's roots and the host's paths: the mount
     view (binds with their inodes, symlinks, masks), the Landlock rules (each granted path with
     its inode: the grants) and the sandbox PATH. Building it costs ~0.5 ms of stats, realpaths
@@ -99,7 +98,7 @@ class _Confinement:
         self.masks: tuple[tuple[bytes, bool], ...] = ()
         self.late_rules: tuple[tuple[bytes, int], ...] = ()
         self.canary: str | None = None
-        self.ruleset: _GrantedRuleset | None = None  # a template, never created: copied
+        self.ruleset: GrantedRuleset | None = None  # a template, never created: copied
         self.absent: tuple[str, ...] = ()
         self.search_path = ""
         self.watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] = ((), (), ())
@@ -112,7 +111,7 @@ class _Confinement:
 
 
 _CONFINEMENTS_MAX = 16
-_confinements: dict[tuple, _Confinement] = {}  # insertion order: least recently made first
+_confinements: dict[tuple, Confinement] = {}  # insertion order: least recently made first
 _confinements_lock = threading.Lock()
 #: How old a watched directory's mtime must be before a confinement made from it is kept: a
 #: change within the same tick of the file system's coarse clock could keep the same mtime.
@@ -121,8 +120,8 @@ _RACY_NS = 50_000_000
 cache_stats = {"reused": 0, "made": 0, "not_kept": 0}
 
 
-def _confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
-                 terminals: tuple[str, ...]) -> _Confinement:
+def shared_confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
+                       terminals: tuple[str, ...]) -> Confinement:
     """The confinement for this policy, layers, terminals and install prefixes, reused while
     current."""
     # the jail is in one of the two root lists (readable_roots when read-only): the key
@@ -180,9 +179,9 @@ def _stamp(watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]) ->
 
 
 def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
-                      terminals: Sequence[str]) -> _Confinement:
-    conf = _Confinement()
-    prefixes = [p for p in candidates if not _covered(p, policy)]
+                      terminals: Sequence[str]) -> Confinement:
+    conf = Confinement()
+    prefixes = [p for p in candidates if not covered(p, policy)]
     view = "mountns" in layers
     bins = [os.path.join(p, "bin") for p in prefixes]
     grant_paths = (*policy.readable_roots, *prefixes, *policy.writable_roots, *DEVICES,
@@ -190,7 +189,7 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
     conf.watched = (tuple(dict.fromkeys((*grant_paths, *bins))), tuple(policy.system_roots),
                     _MASK_DIRS if view else ())
     before = _stamp(conf.watched)  # before looking: a change while we look shows as a miss
-    conf.search_path = _search_path(prefixes)
+    conf.search_path = search_path(prefixes)
     _plan_view_and_rules(conf, policy, prefixes, layers, terminals)
     after = _stamp(conf.watched)
     listings = after[len(after) - len(conf.watched[2]):]
@@ -200,7 +199,7 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
     return conf
 
 
-def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str],
+def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
                          layers: frozenset[str], terminals: Sequence[str]) -> None:
     view = "mountns" in layers
     proc_fresh = "pidns" in layers
@@ -240,7 +239,7 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
         grants.append(("/proc", _PROC_ACCESS,
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
 
-    template = _landlock_ruleset(policy, layers) if "landlock" in layers else None
+    template = landlock_ruleset(policy, layers) if "landlock" in layers else None
     # Each path is opened once, for its identity and (in a scratch copy of the ruleset, which
     # masks and strips as create() will) its effective rule, then closed: the confinement
     # keeps identities only. A plan's ruleset opens them again when it is made, and checks.
@@ -276,7 +275,7 @@ def _plan_view_and_rules(conf: _Confinement, policy: Policy, prefixes: list[str]
         else:
             conf.late_rules = ((b"/proc", int(_PROC_ACCESS)),)
             conf.canary = "/"  # no rule grants the host root itself
-        conf.ruleset = _GrantedRuleset.of(template, tuple(
+        conf.ruleset = GrantedRuleset.of(template, tuple(
             (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened))
 
 

@@ -4,17 +4,13 @@ The plan records each granted path's identity (device, inode); the child's mount
 checked against it, and so is every fd a Landlock rule is made from (opened when the ruleset
 is made, closed right after), so a path swapped between check and use is caught (no TOCTOU).
 Between runs the runtime holds no fd of a granted root: only the idle spares of the native
-executor hold its mounts (release_resources lets them go). The seccomp program is compiled
-here (cached per profile set); argv and env become bytes. The child only executes.
+executor hold its mounts (release_resources lets them go). What depends on the host's paths
+alone is made once and shared (:mod:`hcp_linux.confinement`), the kernel rulesets come from
+:mod:`hcp_linux.rulesets`; argv and env become bytes here. The child only executes.
 """
 from __future__ import annotations
 
-import errno
-import glob
 import os
-import stat
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
@@ -22,15 +18,14 @@ from hcp_linux import landlock
 from hcp_linux import seccomp_profiles
 
 from . import _libc as L
-from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
+from .allowlist import install_prefixes, resolve_bin
+from .confinement import Bind, Confinement, clear_cache, covered, search_path, shared_confinement
 from .environment import build_env
-from .errors import ChildSetupError, LayerUnavailableError, PolicyError, printable
+from .errors import LayerUnavailableError, PolicyError, printable
 from .limits import pid_fence
 from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
-from .protocol import CANARY, PROXY_ADDRESS
-from .confinement import Bind, _Confinement, _confinement, _covered, _search_path, clear_cache
-from .rulesets import REMEDIES, _plan_seccomp
-
+from .protocol import PROXY_ADDRESS
+from .rulesets import REMEDIES, seccomp_filter
 
 _T = TypeVar("_T")
 
@@ -72,7 +67,7 @@ class Plan:
     env_removed: tuple[str, ...] = ()
     env_replaced: tuple[str, ...] = ()
     facts: dict = field(default_factory=dict)
-    _shared: "_Confinement | None" = None  # the cached confinement (Plan.derived's memo)
+    _shared: "Confinement | None" = None  # the cached confinement (Plan.derived's memo)
 
     @property
     def confined(self) -> bool:
@@ -136,13 +131,13 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     view = "mountns" in layers
     shared = None
     if native:
-        prefixes = [p for p in install_prefixes(exe) if not _covered(p, policy)]
-        search_path = _search_path(prefixes)
+        prefixes = [p for p in install_prefixes(exe) if not covered(p, policy)]
+        path = search_path(prefixes)
     else:
         # Everything that depends on the policy's roots and the host's paths, not on argv or
         # the environment: made once, reused while those paths are unchanged.
-        shared = _confinement(policy, install_prefixes(exe), layers, tuple(terminals))
-        search_path = shared.search_path
+        shared = shared_confinement(policy, install_prefixes(exe), layers, tuple(terminals))
+        path = shared.search_path
     if view:
         home = tmpdir = "/tmp"
     else:
@@ -156,7 +151,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
                                         REMEDIES["netns"])
         explicit.update(proxy_env())
     child_env, removed, replaced = _child_env(caller_env, explicit, marker=policy.mode,
-                                              path=search_path, home=home, tmpdir=tmpdir)
+                                              path=path, home=home, tmpdir=tmpdir)
     plan = Plan(
         policy=policy, mode=policy.mode, exe=os.fsencode(exe),
         argv=[a.encode() for a in argv],
@@ -180,10 +175,12 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     plan.landlock = shared.ruleset.copy() if shared.ruleset is not None else None  # no fd
     plan.facts["absent_system_roots"] = shared.absent
     try:
-        _plan_seccomp(plan, policy, layers)
+        seccomp = seccomp_filter(policy, layers)
     except BaseException:
         plan.close()
         raise
+    if seccomp is not None:
+        plan.seccomp, plan.seccomp_names = seccomp
     return plan
 
 
@@ -273,4 +270,4 @@ def _private_tmp_in_jail(jail: str) -> str:
     return tmp
 
 
-__all__ = ["Plan", "Bind", "compile_plan", "REMEDIES", "LAYERS"]
+__all__ = ["Plan", "Bind", "compile_plan", "clear_cache", "REMEDIES", "LAYERS"]

@@ -15,8 +15,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .plan import REMEDIES
 from .policy import LAYERS
+from .rulesets import REMEDIES
 
 
 @dataclass(frozen=True)

@@ -7,28 +7,16 @@ the layer's remedy (:data:`REMEDIES`). The seccomp filter is compiled once per p
 from __future__ import annotations
 
 import errno
-import glob
 import os
-import stat
-import threading
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Hashable, Mapping, Sequence, TypeVar
 
 from hcp_linux import landlock
 from hcp_linux import seccomp_profiles
 
-from . import _libc as L
-from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
-from .environment import build_env
-from .errors import ChildSetupError, LayerUnavailableError, PolicyError, printable
-from .limits import pid_fence
-from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
-from .protocol import CANARY, PROXY_ADDRESS
+from .errors import ChildSetupError, LayerUnavailableError, PolicyError
+from .policy import Policy
 
-if TYPE_CHECKING:
-    from .plan import Plan
-
+__all__ = ["POLICY_ABI", "REMEDIES", "Grant", "GrantedRuleset", "landlock_ruleset",
+           "seccomp_filter"]
 
 #: The Landlock ABI whose rights, network rights and scopes the policy handles. Pinned rather
 #: than the binding's LATEST_ABI (the moving target rust-landlock warns against): when the
@@ -56,10 +44,10 @@ REMEDIES = {
 
 
 #: A path a Landlock rule is granted on: (path, st_dev, st_ino, requested access).
-_Grant = tuple[str, int, int, int]
+Grant = tuple[str, int, int, int]
 
 
-class _GrantedRuleset(landlock.Ruleset):
+class GrantedRuleset(landlock.Ruleset):
     """A plan's Landlock ruleset: the confinement's handled rights, and a rule on each of its
     grants, added only when the kernel ruleset is made (:meth:`create`, by the ctypes executor,
     or by hcp-exec's parent when there is no mount view). Each path is then opened
@@ -67,19 +55,19 @@ class _GrantedRuleset(landlock.Ruleset):
     its rule, and closed once the ruleset is made: nothing stays open between runs. A path
     that changed since it was checked refuses the run (step ``landlock-rules``, ESTALE)."""
 
-    _grants: tuple[_Grant, ...] = ()
+    _grants: tuple[Grant, ...] = ()
 
     @staticmethod
-    def of(template: landlock.Ruleset, grants: tuple[_Grant, ...]) -> "_GrantedRuleset":
+    def of(template: landlock.Ruleset, grants: tuple[Grant, ...]) -> "GrantedRuleset":
         """A copy of ``template`` (no path rules of its own) that adds ``grants`` at create()."""
         twin = landlock.Ruleset.copy(template)  # a plain Ruleset, whatever template is
-        twin.__class__ = _GrantedRuleset  # the same state: only create() and copy() differ
+        twin.__class__ = GrantedRuleset  # the same state: only create() and copy() differ
         twin._grants = grants  # type: ignore[attr-defined]
         return twin  # type: ignore[return-value]
 
-    def copy(self) -> "_GrantedRuleset":
+    def copy(self) -> "GrantedRuleset":
         """An uncreated twin with the same rights and grants (a plan's own, from the cache's)."""
-        return _GrantedRuleset.of(self, self._grants)
+        return GrantedRuleset.of(self, self._grants)
 
     def create(self) -> "landlock.CreatedRuleset":
         fds: list[int] = []
@@ -104,7 +92,9 @@ class _GrantedRuleset(landlock.Ruleset):
                 os.close(fd)
 
 
-def _landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Ruleset":
+def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Ruleset":
+    """The rights ``policy`` handles (pinned to POLICY_ABI), with no path rule yet; refuses a
+    host whose Landlock lacks what these layers need it for."""
     pinned = POLICY_ABI
     try:
         abi = landlock.abi_version()
@@ -133,9 +123,12 @@ def _landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Rules
         raise LayerUnavailableError("landlock", str(e), REMEDIES["landlock"]) from None
 
 
-def _plan_seccomp(plan: Plan, policy: Policy, layers: frozenset[str]) -> None:
+def seccomp_filter(policy: Policy, layers: frozenset[str]
+                   ) -> tuple[seccomp_profiles.PreparedFilter, tuple[str, ...]] | None:
+    """The prepared filter of ``policy``'s profiles (plus network-off where no network
+    namespace fences the network) and the profiles' names; None without the seccomp layer."""
     if "seccomp" not in layers:
-        return
+        return None
     names = tuple(policy.seccomp_profiles)
     if "netns" not in layers and policy.network == "none" and "network-off" not in names:
         names += ("network-off",)
@@ -151,8 +144,7 @@ def _plan_seccomp(plan: Plan, policy: Policy, layers: frozenset[str]) -> None:
     prepared = _prepared_filters.get(bpf)
     if prepared is None:  # read-only once made: plans (and threads) share it
         prepared = _prepared_filters[bpf] = seccomp_profiles.PreparedFilter(bpf)
-    plan.seccomp = prepared
-    plan.seccomp_names = names
+    return prepared, names
 
 
 _prepared_filters: dict[bytes, "seccomp_profiles.PreparedFilter"] = {}
