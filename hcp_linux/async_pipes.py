@@ -7,10 +7,12 @@ import os
 
 from .sandbox import SandboxProcess
 
+__all__ = ["communicate"]
 
-async def _communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
-                       input: bytes | None, timeout: float | None, max_bytes: int | None
-                       ) -> tuple[bytes | None, bytes | None, bool]:
+
+async def communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
+                      input: bytes | None, timeout: float | None, max_bytes: int | None
+                      ) -> tuple[bytes | None, bytes | None, bool]:
     """Feed stdin, drain stdout/stderr and wait for exit, all on the loop (pidfd), with a
     timeout that kills the whole sandbox. Like the engine's ``communicate``, each stream keeps
     at most ``max_bytes`` (the rest is read and dropped; ``proc.truncated`` names it).

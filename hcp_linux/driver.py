@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .allowlist import is_allowlisted
-from .async_pipes import _communicate
+from .async_pipes import communicate
 from .environment import check_explicit
 from .errors import (BinNotFoundError, NotAllowlistedError, PolicyError, WritebackError,
                      printable)
@@ -433,8 +432,8 @@ class LinuxDriver:
             proc = self.spawn(ex, stdin=PIPE if input is not None else None,
                               stdout=PIPE if capture_output else None,
                               stderr=PIPE if capture_output else None)
-            out, err, timed_out = await _communicate(loop, proc, input, timeout,
-                                                     ex.policy.limits.output)
+            out, err, timed_out = await communicate(loop, proc, input, timeout,
+                                                    ex.policy.limits.output)
         except BaseException:
             # Shielded: a second cancellation cannot stop the cleanup thread half-way.
             await asyncio.shield(loop.run_in_executor(None, self.cleanup, ex))

@@ -5,6 +5,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["DriverResult", "WritebackReport"]
+
 
 @dataclass(frozen=True)
 class WritebackReport:
