@@ -29,14 +29,14 @@ from .environment import check_explicit
 from .errors import (BinNotFoundError, NotAllowlistedError, PolicyError, WritebackError,
                      printable)
 from .fileref import FileRef, OffLimits, scan
+from .locations import default_tmp_dir, state_dir_path
 from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
 from .results import DriverResult, WritebackReport
 from .sandbox import PIPE, Sandbox, SandboxProcess
 from .staging import Staging
 from .workspace import (DEFAULT_PRINCIPAL, Workspace, _Cancelled, check_principal,
-                        default_tmp_dir, diff_snapshots, open_workspace, snapshot,
-                        state_dir_path, sweep_jails)
+                        diff_snapshots, open_workspace, snapshot, sweep_jails)
 
 __all__ = ["LinuxDriver", "Execution", "DriverResult", "WritebackReport"]
 

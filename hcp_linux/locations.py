@@ -5,22 +5,14 @@ system roots every sandbox can read. A bad value is refused with the variable it
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
-import shutil
-import stat
 import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
-from typing import Mapping
 
-from .errors import PolicyError, SandboxError, printable
+from .errors import PolicyError, printable
 from .values import dir_problem
-from .pack import EPHEMERAL, NONE, WORKSPACE, Pack
-from .reclaim import (RENAME_NOREPLACE, Sweep, jail_name, jail_owner,
-                      renameat2, sweep_dead)
+
+__all__ = ["default_state_dir", "state_dir_path", "check_state_dir", "default_tmp_dir",
+           "check_tmp_dir"]
 
 
 def default_state_dir() -> str:

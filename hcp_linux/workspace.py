@@ -16,7 +16,8 @@
 
 Paths below the state dir are created one component at a time and checked with ``lstat``:
 every one must be a real directory owned by us, so a planted symlink cannot move a workspace
-elsewhere.
+elsewhere. Where the state dir and the temp dir are, and what makes either acceptable:
+:mod:`hcp_linux.locations`.
 """
 from __future__ import annotations
 
@@ -25,19 +26,15 @@ import fcntl
 import os
 import shutil
 import stat
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .errors import PolicyError, SandboxError, printable
-from .values import dir_problem
+from .errors import PolicyError, SandboxError
+from .locations import check_state_dir, check_tmp_dir, default_state_dir, default_tmp_dir
 from .pack import EPHEMERAL, NONE, WORKSPACE, Pack
-from .reclaim import (RENAME_NOREPLACE, Sweep, jail_name, jail_owner,
-                      renameat2, sweep_dead)
-from .locations import (check_state_dir, check_tmp_dir, default_state_dir, default_tmp_dir,
-                        state_dir_path)
+from .reclaim import RENAME_NOREPLACE, Sweep, jail_name, jail_owner, renameat2, sweep_dead
 
 __all__ = ["Workspace", "WorkspaceBusyError", "check_principal", "default_state_dir",
            "default_tmp_dir", "check_state_dir", "check_tmp_dir",
