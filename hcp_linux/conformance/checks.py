@@ -32,8 +32,8 @@ from typing import Any, Callable
 
 from ..errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
 from ..policy import Policy
-from .harness import (Evidence, Fail, Harness, NotApplicable, drain, layer_refusal,
-                      pid_alive, proc_summary, shown)
+from .harness import Evidence, Fail, Harness, NotApplicable, layer_refusal, proc_summary, shown
+from .observers import drain, pid_alive
 
 CheckFn = Callable[[Harness, Evidence], str]
 
