@@ -4,6 +4,7 @@ loopback listeners, and clean-up of everything a check started.
 
 Nothing here is mocked: every "run" is a real process on the real kernel. Every wait is bounded
 by :attr:`Harness.timeout`. Processes a check starts are ended by their pid when it finishes.
+What watches those processes from outside (/proc, listeners) is in :mod:`.observers`.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence

@@ -5,20 +5,10 @@ listener that counts connections, and calls bounded by a thread.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
-import stat
-import subprocess
-import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
-
-from ..allowlist import SANDBOX_PATH
-from ..policy import Policy, expand_layers
+from typing import Any
 
 
 def drain(fd: int) -> bytes:
