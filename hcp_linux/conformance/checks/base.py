@@ -1,39 +1,18 @@
-"""One check per normative rule of HCP §10, plus hardening canaries.
-
-The rules are those of https://harnesscontextprotocol.io/docs/specification/sandbox, quoted
-in each check's ``requirement``.
-
-Every check does the thing for real through the public surfaces (the Python API, the
-``hcp-linux`` CLI, the HCP driver) and judges what happened on the host: files on disk, bytes
-on the wire, processes in the process table, exact exit statuses and messages. Every denial
-has a negative control: the same action, unconfined, must succeed; when it does not, the
-check cannot be judged here and is "not applicable", never "pass". A violation observed in
-the sandbox fails the check whatever the control did: it is proven.
-
-Each check returns a one-line summary (pass) or raises :class:`Fail` /
-:class:`NotApplicable`; its :class:`Evidence` records what was tried, what happened and what
-the control did.
+"""The registry of conformance checks (:func:`check` adds one to :data:`CHECKS`) and the
+helpers the checks of every section share: exact refusals, runs that must have run, the
+verdict from the evidence.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
-import json
 import os
-import platform
 import secrets
-import shutil
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from ...errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
-from ...policy import Policy
-from ..harness import Evidence, Fail, Harness, NotApplicable, layer_refusal, proc_summary, shown
-from ..observers import drain, pid_alive
+from ..harness import Evidence, Fail, Harness, NotApplicable, proc_summary, shown
 
 CheckFn = Callable[[Harness, Evidence], str]
 
@@ -118,6 +97,22 @@ def _verdict(ev: Evidence, summary: str) -> str:
 
 
 PY_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"
+
+
+def _tree_digest(root: Path) -> str:
+    """A digest of every name, mode, size and file content under ``root``: equal digests, an
+    unchanged tree (the isolation and mode-none checks compare a pack before and after)."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in sorted(os.walk(root)):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            h.update(f"{os.path.relpath(p, root)}:{st.st_mode:o}:{st.st_size}".encode())
+            if os.path.isfile(p) and not os.path.islink(p):
+                with open(p, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
 
 
 __all__ = ["CHECKS", "Check", "check"]

@@ -3,32 +3,14 @@ writeback.
 """
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
-import platform
-import secrets
-import shutil
-import signal
-import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from ...errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
-from ...policy import Policy
-from ..harness import Evidence, Fail, Harness, NotApplicable, layer_refusal, proc_summary, shown
-from ..observers import drain, pid_alive
-from .base import (PY_ARGV, Check, _env_lines, _exact_refusal, _ran, _stderr, _stdout, _token,
-                   _verdict, check)
-from .isolation import _tree_digest
-
-
-# ============================================================================================
-# §10.6 Workspace / exec plane
-# ============================================================================================
+from ...errors import HostPathError, PolicyError, SandboxError
+from ..harness import Evidence, Harness, proc_summary
+from .base import PY_ARGV, _exact_refusal, _ran, _stdout, _tree_digest, _verdict, check
 
 
 @check("10.6-mode-none", "§10.6", "mode none: cwd is the pack root, read-only",

@@ -13,21 +13,11 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from ...errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
-from ...policy import Policy
-from ..harness import Evidence, Fail, Harness, NotApplicable, layer_refusal, proc_summary, shown
+from ..harness import Evidence, Harness, NotApplicable, layer_refusal, proc_summary, shown
 from ..observers import drain, pid_alive
-from .base import (PY_ARGV, Check, _env_lines, _exact_refusal, _ran, _stderr, _stdout, _token,
-                   _verdict, check)
-
-
-# ============================================================================================
-# Hardening canaries
-# ============================================================================================
+from .base import _ran, _stderr, _stdout, _token, _verdict, check
 
 
 @check("canary-fs-outside-jail", "hardening", "Files outside the granted roots cannot be "

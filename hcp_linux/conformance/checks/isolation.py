@@ -3,31 +3,13 @@ configurations.
 """
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
-import os
-import platform
 import secrets
-import shutil
-import signal
-import subprocess
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ...errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
-from ...policy import Policy
-from ..harness import Evidence, Fail, Harness, NotApplicable, layer_refusal, proc_summary, shown
-from ..observers import drain, pid_alive
-from .base import (PY_ARGV, Check, _env_lines, _exact_refusal, _ran, _stderr, _stdout, _token,
-                   _verdict, check)
+from ...errors import SandboxError
+from ..harness import Evidence, Harness
+from .base import _ran, _stdout, _tree_digest, _verdict, check
 
-
-# ============================================================================================
-# §10.4 Stronger isolation
-# ============================================================================================
 
 _TOOL = """#!/bin/sh
 # A pack's tool: upper-cases its --file input into its -o output.
@@ -42,21 +24,6 @@ done
 tr a-z A-Z < "$in" > "$out"
 echo "done mode=$HCP_SANDBOX"
 """
-
-
-def _tree_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in sorted(os.walk(root)):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            h.update(f"{os.path.relpath(p, root)}:{st.st_mode:o}:{st.st_size}".encode())
-            if os.path.isfile(p) and not os.path.islink(p):
-                with open(p, "rb") as f:
-                    h.update(f.read())
-    return h.hexdigest()
-
 
 @check("10.4-isolation-is-runtime", "§10.4", "The same pack runs unchanged under stricter and "
        "looser configurations",

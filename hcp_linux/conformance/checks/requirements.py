@@ -3,31 +3,15 @@ sandbox marker, environment flags that change nothing.
 """
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
-import platform
 import secrets
 import shutil
-import signal
-import subprocess
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from ...errors import HostPathError, NotAllowlistedError, PolicyError, SandboxError
-from ...policy import Policy
-from ..harness import Evidence, Fail, Harness, NotApplicable, layer_refusal, proc_summary, shown
-from ..observers import drain, pid_alive
-from .base import (PY_ARGV, Check, _env_lines, _exact_refusal, _ran, _stderr, _stdout, _token,
-                   _verdict, check)
-
-
-# ============================================================================================
-# §10.2 Sandbox requirements
-# ============================================================================================
+from ...errors import NotAllowlistedError, PolicyError
+from ..harness import Evidence, Harness, proc_summary
+from .base import _env_lines, _exact_refusal, _ran, _stderr, _stdout, _token, _verdict, check
 
 
 @check("10.2.1-allowlist", "§10.2.1", "An unlisted bin is refused: exit 127, exact message, "
