@@ -42,7 +42,7 @@ from hcp_linux.egress.hosts import (Decision, EgressPolicy, HostError, Pattern, 
                                     format_host, normalize_name, parse_authority, parse_host,
                                     parse_ipv4, parse_ipv6, parse_pattern, parse_port)
 from hcp_linux.egress.httpwire import HeadError  # noqa: E402
-from hcp_linux.egress.proxy import ProxyThread  # noqa: E402
+from hcp_linux.egress.thread import ProxyThread  # noqa: E402
 from hcp_linux.errors import PolicyError  # noqa: E402
 
 # -- profiles -------------------------------------------------------------------------------------
