@@ -25,7 +25,8 @@ Security properties, each with its reason:
   sides on any error.
 
 Every decision is passed to ``log`` as a dict with the keys ``time client protocol host port
-allowed reason address`` (plus ``response``, the answer sent).
+allowed reason address`` (plus ``response``, the answer sent). The byte relay lives in
+:mod:`.relay`; :class:`~.thread.ProxyThread` runs the proxy on a loop of its own.
 """
 from __future__ import annotations
 
@@ -37,16 +38,14 @@ import ipaddress
 import os
 import socket
 import sys
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable
 
 from . import socks
 from .hosts import Decision, EgressPolicy, HostError, format_host, parse_authority
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
-                       parse_request_head, read_head, rewrite_response_head, simple_response,
-                       split_absolute_url)
-from .relay import _CHUNK, _MAX_RESPONSE_HEAD, _abort, _abort_unless_closing, _close, _discard
+                       parse_request_head, read_head, simple_response, split_absolute_url)
+from .relay import abort, abort_unless_closing, close_streams, discard, pump
 
 LogFn = Callable[[dict[str, Any]], None]
 
@@ -80,7 +79,7 @@ class _Conn:
 
     def close(self) -> None:
         if self.writer is not None:
-            _abort_unless_closing(self.writer)
+            abort_unless_closing(self.writer)
         else:
             self.sock.close()
 
@@ -265,7 +264,7 @@ class EgressProxy:
         try:
             await self._relay(s, reader, writer, up_reader, up_writer)
         finally:
-            _abort(up_writer)
+            abort(up_writer)
 
     # -- request heads ----------------------------------------------------------------------
 
@@ -410,7 +409,7 @@ class EgressProxy:
                 # Lingering close: closing a socket with unread input sends RST, which can
                 # destroy the answer before the client reads it (a header flood, say). So
                 # read and discard what is still coming, briefly and boundedly.
-                await asyncio.wait_for(_discard(reader, 1 << 20), min(1.0, self.header_timeout))
+                await asyncio.wait_for(discard(reader, 1 << 20), min(1.0, self.header_timeout))
             except (OSError, asyncio.TimeoutError, RuntimeError):
                 pass
         writer.close()
@@ -444,10 +443,10 @@ class EgressProxy:
         elif s.protocol == "socks5":
             c_writer.write(socks.reply(socks.SUCCEEDED))
         forward_http = s.protocol == "http"
-        up = asyncio.create_task(self._pump(c_reader, u_writer, activity,
-                                            s.upstream_head + s.leftover))
-        down = asyncio.create_task(self._pump(u_reader, c_writer, activity,
-                                              response_heads=forward_http))
+        up = asyncio.create_task(pump(c_reader, u_writer, activity,
+                                      s.upstream_head + s.leftover))
+        down = asyncio.create_task(pump(u_reader, c_writer, activity,
+                                        response_heads=forward_http))
         pending: set[asyncio.Task[None]] = {up, down}
         try:
             while pending:
@@ -464,49 +463,8 @@ class EgressProxy:
             for task in (up, down):
                 task.cancel()
             await asyncio.gather(up, down, return_exceptions=True)
-            await _close(c_writer, u_writer)
+            await close_streams(c_writer, u_writer)
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    activity: list[float], first: bytes = b"", *,
-                    response_heads: bool = False) -> None:
-        loop = asyncio.get_running_loop()
-        if first:
-            dst.write(first)
-            await dst.drain()
-        if response_heads:
-            if not await self._response_heads(src, dst):
-                return
-            activity[0] = loop.time()
-        while True:
-            data = await src.read(_CHUNK)
-            if not data:
-                break
-            activity[0] = loop.time()
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof() and not dst.transport.is_closing():
-            dst.write_eof()  # half-close: the peer still may answer
-
-    async def _response_heads(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> bool:
-        """Forward the origin's response head(s) with ``Connection: close`` forced.
-        Returns False when the relay should stop (the origin sent no usable head)."""
-        pending = b""
-        while True:
-            try:
-                head, pending = await read_head(src, pending, _MAX_RESPONSE_HEAD, request=False)
-            except HeadError as exc:
-                dst.write(simple_response(502, "Bad Gateway",
-                                          f"hcp-linux egress proxy: upstream response: {exc}\n"))
-                await dst.drain()
-                return False
-            head, status = rewrite_response_head(head)
-            dst.write(head)
-            if status is None or not 100 <= status < 200 or status == 101:
-                break
-        if pending:
-            dst.write(pending)
-        await dst.drain()
-        return True
 
 
 def _listen_address(sock: socket.socket) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,

@@ -3,23 +3,14 @@ variables a child is given to reach it."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import datetime
-import errno
-import ipaddress
-import os
 import socket
-import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Sequence, Union
 
-from . import socks
-from .hosts import Decision, EgressPolicy, HostError, format_host, parse_authority
-from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
-                       parse_request_head, read_head, rewrite_response_head, simple_response,
-                       split_absolute_url)
+from .hosts import EgressPolicy
 from .proxy import EgressProxy, LogFn
+
+__all__ = ["ProxyThread", "proxy_env"]
 
 
 class ProxyThread:
