@@ -7,8 +7,8 @@ pattern syntax and port rule, `addresses` for what counts as non-public, `proxy`
 from __future__ import annotations
 
 from .addresses import Special, classify
-from .hosts import (DEFAULT_PORTS, Decision, EgressPolicy, Pattern, parse_authority, parse_host,
-                    parse_pattern, system_resolver)
+from .hostnames import parse_authority, parse_host
+from .hosts import DEFAULT_PORTS, Decision, EgressPolicy, Pattern, parse_pattern, system_resolver
 from .proxy import EgressProxy
 from .thread import ProxyThread, proxy_env
 

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import socks
-from .hosts import Decision, EgressPolicy, HostError, format_host, parse_authority
+from .hostnames import HostError, format_host, parse_authority
+from .hosts import Decision, EgressPolicy
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
                        parse_request_head, read_head, simple_response, split_absolute_url)
 from .relay import abort, abort_unless_closing, close_streams, discard, pump
