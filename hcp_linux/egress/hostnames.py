@@ -1,33 +1,48 @@
-"""Strict host parsing: names, IP literals, ports and authorities, each spelled one way only."""
+"""Strict host parsing: names, IP literals, ports and authorities, each spelled one way only.
+
+Host names are validated, in patterns and in requests alike, so that no alternative spelling of a
+host slips past a rule:
+
+* ASCII letters, digits, ``-`` and ``.`` only (LDH): NUL, ``%``, ``_``, ``\\``, spaces and any
+  other byte are refused; so is ``user@host``;
+* non-ASCII names are refused (IDN look-alikes such as a Cyrillic "а" in "аpple.com"); write the
+  punycode ``xn--`` form, which is matched exactly as written;
+* case is folded to lower case; ONE trailing dot is dropped (``example.com.`` is
+  ``example.com``), in patterns and in requests, so both spellings meet the same rules;
+* a name whose last label is all digits, or that libc's ``inet_aton`` would read as an address
+  (``0x7f.1``, ``0x7f000001``), is refused; IPv4 literals must be strict dotted quads
+  (``127.1``, ``0177.0.0.1`` and ``2130706433`` are refused);
+* IPv6 literals are parsed by the strict ``ipaddress`` module; zone indices (``%eth0``),
+  IPv4-mapped (``::ffff:127.0.0.1``) and IPv4-compatible (``::127.0.0.1``) forms are refused --
+  write the IPv4 form.
+"""
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import ipaddress
 import re
 import socket
-import threading
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal, Sequence, Union
+from typing import Union
 
 from ..errors import PolicyError
-from .addresses import IPAddress, IPNetwork, canonical, classify, unlocked_by
+from .addresses import IPAddress
 
+__all__ = ["DECIMAL", "DOTTED_CHARS", "Host", "HostError", "format_host", "normalize_name",
+           "parse_authority", "parse_host", "parse_ipv4", "parse_ipv6", "parse_port", "safe_text",
+           "short_number"]
 
 Host = Union[str, IPAddress]  # a normalised host name, or an address
 
-
 _LDH = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.")
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
-_DIGITS = re.compile(r"[0-9]+\Z")
-_DOTTED = frozenset("0123456789.")
+#: A decimal number (leading zeros are refused by each caller).
+DECIMAL = re.compile(r"[0-9]+\Z")
+#: What a dotted-quad IPv4 literal may contain.
+DOTTED_CHARS = frozenset("0123456789.")
 
 
 class HostError(PolicyError):
     """A host or authority is malformed; the message says why (without the host itself)."""
 
-
-# -- hosts, ports, authorities ---------------------------------------------------------------
 
 def normalize_name(text: str) -> str:
     """A validated, lower-case host name without a trailing dot; `HostError` if not one."""
@@ -54,7 +69,7 @@ def normalize_name(text: str) -> str:
         if not _LABEL.match(label):
             raise HostError(f"label {label!r} must be 1..63 letters, digits or '-', "
                             "not starting or ending with '-'")
-    if _DIGITS.match(labels[-1]):
+    if DECIMAL.match(labels[-1]):
         raise HostError("all-numeric last label: neither a host name nor a strict "
                         "dotted-quad IPv4 address (forms such as 127.1, 0x7f.1 or "
                         "2130706433 are refused)")
@@ -96,18 +111,18 @@ def parse_host(text: str) -> Host:
         return parse_ipv6(text[1:-1])
     if ":" in text:
         return parse_ipv6(text)
-    if text and set(text) <= _DOTTED:
+    if text and set(text) <= DOTTED_CHARS:
         return parse_ipv4(text)
     return normalize_name(text)
 
 
 def parse_port(text: str) -> int:
     """A decimal port 1..65535 without sign, spaces or leading zeros."""
-    if not _DIGITS.match(text) or (len(text) > 1 and text[0] == "0"):
-        raise HostError(f"port {_shown(text, 20)} is not a decimal number without leading zeros")
+    if not DECIMAL.match(text) or (len(text) > 1 and text[0] == "0"):
+        raise HostError(f"port {safe_text(text, 20)} is not a decimal number without leading zeros")
     # Length first: int() of more than 4300 digits raises a ValueError of its own.
     if len(text) > 5 or not 1 <= int(text) <= 65535:
-        raise HostError(f"port {_digits(text)} out of range 1..65535")
+        raise HostError(f"port {short_number(text)} out of range 1..65535")
     return int(text)
 
 
@@ -150,12 +165,12 @@ def format_host(host: Host) -> str:
     return str(host)
 
 
-def _digits(text: str, limit: int = 20) -> str:
+def short_number(text: str, limit: int = 20) -> str:
     """A decimal number for a message, shortened when it is absurdly long."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} digits)"
 
 
-def _shown(text: str, limit: int = 120) -> str:
+def safe_text(text: str, limit: int = 120) -> str:
     """A request-supplied string made safe for messages and logs: escaped and truncated."""
     shown = repr(text[:limit])
     return shown + "..." if len(text) > limit else shown

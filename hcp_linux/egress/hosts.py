@@ -1,4 +1,4 @@
-"""Egress allow/deny patterns, strict host parsing, and the policy decision.
+"""Egress allow/deny patterns and the policy decision.
 
 Pattern syntax (``--allow-host`` / ``--deny-host``, ``allow_hosts`` / ``deny_hosts`` in TOML)::
 
@@ -24,21 +24,7 @@ non-public addresses (loopback, private, link-local, CGNAT, cloud metadata, ...)
 resolves to: allowing ``db.internal`` is not enough to reach 10.1.2.3 -- ``10.1.2.3`` or
 ``10.0.0.0/8`` (with a matching port) must be listed too; see `addresses` for the table.
 
-Host names are validated, in patterns and in requests alike, so that no alternative spelling of a
-host slips past a rule:
-
-* ASCII letters, digits, ``-`` and ``.`` only (LDH): NUL, ``%``, ``_``, ``\\``, spaces and any
-  other byte are refused; so is ``user@host``;
-* non-ASCII names are refused (IDN look-alikes such as a Cyrillic "а" in "аpple.com"); write the
-  punycode ``xn--`` form, which is matched exactly as written;
-* case is folded to lower case; ONE trailing dot is dropped (``example.com.`` is
-  ``example.com``), in patterns and in requests, so both spellings meet the same rules;
-* a name whose last label is all digits, or that libc's ``inet_aton`` would read as an address
-  (``0x7f.1``, ``0x7f000001``), is refused; IPv4 literals must be strict dotted quads
-  (``127.1``, ``0177.0.0.1`` and ``2130706433`` are refused);
-* IPv6 literals are parsed by the strict ``ipaddress`` module; zone indices (``%eth0``),
-  IPv4-mapped (``::ffff:127.0.0.1``) and IPv4-compatible (``::127.0.0.1``) forms are refused --
-  write the IPv4 form.
+Host names are validated by :mod:`.hostnames`, in patterns and in requests alike.
 
 `EgressPolicy.check` resolves a name once and returns every address it checked; the proxy dials
 only those, so the answer that was judged is the answer that is used.
@@ -48,17 +34,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ipaddress
-import re
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal, Sequence, Union
+from typing import Callable, Iterable, Literal, Sequence
 
 from ..errors import PolicyError
 from .addresses import IPAddress, IPNetwork, canonical, classify, unlocked_by
-from .hostnames import (_DIGITS, _DOTTED, Host, HostError, _digits, _shown, format_host,
-                        normalize_name, parse_authority, parse_host, parse_ipv4, parse_ipv6,
-                        parse_port)
+from .hostnames import (DECIMAL, DOTTED_CHARS, HostError, format_host, normalize_name, parse_host,
+                        parse_ipv4, parse_ipv6, parse_port, safe_text, short_number)
 
 #: The ports a port-less allow pattern opens.
 DEFAULT_PORTS: frozenset[int] = frozenset({80, 443})
@@ -127,7 +111,7 @@ def parse_pattern(text: str, *, deny: bool = False) -> Pattern:
     try:
         return _parse_pattern(text, deny)
     except HostError as exc:
-        raise PolicyError(f"invalid egress {which} pattern {_shown(text, 1024)}: {exc}") from None
+        raise PolicyError(f"invalid egress {which} pattern {safe_text(text, 1024)}: {exc}") from None
 
 
 def _parse_pattern(text: str, deny: bool) -> Pattern:
@@ -177,16 +161,16 @@ def _parse_port_spec(spec: str | None, deny: bool) -> frozenset[int] | None:
 
 def _parse_cidr(text: str) -> IPNetwork:
     address_text, _, prefix = text.partition("/")
-    if not address_text or not set(address_text) <= _DOTTED | set("0123456789abcdefABCDEF:%"):
+    if not address_text or not set(address_text) <= DOTTED_CHARS | set("0123456789abcdefABCDEF:%"):
         raise HostError("only an IP address may precede '/' (CIDR); host names take no path")
     address: IPAddress = (parse_ipv6(address_text) if ":" in address_text
                           else parse_ipv4(address_text))
     if ":" in prefix:
         raise HostError("to give an IPv6 CIDR a port, bracket it: [fd00::/8]:443")
-    if not _DIGITS.match(prefix) or (len(prefix) > 1 and prefix[0] == "0"):
-        raise HostError(f"prefix length {_shown(prefix, 20)} is not a decimal number")
+    if not DECIMAL.match(prefix) or (len(prefix) > 1 and prefix[0] == "0"):
+        raise HostError(f"prefix length {safe_text(prefix, 20)} is not a decimal number")
     if len(prefix) > 3 or int(prefix) > address.max_prefixlen:  # int() of 4301+ digits raises
-        raise HostError(f"prefix length {_digits(prefix)} exceeds {address.max_prefixlen}")
+        raise HostError(f"prefix length {short_number(prefix)} exceeds {address.max_prefixlen}")
     try:
         return ipaddress.ip_network(f"{address}/{prefix}", strict=True)
     except ValueError:
@@ -308,7 +292,7 @@ class EgressPolicy:
         try:
             parsed = parse_host(host)
         except HostError as exc:
-            return Decision(False, f"invalid host {_shown(host)}: {exc}", kind="invalid")
+            return Decision(False, f"invalid host {safe_text(host)}: {exc}", kind="invalid")
         if isinstance(parsed, str):
             for rule in self.deny:
                 if rule.matches_name(parsed, port):
@@ -338,7 +322,7 @@ class EgressPolicy:
                 address = canonical(ipaddress.ip_address(str(text).split("%", 1)[0]))
             except ValueError:
                 return Decision(False, f"{step.name} resolves to an unparsable address "
-                                       f"{_shown(str(text))}", kind="unresolved")
+                                       f"{safe_text(str(text))}", kind="unresolved")
             if address not in addresses:
                 addresses.append(address)
         if not addresses:
