@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from hcp_linux import landlock
+import hcp_linux.landlock as landlock
 
 from . import _libc as L
 from .allowlist import SANDBOX_PATH

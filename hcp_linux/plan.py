@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
-from hcp_linux import landlock
-from hcp_linux import seccomp_profiles
+import hcp_linux.landlock as landlock
+import hcp_linux.seccomp_profiles as seccomp_profiles
 
 from . import _libc as L
 from .allowlist import install_prefixes, resolve_bin

@@ -9,8 +9,8 @@ from __future__ import annotations
 import errno
 import os
 
-from hcp_linux import landlock
-from hcp_linux import seccomp_profiles
+import hcp_linux.landlock as landlock
+import hcp_linux.seccomp_profiles as seccomp_profiles
 
 from .errors import ChildSetupError, LayerUnavailableError, PolicyError
 from .policy import Policy
