@@ -44,11 +44,11 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from hcp_linux import Policy, Sandbox, native, teardown  # noqa: E402
-from hcp_linux.conformance.harness import (on_a_thread, processes_in_namespace,  # noqa: E402
-                                           processes_with)
-from hcp_linux.conformance.harness import proc_children as children  # noqa: E402
-from hcp_linux.conformance.harness import proc_state as state  # noqa: E402
-from hcp_linux.conformance.harness import resume_and_kill as force_end  # noqa: E402
+from hcp_linux.conformance.observers import (on_a_thread, processes_in_namespace,  # noqa: E402
+                                             processes_with)
+from hcp_linux.conformance.observers import proc_children as children  # noqa: E402
+from hcp_linux.conformance.observers import proc_state as state  # noqa: E402
+from hcp_linux.conformance.observers import resume_and_kill as force_end  # noqa: E402
 
 HANG = 30.0  # seconds: a call not back by then is a hang
 SETTLE = 5.0  # seconds a run's processes get to be gone after the call returned

@@ -33,6 +33,7 @@ import _signal
 import _socket
 
 from . import _libc as L
+from .protocol import CANARY, PROXY_ADDRESS
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
@@ -54,9 +55,6 @@ STEPS = (
 STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
 
 NEWROOT = b"/tmp"  # where the new root is assembled before pivot_root (any existing dir works)
-CANARY = "/.hcp-canary"
-#: Where the egress proxy listens inside the sandbox's own network namespace.
-PROXY_ADDRESS = ("127.0.0.1", 3128)
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _PROXY_FD = -1  # set by run(): our end of the socketpair to the parent's egress proxy

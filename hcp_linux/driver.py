@@ -18,79 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .allowlist import is_allowlisted
+from .async_pipes import communicate
 from .environment import check_explicit
 from .errors import (BinNotFoundError, NotAllowlistedError, PolicyError, WritebackError,
                      printable)
-from .fileref import FileRef, OffLimits, Staging, scan
+from .fileref import FileRef, OffLimits, scan
+from .locations import default_tmp_dir, state_dir_path
 from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
+from .results import DriverResult, WritebackReport
 from .sandbox import PIPE, Sandbox, SandboxProcess
+from .staging import Staging
 from .workspace import (DEFAULT_PRINCIPAL, Workspace, _Cancelled, check_principal,
-                        default_tmp_dir, diff_snapshots, open_workspace, snapshot,
-                        state_dir_path, sweep_jails)
+                        diff_snapshots, open_workspace, snapshot, sweep_jails)
 
 __all__ = ["LinuxDriver", "Execution", "DriverResult", "WritebackReport"]
-
-
-@dataclass(frozen=True)
-class WritebackReport:
-    """What :meth:`LinuxDriver.writeback` did.
-
-    ``written``: host destinations of ``--output``/``-o`` replaced atomically.
-    ``missing``: outputs the tool did not produce (their destinations are untouched).
-    ``skipped``: why nothing was written back (``"exit status 1"``, ``"timed out"``...), or None.
-    ``new_files`` / ``modified_files``: workspace mode only, jail-relative paths the run created
-    or changed; they persist in place (the workspace *is* the local land). ``None`` when not
-    workspace mode or when the workspace was too large to list.
-    ``failed`` / ``error``: set only on the report a :class:`WritebackError` carries (its
-    ``report``): which destination failed and why; then ``written`` is empty.
-    """
-
-    written: tuple[str, ...] = ()
-    missing: tuple[str, ...] = ()
-    skipped: str | None = None
-    new_files: tuple[str, ...] | None = None
-    modified_files: tuple[str, ...] | None = None
-    failed: str | None = None  # the destination whose failure stopped the writeback
-    error: str | None = None  # why (the WritebackError's cause); nothing was written
-
-    def as_receipt(self) -> dict[str, Any]:
-        """The receipt's ``driver.writeback`` entry."""
-        if self.error is not None:
-            return {"status": "failed", "path": self.failed, "error": self.error,
-                    "written": []}
-        if self.skipped is not None:
-            return {"status": "skipped", "reason": self.skipped, "written": []}
-        return {"status": "written", "written": list(self.written),
-                "missing": list(self.missing)}
-
-
-@dataclass
-class DriverResult:
-    """The result of :meth:`LinuxDriver.run`, shaped like ``subprocess.CompletedProcess``."""
-
-    args: list[str]
-    returncode: int
-    stdout: bytes | None
-    stderr: bytes | None
-    receipt: dict[str, Any]
-    timed_out: bool
-    writeback: WritebackReport
-    jail: str
-    mode: str
-    truncated: frozenset[str] = frozenset()  # captured streams cut at policy.limits.output
-
-    def check_returncode(self) -> None:
-        if self.returncode:
-            raise subprocess.CalledProcessError(self.returncode, self.args, self.stdout,
-                                                self.stderr)
 
 
 @dataclass(eq=False)
@@ -484,8 +432,8 @@ class LinuxDriver:
             proc = self.spawn(ex, stdin=PIPE if input is not None else None,
                               stdout=PIPE if capture_output else None,
                               stderr=PIPE if capture_output else None)
-            out, err, timed_out = await _communicate(loop, proc, input, timeout,
-                                                     ex.policy.limits.output)
+            out, err, timed_out = await communicate(loop, proc, input, timeout,
+                                                    ex.policy.limits.output)
         except BaseException:
             # Shielded: a second cancellation cannot stop the cleanup thread half-way.
             await asyncio.shield(loop.run_in_executor(None, self.cleanup, ex))
@@ -515,108 +463,3 @@ class LinuxDriver:
             return self._finish(ex, returncode, out, err, timed_out, truncated)
         finally:
             self.cleanup(ex)
-
-
-async def _communicate(loop: asyncio.AbstractEventLoop, proc: SandboxProcess,
-                       input: bytes | None, timeout: float | None, max_bytes: int | None
-                       ) -> tuple[bytes | None, bytes | None, bool]:
-    """Feed stdin, drain stdout/stderr and wait for exit, all on the loop (pidfd), with a
-    timeout that kills the whole sandbox. Like the engine's ``communicate``, each stream keeps
-    at most ``max_bytes`` (the rest is read and dropped; ``proc.truncated`` names it).
-    Returns (out, err, timed_out)."""
-    chunks: dict[int, list[bytes]] = {}
-    kept: dict[int, int] = {}
-    names: dict[int, str] = {}
-    waiters: list[asyncio.Future[None]] = []
-    registered: list[tuple[str, int]] = []
-
-    def reader(fd: int, fut: asyncio.Future[None]) -> None:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        if data:
-            take = len(data) if max_bytes is None else min(len(data), max(0, max_bytes - kept[fd]))
-            if take < len(data):
-                proc.truncated.add(names[fd])
-            if take:
-                chunks[fd].append(data[:take])
-                kept[fd] += take
-        else:
-            loop.remove_reader(fd)
-            if not fut.done():
-                fut.set_result(None)
-
-    for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
-        if stream is not None:
-            fd = stream.fileno()
-            os.set_blocking(fd, False)
-            chunks[fd], kept[fd], names[fd] = [], 0, name
-            fut = loop.create_future()
-            loop.add_reader(fd, reader, fd, fut)
-            registered.append(("r", fd))
-            waiters.append(fut)
-    if proc.stdin is not None:
-        to_send = memoryview(input or b"")
-        wfd = proc.stdin.fileno()
-        wfut = loop.create_future()
-        if to_send:
-            os.set_blocking(wfd, False)
-
-            def writer() -> None:
-                nonlocal to_send
-                try:
-                    n = os.write(wfd, to_send[:65536])
-                except BlockingIOError:
-                    return
-                except BrokenPipeError:
-                    n = len(to_send)
-                to_send = to_send[n:]
-                if not to_send:
-                    loop.remove_writer(wfd)
-                    proc.stdin.close()  # type: ignore[union-attr]
-                    if not wfut.done():
-                        wfut.set_result(None)
-            loop.add_writer(wfd, writer)
-            registered.append(("w", wfd))
-        else:
-            proc.stdin.close()
-            wfut.set_result(None)
-        waiters.append(wfut)
-    end_fd, own_end_fd = proc.end_fd()
-    exited = loop.create_future()
-
-    def on_exit() -> None:
-        if not exited.done():
-            exited.set_result(None)
-    loop.add_reader(end_fd, on_exit)
-    waiters.append(exited)
-    timed_out = False
-    try:
-        _, unfinished = await asyncio.wait(waiters, timeout=timeout)
-        if unfinished:
-            timed_out = True
-            proc.kill()
-            # The kill empties the sandbox (pid 1 dies, the kernel kills the rest): the pipes
-            # reach EOF and the monitor exits promptly. Bound the wait for pipes anyway.
-            await asyncio.wait(unfinished, timeout=5.0)
-            if not exited.done():
-                await exited
-    except BaseException:
-        proc.kill()  # cancelled: the caller's cleanup reaps it
-        raise
-    finally:
-        loop.remove_reader(end_fd)
-        if own_end_fd:
-            os.close(end_fd)
-        for kind, fd in registered:
-            (loop.remove_reader if kind == "r" else loop.remove_writer)(fd)
-    proc.wait()  # the run is over: this does not block
-    out = err = None
-    if proc.stdout is not None:
-        out = b"".join(chunks[proc.stdout.fileno()])
-        proc.stdout.close()
-    if proc.stderr is not None:
-        err = b"".join(chunks[proc.stderr.fileno()])
-        proc.stderr.close()
-    return out, err, timed_out

@@ -15,8 +15,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .plan import REMEDIES
 from .policy import LAYERS
+from .rulesets import REMEDIES
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _read(path: str) -> str | None:
 
 def host_facts() -> dict[str, Any]:
     """The switches that decide each layer, read from /proc and /sys."""
-    from hcp_linux import landlock
+    import hcp_linux.landlock as landlock
 
     status = _read("/proc/self/status") or ""
     try:

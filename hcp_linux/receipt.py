@@ -74,7 +74,7 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
                                "securebits": "all locked" if plan.holds_setpcap else "unchanged"}
                               if confined else {"status": "off"})
     if plan.seccomp is not None:
-        from hcp_linux import seccomp_profiles
+        import hcp_linux.seccomp_profiles as seccomp_profiles
         layers["seccomp"].update(profiles=list(plan.seccomp_names),
                                  digest=seccomp_profiles.profile_digest(plan.seccomp_names),
                                  arch_check="foreign arch and x32 -> kill_process")

@@ -20,8 +20,8 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import pytest
 
 # The conformance harness's observers serve the tests too: one Listener, one pid_alive.
-from hcp_linux.conformance.harness import (Listener, accepted, drain, pid_alive,  # noqa: F401
-                                           processes_with)
+from hcp_linux.conformance.observers import (Listener, accepted, drain, pid_alive,  # noqa: F401
+                                             processes_with)
 
 IS_ROOT = os.geteuid() == 0
 TIMEOUT = 60  # seconds, for every subprocess a test starts

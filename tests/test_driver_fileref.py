@@ -10,9 +10,10 @@ import os
 import pytest
 
 from hcp_linux.errors import HostPathError, PolicyError
-from hcp_linux.fileref import (INPUT, JAIL, OUTPUT, Staging, WritebackError, check_host_path,
-                               is_host_path, scan)
+from hcp_linux.fileref import (INPUT, JAIL, OUTPUT, WritebackError, check_host_path, is_host_path,
+                               scan)
 from hcp_linux.pack import DEFAULT_FILE_FLAGS
+from hcp_linux.staging import Staging
 
 FLAGS = DEFAULT_FILE_FLAGS
 

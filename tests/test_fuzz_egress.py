@@ -38,11 +38,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from hcp_linux.egress import httpwire, socks  # noqa: E402
 from hcp_linux.egress.addresses import canonical, classify, unlocked_by  # noqa: E402
-from hcp_linux.egress.hosts import (Decision, EgressPolicy, HostError, Pattern,  # noqa: E402
-                                    format_host, normalize_name, parse_authority, parse_host,
-                                    parse_ipv4, parse_ipv6, parse_pattern, parse_port)
+from hcp_linux.egress.hostnames import (HostError, format_host, normalize_name,  # noqa: E402
+                                        parse_authority, parse_host, parse_ipv4, parse_ipv6,
+                                        parse_port)
+from hcp_linux.egress.hosts import Decision, EgressPolicy, Pattern, parse_pattern  # noqa: E402
 from hcp_linux.egress.httpwire import HeadError  # noqa: E402
-from hcp_linux.egress.proxy import ProxyThread  # noqa: E402
+from hcp_linux.egress.thread import ProxyThread  # noqa: E402
 from hcp_linux.errors import PolicyError  # noqa: E402
 
 # -- profiles -------------------------------------------------------------------------------------

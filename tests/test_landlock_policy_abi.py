@@ -1,13 +1,13 @@
-"""The Landlock rights the policy handles are pinned to a named ABI (plan.POLICY_ABI).
+"""The Landlock rights the policy handles are pinned to a named ABI (rulesets.POLICY_ABI).
 
 When the Landlock binding learns a newer ABI (its LATEST_ABI), the rights a command is
 confined by must not change with it: this test lists them by name, so a bump is a
-deliberate edit here and in plan.py, and a binding upgrade alone changes nothing.
+deliberate edit here and in rulesets.py, and a binding upgrade alone changes nothing.
 """
 from __future__ import annotations
 
 from hcp_linux import landlock
-from hcp_linux.plan import POLICY_ABI, _landlock_ruleset
+from hcp_linux.rulesets import POLICY_ABI, landlock_ruleset
 from hcp_linux.policy import LAYERS, Policy
 
 HANDLED_FS = {"EXECUTE", "WRITE_FILE", "READ_FILE", "READ_DIR", "REMOVE_DIR", "REMOVE_FILE",
@@ -28,7 +28,7 @@ def test_the_policy_abi_is_pinned_and_known_to_the_binding() -> None:
 
 def test_the_handled_rights_are_those_of_the_pinned_abi(tmp_path) -> None:
     # without a network namespace the policy also handles TCP (network = none)
-    rs = _landlock_ruleset(Policy(jail=str(tmp_path)), frozenset(LAYERS) - {"netns"})
+    rs = landlock_ruleset(Policy(jail=str(tmp_path)), frozenset(LAYERS) - {"netns"})
     assert _names(rs.handled_fs) == HANDLED_FS
     assert _names(rs.handled_net) == HANDLED_NET
     assert _names(rs.scoped) == SCOPES

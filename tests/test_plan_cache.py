@@ -1,4 +1,4 @@
-"""The confinement cache of plan.py: a policy's mount view and Landlock rules are made once and
+"""The confinement cache (confinement.py): a policy's mount view and Landlock rules are made once and
 reused while every host path they were made from is unchanged; a swapped root or a new secret
 is seen by the very next run. Real runs, real files, nothing mocked below the Python API.
 """
@@ -14,22 +14,22 @@ import pytest
 
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
-from hcp_linux import Policy, Sandbox, plan
+from hcp_linux import Policy, Sandbox, confinement, plan
 
 
 def _counts() -> dict[str, int]:
-    return dict(plan.cache_stats)
+    return dict(confinement.cache_stats)
 
 
 def _delta(before: dict[str, int]) -> dict[str, int]:
-    return {k: plan.cache_stats[k] - before[k] for k in before}
+    return {k: confinement.cache_stats[k] - before[k] for k in before}
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    plan.clear_cache()
+    confinement.clear_cache()
     yield
-    plan.clear_cache()
+    confinement.clear_cache()
 
 
 def test_a_repeated_policy_reuses_its_confinement(jail: Path) -> None:
@@ -62,8 +62,9 @@ def _secrets_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, age: float)
     """A read-only root whose ``*_key`` files are masked like /etc/ssh's host keys."""
     secrets = tmp_path / "keys"
     secrets.mkdir()
-    monkeypatch.setattr(plan, "MASKED_PATHS", plan.MASKED_PATHS + (f"{secrets}/*_key",))
-    monkeypatch.setattr(plan, "_MASK_DIRS", plan._MASK_DIRS + (str(secrets),))
+    monkeypatch.setattr(confinement, "MASKED_PATHS",
+                        confinement.MASKED_PATHS + (f"{secrets}/*_key",))
+    monkeypatch.setattr(confinement, "_MASK_DIRS", confinement._MASK_DIRS + (str(secrets),))
     if age:
         then = time.time() - age
         os.utime(secrets, (then, then))
@@ -86,7 +87,7 @@ def test_a_secret_added_after_a_run_is_masked_in_the_next(jail: Path, tmp_path: 
     assert _delta(before)["reused"] == 0  # remade (and, its listing just changed, not kept)
     # controls: the file is readable on the host, and inside when no pattern masks it
     assert subprocess.run(["cat", str(key)], capture_output=True).stdout == b"SECRET\n"
-    monkeypatch.setattr(plan, "MASKED_PATHS", plan.MASKED_PATHS[:-1])
+    monkeypatch.setattr(confinement, "MASKED_PATHS", confinement.MASKED_PATHS[:-1])
     plain = sb.run(read, capture_output=True, timeout=TIMEOUT)
     assert plain.stdout == b"SECRET\n", plain
 
@@ -124,7 +125,7 @@ def test_a_plan_of_a_forgotten_confinement_runs_and_holds_no_fd(jail: Path) -> N
     policy = Policy(jail=str(jail))
     sb = Sandbox(policy)
     p = plan.compile_plan(policy, ["true"], layers=sb._wanted_layers())
-    plan.clear_cache()
+    confinement.clear_cache()
     assert _open_fds() <= fds
     proc = executor.spawn(p, stdout=subprocess.DEVNULL)
     assert proc.wait(TIMEOUT) == 0
@@ -167,7 +168,7 @@ def test_concurrent_runs_while_the_cache_is_cleared(jail: Path) -> None:
 
     def clearer() -> None:
         while not stop.is_set():
-            plan.clear_cache()
+            confinement.clear_cache()
             time.sleep(0.001)
 
     threads = [threading.Thread(target=runner) for _ in range(8)]
@@ -180,7 +181,7 @@ def test_concurrent_runs_while_the_cache_is_cleared(jail: Path) -> None:
     stop.set()
     churn.join()
     assert not failures, failures[:3]
-    plan.clear_cache()
+    confinement.clear_cache()
     assert _open_fds() <= fds
 
 

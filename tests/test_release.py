@@ -22,7 +22,7 @@ import pytest
 
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
-from hcp_linux import Policy, Sandbox, executor, native, plan, release_resources
+from hcp_linux import Policy, Sandbox, confinement, executor, native, plan, release_resources
 from hcp_linux import _libc as L
 from hcp_linux.errors import ChildSetupError
 
@@ -229,9 +229,9 @@ def test_without_spares_nothing_holds_the_jail_between_runs(mounted_jail: Mounte
     runtime holds nothing of the jail once the runs have returned, the warm cache included."""
     native.set_spares("never")
     try:
-        before = dict(plan.cache_stats)
+        before = dict(confinement.cache_stats)
         _warm(mounted_jail, runs=3)
-        assert plan.cache_stats["reused"] - before["reused"] == 2  # the cache was warm
+        assert confinement.cache_stats["reused"] - before["reused"] == 2  # the cache was warm
         assert _open_fds_on(mounted_jail.dev) == []
         deadline = time.monotonic() + TIMEOUT  # a run's monitor may still be tearing down
         while _holders(mounted_jail.dev) and time.monotonic() < deadline:
@@ -269,15 +269,15 @@ def test_the_next_run_after_a_release_works(mounted_jail: MountedJail) -> None:
     """The cache is rebuilt (made afresh, then reused) and, natively, spares come back."""
     sb = _warm(mounted_jail)
     assert release_resources() is True
-    before, ready = dict(plan.cache_stats), native.stats["ready"]
+    before, ready = dict(confinement.cache_stats), native.stats["ready"]
     for _ in range(4):
         run = sb.run(["sh", "-c", "echo again >> log; cat log | wc -l"], capture_output=True,
                      timeout=TIMEOUT)
         assert run.returncode == 0, run
         time.sleep(0.02)
     assert run.stdout.strip() == b"8"
-    assert plan.cache_stats["made"] - before["made"] == 1
-    assert plan.cache_stats["reused"] - before["reused"] == 3
+    assert confinement.cache_stats["made"] - before["made"] == 1
+    assert confinement.cache_stats["reused"] - before["reused"] == 3
     if native.selected() == "native":
         assert native.stats["ready"] > ready  # spares were made again, once the kind repeated
     assert release_resources() is True

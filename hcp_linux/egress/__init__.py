@@ -7,9 +7,10 @@ pattern syntax and port rule, `addresses` for what counts as non-public, `proxy`
 from __future__ import annotations
 
 from .addresses import Special, classify
-from .hosts import (DEFAULT_PORTS, Decision, EgressPolicy, Pattern, parse_authority, parse_host,
-                    parse_pattern, system_resolver)
-from .proxy import EgressProxy, ProxyThread, proxy_env
+from .hostnames import parse_authority, parse_host
+from .hosts import DEFAULT_PORTS, Decision, EgressPolicy, Pattern, parse_pattern, system_resolver
+from .proxy import EgressProxy
+from .thread import ProxyThread, proxy_env
 
 __all__ = ["DEFAULT_PORTS", "Decision", "EgressPolicy", "EgressProxy", "Pattern", "ProxyThread",
            "Special", "classify", "parse_authority", "parse_host", "parse_pattern", "proxy_env",

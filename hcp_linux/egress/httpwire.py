@@ -12,7 +12,7 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-from .hosts import Host, HostError, format_host, parse_authority
+from .hostnames import Host, HostError, format_host, parse_authority
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _VERSION = re.compile(r"HTTP/1\.[01]\Z")

@@ -25,7 +25,8 @@ Security properties, each with its reason:
   sides on any error.
 
 Every decision is passed to ``log`` as a dict with the keys ``time client protocol host port
-allowed reason address`` (plus ``response``, the answer sent).
+allowed reason address`` (plus ``response``, the answer sent). The byte relay lives in
+:mod:`.relay`; :class:`~.thread.ProxyThread` runs the proxy on a loop of its own.
 """
 from __future__ import annotations
 
@@ -37,15 +38,15 @@ import ipaddress
 import os
 import socket
 import sys
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable
 
 from . import socks
-from .hosts import Decision, EgressPolicy, HostError, format_host, parse_authority
+from .hostnames import HostError, format_host, parse_authority
+from .hosts import Decision, EgressPolicy
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
-                       parse_request_head, read_head, rewrite_response_head, simple_response,
-                       split_absolute_url)
+                       parse_request_head, read_head, simple_response, split_absolute_url)
+from .relay import abort, abort_unless_closing, close_streams, discard, pump
 
 LogFn = Callable[[dict[str, Any]], None]
 
@@ -56,8 +57,6 @@ _PHRASES = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout",
 _REFUSALS = {"denied": (403, socks.NOT_ALLOWED), "invalid": (400, socks.NOT_ALLOWED),
              "unresolved": (502, socks.HOST_UNREACHABLE), "timeout": (504, socks.TTL_EXPIRED)}
 
-_CHUNK = 262144
-_MAX_RESPONSE_HEAD = 65536  # origins' heads (cookies) can exceed what we accept from clients
 _CONNECT_OK = b"HTTP/1.1 200 Connection established\r\nProxy-Agent: hcp-linux-egress\r\n\r\n"
 
 
@@ -81,7 +80,7 @@ class _Conn:
 
     def close(self) -> None:
         if self.writer is not None:
-            _abort_unless_closing(self.writer)
+            abort_unless_closing(self.writer)
         else:
             self.sock.close()
 
@@ -266,7 +265,7 @@ class EgressProxy:
         try:
             await self._relay(s, reader, writer, up_reader, up_writer)
         finally:
-            _abort(up_writer)
+            abort(up_writer)
 
     # -- request heads ----------------------------------------------------------------------
 
@@ -411,7 +410,7 @@ class EgressProxy:
                 # Lingering close: closing a socket with unread input sends RST, which can
                 # destroy the answer before the client reads it (a header flood, say). So
                 # read and discard what is still coming, briefly and boundedly.
-                await asyncio.wait_for(_discard(reader, 1 << 20), min(1.0, self.header_timeout))
+                await asyncio.wait_for(discard(reader, 1 << 20), min(1.0, self.header_timeout))
             except (OSError, asyncio.TimeoutError, RuntimeError):
                 pass
         writer.close()
@@ -445,10 +444,10 @@ class EgressProxy:
         elif s.protocol == "socks5":
             c_writer.write(socks.reply(socks.SUCCEEDED))
         forward_http = s.protocol == "http"
-        up = asyncio.create_task(self._pump(c_reader, u_writer, activity,
-                                            s.upstream_head + s.leftover))
-        down = asyncio.create_task(self._pump(u_reader, c_writer, activity,
-                                              response_heads=forward_http))
+        up = asyncio.create_task(pump(c_reader, u_writer, activity,
+                                      s.upstream_head + s.leftover))
+        down = asyncio.create_task(pump(u_reader, c_writer, activity,
+                                        response_heads=forward_http))
         pending: set[asyncio.Task[None]] = {up, down}
         try:
             while pending:
@@ -465,139 +464,8 @@ class EgressProxy:
             for task in (up, down):
                 task.cancel()
             await asyncio.gather(up, down, return_exceptions=True)
-            await _close(c_writer, u_writer)
+            await close_streams(c_writer, u_writer)
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    activity: list[float], first: bytes = b"", *,
-                    response_heads: bool = False) -> None:
-        loop = asyncio.get_running_loop()
-        if first:
-            dst.write(first)
-            await dst.drain()
-        if response_heads:
-            if not await self._response_heads(src, dst):
-                return
-            activity[0] = loop.time()
-        while True:
-            data = await src.read(_CHUNK)
-            if not data:
-                break
-            activity[0] = loop.time()
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof() and not dst.transport.is_closing():
-            dst.write_eof()  # half-close: the peer still may answer
-
-    async def _response_heads(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> bool:
-        """Forward the origin's response head(s) with ``Connection: close`` forced.
-        Returns False when the relay should stop (the origin sent no usable head)."""
-        pending = b""
-        while True:
-            try:
-                head, pending = await read_head(src, pending, _MAX_RESPONSE_HEAD, request=False)
-            except HeadError as exc:
-                dst.write(simple_response(502, "Bad Gateway",
-                                          f"hcp-linux egress proxy: upstream response: {exc}\n"))
-                await dst.drain()
-                return False
-            head, status = rewrite_response_head(head)
-            dst.write(head)
-            if status is None or not 100 <= status < 200 or status == 101:
-                break
-        if pending:
-            dst.write(pending)
-        await dst.drain()
-        return True
-
-
-class ProxyThread:
-    """Run an `EgressProxy` on its own event loop in a daemon thread.
-
-    ``start()`` returns once the proxy accepts connections; ``stop()`` closes the listening
-    socket(s) and every connection, and joins the thread. Usable as a context manager.
-    """
-
-    def __init__(self, policy: EgressPolicy,
-                 listening_sock: Union[socket.socket, Sequence[socket.socket]], *,
-                 log: LogFn | None = None, **options: float) -> None:
-        self._socks = ([listening_sock] if isinstance(listening_sock, socket.socket)
-                       else list(listening_sock))
-        self.proxy = EgressProxy(policy, log=log, **options)  # type: ignore[arg-type]
-        self._thread = threading.Thread(target=self._run, name="hcp-egress-proxy", daemon=True)
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
-
-    def start(self, timeout: float = 10.0) -> ProxyThread:
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError("egress proxy did not start")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop already closed
-                pass
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise RuntimeError("egress proxy thread did not stop")
-
-    def __enter__(self) -> ProxyThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            self._task = loop.create_task(self.proxy.serve(*self._socks, ready=self._ready.set))
-            loop.run_until_complete(self._task)
-        except asyncio.CancelledError:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised by start()
-            self._error = exc
-        finally:
-            self._ready.set()
-            try:
-                _cancel_leftovers(loop)
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()
-
-
-def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel whatever serve() left running, as asyncio.run does, and turn the loop once more
-    so that transports' scheduled closes run before the loop is closed."""
-    tasks = asyncio.all_tasks(loop)
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-    loop.run_until_complete(asyncio.sleep(0))
-
-
-def proxy_env(port: int = 3128, host: str = "127.0.0.1") -> dict[str, str]:
-    """The child's proxy variables, upper and lower case, all pointing at one port.
-
-    HTTP(S)_PROXY use HTTP (CONNECT for https); ALL_PROXY uses ``socks5h`` so that names
-    resolve at the proxy -- the sandbox has no resolver. NO_PROXY keeps the sandbox's own
-    loopback (a private ``lo``) direct.
-    """
-    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    values = {"HTTP_PROXY": f"http://{authority}", "HTTPS_PROXY": f"http://{authority}",
-              "ALL_PROXY": f"socks5h://{authority}", "NO_PROXY": "localhost,127.0.0.1,::1"}
-    env = dict(values)
-    env.update({k.lower(): v for k, v in values.items()})
-    return env
 
 
 def _listen_address(sock: socket.socket) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
@@ -618,37 +486,3 @@ def _peer_of(conn: socket.socket) -> str:
 
 def _hostport(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
-async def _discard(reader: asyncio.StreamReader, limit: int) -> None:
-    while limit > 0:
-        data = await reader.read(min(limit, _CHUNK))
-        if not data:
-            return
-        limit -= len(data)
-
-
-async def _close(*writers: asyncio.StreamWriter) -> None:
-    """Close gracefully (flushing what is buffered) within a second, else abort."""
-    for writer in writers:
-        writer.close()
-    for writer in writers:
-        try:
-            await asyncio.wait_for(writer.wait_closed(), 1.0)
-        except asyncio.CancelledError:
-            _abort(writer)
-            raise
-        except Exception:  # noqa: BLE001 - reset, timeout: nothing more to do than abort
-            _abort(writer)
-
-
-def _abort_unless_closing(writer: asyncio.StreamWriter) -> None:
-    if not writer.transport.is_closing():
-        _abort(writer)
-
-
-def _abort(writer: asyncio.StreamWriter) -> None:
-    try:
-        writer.transport.abort()
-    except Exception:  # noqa: BLE001 - already closed
-        pass

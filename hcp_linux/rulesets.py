@@ -1,0 +1,150 @@
+"""The kernel rulesets a plan carries: its Landlock ruleset and its seccomp filter.
+
+Which Landlock rights the policy handles is pinned to :data:`POLICY_ABI`; what a host must
+offer for a layer to count as enforced is required here, and a host without it is refused with
+the layer's remedy (:data:`REMEDIES`). The seccomp filter is compiled once per profile set.
+"""
+from __future__ import annotations
+
+import errno
+import os
+
+import hcp_linux.landlock as landlock
+import hcp_linux.seccomp_profiles as seccomp_profiles
+
+from .errors import ChildSetupError, LayerUnavailableError, PolicyError
+from .policy import Policy
+
+__all__ = ["POLICY_ABI", "REMEDIES", "Grant", "GrantedRuleset", "landlock_ruleset",
+           "seccomp_filter"]
+
+#: The Landlock ABI whose rights, network rights and scopes the policy handles. Pinned rather
+#: than the binding's LATEST_ABI (the moving target rust-landlock warns against): when the
+#: binding learns a newer ABI, what a command may do changes only when this is bumped, with
+#: tests/test_landlock_policy_abi.py, which lists the handled rights by name, updated with it.
+POLICY_ABI = 8
+
+#: Landlock rights the default policy cannot do without: truncate (ABI 3) would otherwise be
+#: unmediated. Scopes (ABI 6) are required only where no namespace covers for them.
+_REQUIRED_FS = landlock.AccessFs.from_abi(3)
+
+
+REMEDIES = {
+    "userns": "enable unprivileged user namespaces (sysctl user.max_user_namespaces>0, "
+              "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
+              "kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile with 'userns')",
+    "mountns": "allow mount namespaces (they need a user namespace, or root)",
+    "netns": "allow network namespaces (they need a user namespace, or root)",
+    "ipcns": "allow IPC namespaces (they need a user namespace, or root)",
+    "pidns": "allow pid namespaces (they need a user namespace, or root)",
+    "landlock": "boot a kernel >= 6.2 with Landlock enabled (CONFIG_SECURITY_LANDLOCK=y and "
+                "'landlock' in the lsm= boot parameter)",
+    "seccomp": "use a kernel with CONFIG_SECCOMP_FILTER=y that lets this process add filters",
+}
+
+
+#: A path a Landlock rule is granted on: (path, st_dev, st_ino, requested access).
+Grant = tuple[str, int, int, int]
+
+
+class GrantedRuleset(landlock.Ruleset):
+    """A plan's Landlock ruleset: the confinement's handled rights, and a rule on each of its
+    grants, added only when the kernel ruleset is made (:meth:`create`, by the ctypes executor,
+    or by hcp-exec's parent when there is no mount view). Each path is then opened
+    (``O_PATH``), checked to be the very inode the plan (and the mount view) recorded, given
+    its rule, and closed once the ruleset is made: nothing stays open between runs. A path
+    that changed since it was checked refuses the run (step ``landlock-rules``, ESTALE)."""
+
+    _grants: tuple[Grant, ...] = ()
+
+    @staticmethod
+    def of(template: landlock.Ruleset, grants: tuple[Grant, ...]) -> "GrantedRuleset":
+        """A copy of ``template`` (no path rules of its own) that adds ``grants`` at create()."""
+        twin = landlock.Ruleset.copy(template)  # a plain Ruleset, whatever template is
+        twin.__class__ = GrantedRuleset  # the same state: only create() and copy() differ
+        twin._grants = grants  # type: ignore[attr-defined]
+        return twin  # type: ignore[return-value]
+
+    def copy(self) -> "GrantedRuleset":
+        """An uncreated twin with the same rights and grants (a plan's own, from the cache's)."""
+        return GrantedRuleset.of(self, self._grants)
+
+    def create(self) -> "landlock.CreatedRuleset":
+        fds: list[int] = []
+        try:
+            for path, dev, ino, access in self._grants:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError as e:
+                    raise ChildSetupError("landlock-rules", e.errno or errno.EIO, path) from None
+                fds.append(fd)
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != (dev, ino):
+                    raise ChildSetupError("landlock-rules", errno.ESTALE,
+                                          path + " changed since it was checked")
+                self.add_path(fd, landlock.AccessFs(access))
+            return super().create()
+        except BaseException:
+            self.close()  # created once or never: no half-made rules left for a retry
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Ruleset":
+    """The rights ``policy`` handles (pinned to POLICY_ABI), with no path rule yet; refuses a
+    host whose Landlock lacks what these layers need it for."""
+    pinned = POLICY_ABI
+    try:
+        abi = landlock.abi_version()
+    except landlock.SyscallError as e:  # e.g. a seccomp filter on this process refuses it
+        raise LayerUnavailableError("landlock", f"landlock_create_ruleset: {e.strerror}",
+                                    REMEDIES["landlock"]) from None
+    if abi == 0:
+        raise LayerUnavailableError("landlock", "the kernel has no Landlock (ABI 0)",
+                                    REMEDIES["landlock"])
+    handled_net = landlock.AccessNet(0)
+    if "netns" not in layers and policy.network == "none":
+        # No private network namespace: refuse every TCP bind and connect instead.
+        handled_net = landlock.AccessNet.from_abi(pinned)
+    required: list = [_REQUIRED_FS]
+    if not {"netns", "pidns"} <= layers:
+        # Scopes stand in for the namespaces that would otherwise isolate abstract unix
+        # sockets (netns) and hide outside processes from kill() (pidns).
+        required.append(landlock.Scope.from_abi(pinned))
+    if handled_net:
+        required.append(handled_net)
+    try:
+        return landlock.Ruleset(handled_fs=landlock.AccessFs.from_abi(pinned),
+                                handled_net=handled_net, scoped=landlock.Scope.from_abi(pinned),
+                                required=tuple(required))
+    except (landlock.UnsupportedError, landlock.IncompatibleError) as e:
+        raise LayerUnavailableError("landlock", str(e), REMEDIES["landlock"]) from None
+
+
+def seccomp_filter(policy: Policy, layers: frozenset[str]
+                   ) -> tuple[seccomp_profiles.PreparedFilter, tuple[str, ...]] | None:
+    """The prepared filter of ``policy``'s profiles (plus network-off where no network
+    namespace fences the network) and the profiles' names; None without the seccomp layer."""
+    if "seccomp" not in layers:
+        return None
+    names = tuple(policy.seccomp_profiles)
+    if "netns" not in layers and policy.network == "none" and "network-off" not in names:
+        names += ("network-off",)
+    try:
+        bpf = seccomp_profiles.compile_profiles(names)
+    except seccomp_profiles.SeccompCompileError as e:
+        # libseccomp asks the kernel what it supports while compiling: a host (or a filter on
+        # this process) without seccomp fails here, before any child could try to install it.
+        raise LayerUnavailableError("seccomp", f"compiling the filter failed: {e}",
+                                    REMEDIES["seccomp"]) from None
+    except seccomp_profiles.SeccompProfileError as e:
+        raise PolicyError(f"seccomp: {e}") from None
+    prepared = _prepared_filters.get(bpf)
+    if prepared is None:  # read-only once made: plans (and threads) share it
+        prepared = _prepared_filters[bpf] = seccomp_profiles.PreparedFilter(bpf)
+    return prepared, names
+
+
+_prepared_filters: dict[bytes, "seccomp_profiles.PreparedFilter"] = {}
