@@ -106,7 +106,7 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
 
     from .child import STEP_INDEX
     from .errors import ChildSetupError
-    from .launch import memfd
+    from .hcp_spawn import memfd
 
     exe = sys.executable
     if not exe:
@@ -181,7 +181,7 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         if machine is None:
             raise ChildSetupError("seccomp", errno.ENOSYS, os.uname().machine)
         seccomp = (plan.seccomp.bpf, machine.seccomp_nr, SECCOMP_SET_MODE_FILTER)
-    from .launch import status_fields
+    from .peer import status_fields
     return {
         "fds": (tuple(stdio), proxy_fd, done_fd),
         "ignored": int(status_fields("self", "SigIgn")["SigIgn"], 16),
@@ -300,8 +300,8 @@ def main(args: list[str]) -> "NoReturn":
     err = int(args[0])
     try:
         fd = int(args[1])
-        parts = []
-        while chunk := os.pread(fd, 1 << 20, sum(map(len, parts))):
+        parts: list[bytes] = []
+        while chunk := os.pread(fd, 1 << 20, sum(len(p) for p in parts)):
             parts.append(chunk)
         os.close(fd)
         fields = marshal.loads(b"".join(parts))
