@@ -166,7 +166,7 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
     from .errors import ChildSetupError
     rules: tuple = ()
     if ruleset is not None:
-        from hcp_linux import landlock
+        import hcp_linux.landlock as landlock
         requested, handled = int(ruleset.requested_fs), int(ruleset.handled_fs)
         for path, access in plan.late_rules:
             if not access or access & ~requested:  # what CreatedRuleset.add_path_fd refuses

@@ -204,7 +204,7 @@ def _warm() -> None:
     """Compile the seccomp programs a served plan can name, now, in the server's own
     environment: a request then finds them in memory and never reads or writes the disk
     cache where a client's environment (XDG_CACHE_HOME) would point."""
-    from hcp_linux import seccomp_profiles
+    import hcp_linux.seccomp_profiles as seccomp_profiles
     # a policy made from flags names the default profiles (others need a policy file, which
     # is not served); without a network namespace its plan adds network-off
     for names in (DEFAULT_SECCOMP_PROFILES, DEFAULT_SECCOMP_PROFILES + ("network-off",)):
