@@ -33,6 +33,8 @@ import _signal
 import _socket
 
 from . import _libc as L
+from .protocol import CANARY, PROXY_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP, STATUS_SETPCAP
+from .protocol import STEPS, encode_error_record, status_lacks  # noqa: F401 STEPS: serve.py's
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
@@ -42,21 +44,7 @@ if TYPE_CHECKING:
 
     from .plan import Plan
 
-# Step names reported to the parent; the index travels over the pipe.
-STEPS = (
-    "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
-    "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
-    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary", "pivot-root",
-    "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
-    "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "fork-command", "verify",
-    "execve", "helper",
-)
-STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
-
 NEWROOT = b"/tmp"  # where the new root is assembled before pivot_root (any existing dir works)
-CANARY = "/.hcp-canary"
-#: Where the egress proxy listens inside the sandbox's own network namespace.
-PROXY_ADDRESS = ("127.0.0.1", 3128)
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _PROXY_FD = -1  # set by run(): our end of the socketpair to the parent's egress proxy
@@ -76,7 +64,7 @@ def _step(step: str, fn, *args, detail: str = ""):  # type: ignore[no-untyped-de
 
 
 def _report(errfd: int, step: str, err: int, detail: str) -> NoReturn:
-    record = struct.pack("<HH", STEP_INDEX.get(step, 0), err & 0xFFFF) + detail.encode()[:512]
+    record = encode_error_record(step, err, detail)
     try:
         os.write(errfd, record)
     finally:
@@ -466,12 +454,11 @@ def _verify(plan: "Plan") -> None:
             raise _StepFailed("verify", errno.EPERM, f"Landlock canary {plan.canary} was readable")
     with open("/proc/self/status", "rb") as f:
         status = f.read()
-    expect = [b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n", b"CapPrm:\t0000000000000000\n",
-              b"CapAmb:\t0000000000000000\n"]
+    expect = list(STATUS_ALWAYS)
     if plan.holds_setpcap:
-        expect.append(b"CapBnd:\t0000000000000000\n")
+        expect.append(STATUS_SETPCAP)
     if plan.seccomp is not None:
-        expect.append(b"Seccomp:\t2\n")
+        expect.append(STATUS_SECCOMP)
     for line in expect:
         if line not in status:
-            raise _StepFailed("verify", errno.EPERM, f"/proc/self/status lacks {line.strip().decode()!r}")
+            raise _StepFailed("verify", errno.EPERM, status_lacks(line))

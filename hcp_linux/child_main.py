@@ -104,9 +104,9 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
     import errno
     import marshal
 
-    from .child import STEP_INDEX
     from .errors import ChildSetupError
     from .launch import memfd
+    from .protocol import STEP_INDEX
 
     exe = sys.executable
     if not exe:

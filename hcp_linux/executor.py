@@ -19,10 +19,11 @@ import subprocess
 import time
 from typing import IO, Any, Callable
 
-from . import child, child_main, native, spawner, teardown
+from . import child_main, native, spawner, teardown
 from .errors import ChildSetupError, SetupTimeoutError
 from .plan import Plan
 from .popen import Stdio
+from .protocol import PROXY_ADDRESS, decode_error_record
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -486,9 +487,8 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                 os.close(end)
         if done_r >= 0:
             os.close(done_r)
-        step_i, err = struct.unpack("<HH", record[:4])
-        step = child.STEPS[step_i] if step_i < len(child.STEPS) else "internal"
-        raise ChildSetupError(step, err or errno.EIO, record[4:].decode(errors="replace"))
+        step, err, detail = decode_error_record(record)
+        raise ChildSetupError(step, err or errno.EIO, detail)
     stdin_f, stdout_f, stderr_f = _open_streams(ends[:3], stdio)
     proc = SandboxProcess(pid, stdin_f, stdout_f, stderr_f,
                           receipt=receipt or {},  # type: ignore[arg-type]
@@ -566,9 +566,8 @@ def _stale_spare(record: bytes) -> bool:
     """Whether a ready spare's failure is its age, not the plan's: a tree it cloned is not
     the one the plan checked (a file system mounted on a granted path since the spare made
     its mount namespace). A spare started now sees what the plan saw."""
-    step_i, err = struct.unpack("<HH", record[:4])
-    return (step_i < len(child.STEPS) and child.STEPS[step_i] == "bind-clone"
-            and err in (errno.ESTALE, errno.ENOENT))
+    step, err, _ = decode_error_record(record)
+    return step == "bind-clone" and err in (errno.ESTALE, errno.ENOENT)
 
 
 def _abandon(pid: int, pidns: bool) -> None:
@@ -591,7 +590,7 @@ def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
         raise ChildSetupError("proxy-listen", errno.EPROTO, "no listening socket received")
     listener = socket.socket(fileno=fds[0])
     decisions: list[dict[str, Any]] = []
-    receipt.setdefault("network", {}).update(mode="allow", proxy="%s:%d" % child.PROXY_ADDRESS,
+    receipt.setdefault("network", {}).update(mode="allow", proxy="%s:%d" % PROXY_ADDRESS,
                                              decisions=decisions,
                                              **plan.policy.egress().describe())
     log_path = plan.policy.proxy_log

@@ -23,7 +23,7 @@ from hcp_linux import seccomp_profiles
 
 from . import _libc as L
 from .allowlist import SANDBOX_PATH, install_prefixes, resolve_bin
-from .child import CANARY, PROXY_ADDRESS
+from .protocol import CANARY, PROXY_ADDRESS
 from .environment import build_env
 from .errors import ChildSetupError, LayerUnavailableError, PolicyError, printable
 from .limits import pid_fence

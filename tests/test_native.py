@@ -22,7 +22,7 @@ import pytest
 
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
-from hcp_linux import Policy, Sandbox, child, executor, native
+from hcp_linux import Policy, Sandbox, child, executor, native, protocol
 from hcp_linux.errors import ChildSetupError, PolicyError, SandboxError
 from hcp_linux.plan import compile_plan
 from hcp_linux.policy import LAYERS
@@ -44,16 +44,52 @@ def _comm(pid: int) -> str:
 # --- the C program and the Python side agree -----------------------------------------------
 
 
-def test_native_steps_are_the_c_enum_and_known_to_child():
+@built
+def test_the_binary_was_built_from_protocol_py():
+    """hcp-exec prints the steps, flags, message bits and limits it was compiled with: every
+    one of them is protocol.py's (the build generates its header from protocol.py)."""
+    out = subprocess.run([native.binary(), "--protocol"], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == protocol.table()
+    assert len(protocol.FLAGS) == 14 and f"step {len(protocol.STEPS) - 1} helper\n" in out
+
+
+def test_the_header_is_generated_and_named_in_the_binary():
+    """hcp_exec.c holds no copy of the protocol, and the binary's name changes with the
+    header: a binary built against other values is never used."""
     with open(native.SOURCE) as f:
         src = f.read()
-    body = re.search(r"enum step \{(.*?)N_STEPS", src, re.S).group(1)
-    names = tuple(n.strip()[2:].lower().replace("_", "-") for n in body.split(",") if n.strip())
-    assert names == native.NATIVE_STEPS
-    assert set(native.NATIVE_STEPS) <= set(child.STEPS), set(native.NATIVE_STEPS) - set(child.STEPS)
-    # every step child.py can report, the native executor can report too ("helper": the
-    # ctypes executor's own start, hcp_linux.child_main)
-    assert set(child.STEPS) - {"helper"} <= set(native.NATIVE_STEPS)
+    assert '#include "hcp_exec_protocol.h"' in src
+    assert not re.search(r"#define (F_|M_|PLAN_|INLINE_MAX|DETAIL_MAX)|enum step \{", src)
+    header = protocol.c_header()
+    for i, name in enumerate(protocol.STEPS):
+        assert f"    S_{name.upper().replace('-', '_')} = {i},\n" in header
+    for name, bit in protocol.FLAGS.items():
+        assert f"#define F_{name} {bit}u\n" in header
+    name = native.artifact_name()
+    real = protocol.c_header
+    try:
+        protocol.c_header = lambda: real().replace("PLAN_VERSION", "PLAN_VERSION_")
+        assert native.artifact_name() != name
+    finally:
+        protocol.c_header = real
+
+
+def test_the_ctypes_executor_reports_only_protocol_steps():
+    """Every step name child.py reports is one of protocol.STEPS (an unknown one would be
+    reported as "internal")."""
+    with open(child.__file__) as f:
+        src = f.read()
+    used = set(re.findall(r'(?:_step|_StepFailed|_report)\(\s*(?:errfd, )?"([a-z0-9-]+)"', src))
+    assert used and used <= set(protocol.STEPS), used - set(protocol.STEPS)
+
+
+def test_error_records_round_trip():
+    record = protocol.encode_error_record("bind-clone", errno.ESTALE, "/x changed")
+    assert protocol.decode_error_record(record) == ("bind-clone", errno.ESTALE, "/x changed")
+    assert protocol.decode_error_record(b"\xff\xff\x05\x00")[0] == "internal"
+    long = protocol.encode_error_record("verify", errno.EPERM, "x" * 1000)
+    assert len(long) == protocol.ERROR_RECORD.size + protocol.DETAIL_MAX
 
 
 def test_c_constants_match_the_python_ones():
@@ -61,11 +97,6 @@ def test_c_constants_match_the_python_ones():
     with open(native.SOURCE) as f:
         src = f.read()
     assert f"#define SECURE_ALL_LOCKED_ 0x{L.SECURE_ALL_LOCKED:x} " in src
-    assert f"#define PLAN_VERSION {native.PLAN_VERSION}\n" in src
-    assert f"#define PLAN_MAGIC 0x{native.PLAN_MAGIC:08X}u" in src
-    for name, bit in (("USERNS", native.F_USERNS), ("PID_MAX", native.F_PID_MAX),
-                      ("SECCOMP", native.F_SECCOMP), ("WAIT_FOR_TREE", native.F_WAIT_FOR_TREE)):
-        assert f"#define F_{name} (1u << {bit.bit_length() - 1})" in src
 
 
 def test_executor_names_are_checked():
@@ -342,7 +373,9 @@ def test_build_goes_on_to_the_next_recipe(tmp_path: Path, monkeypatch, capsys) -
     assert (p.returncode, p.stderr[:10]) == (2, b"hcp-exec: ")
     # control: the "aborts" recipe does compile, and its binary does not answer as hcp-exec
     odd = tmp_path / "aborts"
-    subprocess.run([*aborts, "-o", str(odd), build.SOURCE], check=True, capture_output=True)
+    build.write_header(str(tmp_path))
+    subprocess.run([*aborts, "-iquote", str(tmp_path), "-o", str(odd), build.SOURCE],
+                   check=True, capture_output=True)
     assert subprocess.run([str(odd)], capture_output=True, timeout=TIMEOUT).returncode != 2
 
 
@@ -512,7 +545,7 @@ def _memfds_made(monkeypatch) -> list[int]:
     """Sizes of the plans (not view templates) put in a memfd, from now on."""
     sizes: list[int] = []
     real = native.memfd
-    magic = native._U64(native.PLAN_VERSION << 32 | native.PLAN_MAGIC)
+    magic = native._U64(protocol.PLAN_VERSION << 32 | protocol.PLAN_MAGIC)
 
     def counting(blob: bytes) -> int:
         if blob.startswith(magic):
@@ -581,8 +614,8 @@ def test_a_spare_refuses_a_malformed_inline_plan(jail: Path, spares_auto, payloa
     spare = native._make_spare(key + (None,))
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
-        header = native._U64(native.PLAN_VERSION << 32 | native.PLAN_MAGIC)
-        spare.sock.sendmsg([header, native._U64(native._MSG_INLINE), payload],
+        header = native._U64(protocol.PLAN_VERSION << 32 | protocol.PLAN_MAGIC)
+        spare.sock.sendmsg([header, native._U64(protocol.MESSAGE_BITS["INLINE"]), payload],
                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                              array.array("i", [err_w, 0, 1, 2]))])
         spare.sock.close()
@@ -596,8 +629,8 @@ def test_a_spare_refuses_a_malformed_inline_plan(jail: Path, spares_auto, payloa
         for fd in (err_r, err_w):
             if fd >= 0:
                 os.close(fd)
-    step_i, err = struct.unpack("<HH", record[:4])
-    assert child.STEPS[step_i] == "internal" and err in (errno.EPROTO, errno.EINVAL), record
+    step, err, _ = protocol.decode_error_record(record)
+    assert step == "internal" and err in (errno.EPROTO, errno.EINVAL), record
     assert os.WEXITSTATUS(status) == 125
 
 

@@ -4,8 +4,8 @@ The parent serialises the Plan (``plan_bytes``) into a memfd and hands it to ``h
 started with ``posix_spawn`` (vfork + exec: the cost does not grow with the runtime's RSS,
 nothing runs in Python after the fork, and it is safe in a multi-threaded runtime) either now
 or ahead of time (a *spare*, see below). ``hcp-exec`` performs the steps of
-:mod:`hcp_linux.child` and reports a failing step over the same close-on-exec error pipe, as
-(index in ``child.STEPS``, errno, detail): the parent's mapping to errors, and the
+:mod:`hcp_linux.child` and reports a failing step over the same close-on-exec error pipe, in the same error record
+(:mod:`hcp_linux.protocol`): the parent's mapping to errors, and the
 degraded-host logic of :mod:`hcp_linux.sandbox`, are shared with the ctypes executor.
 
 The program is built by ``python -m hcp_linux.native.build`` (``make setup`` runs it when a C
@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from ..launch import memfd, parse_status, spawn_hcp_exec
+from ..protocol import FLAGS, INLINE_MAX, LAYER_FLAGS, MESSAGE_BITS, PLAN_MAGIC, PLAN_VERSION
 from ..spawner import on_lasting_thread
 
 if TYPE_CHECKING:
@@ -40,26 +41,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "hcp_exec.c")
 BUILD_DIR = os.path.join(HERE, "_build")
 
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 6
-
-#: The C program's steps, in the order of its ``enum step``; each travels as its index in
-#: ``child.STEPS`` (the plan carries the table), so the parent's mapping is the ctypes one.
-NATIVE_STEPS = (
-    "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
-    "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
-    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary",
-    "pivot-root", "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits",
-    "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
-    "close-fds", "fork-command", "verify", "execve",
-)
-
-# plan flags (hcp_exec.c: F_*)
-F_USERNS, F_MOUNTNS, F_NETNS, F_IPCNS, F_PIDNS = 1, 2, 4, 8, 16
-F_CONFINED, F_PROXY, F_HOLDS_SETPCAP, F_PROC_FRESH, F_WAIT_FOR_TREE = 32, 64, 128, 256, 512
-F_LANDLOCK, F_CANARY, F_SECCOMP, F_PID_MAX = 1024, 2048, 4096, 8192
-_LAYER_FLAGS = (("userns", F_USERNS), ("mountns", F_MOUNTNS), ("netns", F_NETNS),
-                ("ipcns", F_IPCNS), ("pidns", F_PIDNS))
-
 _U64 = struct.Struct("<Q").pack
 _MASK = (1 << 64) - 1
 
@@ -68,7 +49,6 @@ _lock = threading.Lock()
 _binary: "str | None | bool" = False  # False: not looked up yet
 _missing = ""  # why _binary is None
 _broken: str | None = None  # why auto stopped using the native executor in this process
-_step_table: bytes | None = None
 #: How native spawns went in this process: a ready spare, one started on the spot, or hcp-exec
 #: with the plan on its command line (native-local plans, set_spares("never")).
 stats = {"ready": 0, "on_the_spot": 0, "direct": 0}
@@ -92,9 +72,12 @@ def check(name: str) -> str:
 
 
 def source_digest() -> str:
+    """Of hcp_exec.c and the protocol header the build generates for it."""
     import hashlib
+
+    from ..protocol import c_header
     with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+        return hashlib.sha256(f.read() + c_header().encode()).hexdigest()[:16]
 
 
 def artifact_name() -> str:
@@ -218,15 +201,6 @@ def _unavailable() -> Exception:
     return SandboxError(f"native executor unavailable: {why}")
 
 
-def _steps() -> bytes:
-    global _step_table
-    if _step_table is None:
-        from ..child import STEP_INDEX
-        _step_table = b"".join([_U64(len(NATIVE_STEPS))]
-                               + [_U64(STEP_INDEX.get(n, 0)) for n in NATIVE_STEPS])
-    return _step_table
-
-
 def _str(parts: list[bytes], s: bytes) -> None:
     parts.append(_U64(len(s) + 1))
     parts.append(s)
@@ -239,9 +213,11 @@ def view_bytes(plan: "Plan") -> bytes:
     only that. Two plans with the same section get the same view (inodes included) and the
     same confinement, which is what lets a spare do both ahead of time. Made once per
     confinement and the other fields it reads."""
-    vf = (F_MOUNTNS * ("mountns" in plan.layers) | F_PROC_FRESH * plan.proc_fresh
-          | F_PID_MAX * (plan.pid_max is not None) | F_HOLDS_SETPCAP * plan.holds_setpcap
-          | F_SECCOMP * (plan.seccomp is not None) | F_LANDLOCK * (plan.landlock is not None))
+    F = FLAGS
+    vf = (F["MOUNTNS"] * ("mountns" in plan.layers) | F["PROC_FRESH"] * plan.proc_fresh
+          | F["PID_MAX"] * (plan.pid_max is not None) | F["HOLDS_SETPCAP"] * plan.holds_setpcap
+          | F["SECCOMP"] * (plan.seccomp is not None)
+          | F["LANDLOCK"] * (plan.landlock is not None))
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
                          plan.cap_last_cap, bpf), lambda: _view_bytes(plan, vf, bpf))
@@ -305,7 +281,8 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     Call it in the spawning thread: it records that thread's signal mask, and this moment's
     ignored signals and (``set_umask``: for a spare started a while ago) umask; or, given
     ``process`` (umask, ignored, blocked), those of the process that will start hcp-exec."""
-    from ..child import DEFAULT_SIGNALS, PROXY_ADDRESS
+    from ..child import DEFAULT_SIGNALS
+    from ..protocol import PROXY_ADDRESS
 
     if process is None:
         umask, ignored = _process_status()
@@ -314,22 +291,25 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
         umask, ignored, blocked = process
     ignored &= ~sum(1 << (int(s) - 1) for s in DEFAULT_SIGNALS)
 
+    F = FLAGS
     flags = 0
-    for layer, bit in _LAYER_FLAGS:
+    for layer, bit in LAYER_FLAGS:
         if layer in plan.layers:
             flags |= bit
-    flags |= (F_CONFINED * plan.confined | F_PROXY * plan.proxy
-              | F_HOLDS_SETPCAP * plan.holds_setpcap | F_PROC_FRESH * plan.proc_fresh
-              | F_WAIT_FOR_TREE * plan.wait_for_tree | F_LANDLOCK * (plan.landlock is not None)
-              | F_CANARY * (plan.canary is not None) | F_SECCOMP * (plan.seccomp is not None)
-              | F_PID_MAX * (plan.pid_max is not None))
+    flags |= (F["CONFINED"] * plan.confined | F["PROXY"] * plan.proxy
+              | F["HOLDS_SETPCAP"] * plan.holds_setpcap | F["PROC_FRESH"] * plan.proc_fresh
+              | F["WAIT_FOR_TREE"] * plan.wait_for_tree
+              | F["LANDLOCK"] * (plan.landlock is not None)
+              | F["CANARY"] * (plan.canary is not None)
+              | F["SECCOMP"] * (plan.seccomp is not None)
+              | F["PID_MAX"] * (plan.pid_max is not None))
     host, port = PROXY_ADDRESS
     a, b, c, d = (int(x) for x in host.split("."))
     if (ruleset is not None) == makes_ruleset(plan) and plan.landlock is not None:
         from ..errors import ChildSetupError
         raise ChildSetupError("internal", errno.EINVAL, "native executor: a Landlock ruleset "
                               "is made by hcp-exec with a mount view, by the parent without")
-    parts = [_U64(PLAN_VERSION << 32 | PLAN_MAGIC), _steps()]
+    parts = [_U64(PLAN_VERSION << 32 | PLAN_MAGIC)]
     parts += [_U64(v & _MASK) for v in (
         flags, plan.parent_pid, plan.uid, plan.gid,
         stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
@@ -469,8 +449,6 @@ SPARE_MAX_AGE = 5.0  # seconds: an older idle spare is replaced (bounds how stal
 #                      rlimits the plan leaves unset, mounts made under a granted tree since it
 #                      was built; umask and signal dispositions come with the plan)
 KIND_IDLE = 60.0  # seconds without a spawn of a kind: stop keeping spares for it
-_MSG_RULESET, _MSG_PROXY, _MSG_DONE, _MSG_INLINE = 1, 2, 4, 8
-INLINE_MAX = 60 << 10  # bytes: a larger plan goes to a spare in a memfd (as in hcp_exec.c)
 
 
 def set_spares(mode: str) -> None:
@@ -486,7 +464,7 @@ def set_spares(mode: str) -> None:
 
 def _spare_key(plan: "Plan", exe: str) -> tuple:
     flags = 0
-    for layer, bit in _LAYER_FLAGS:
+    for layer, bit in LAYER_FLAGS:
         if layer in plan.layers:
             flags |= bit
     return flags, plan.uid, plan.gid, exe
@@ -554,19 +532,19 @@ def _hand_over(spare: _Spare, plan: bytes, err_w: int, stdio: Sequence[int],
     fds = [err_w, *stdio]
     if ruleset is not None and ruleset.fd >= 0:
         fds.append(ruleset.fd)
-        bits |= _MSG_RULESET
+        bits |= MESSAGE_BITS["RULESET"]
     if proxy_fd >= 0:
         fds.append(proxy_fd)
-        bits |= _MSG_PROXY
+        bits |= MESSAGE_BITS["PROXY"]
     if done_fd >= 0:
         fds.append(done_fd)
-        bits |= _MSG_DONE
+        bits |= MESSAGE_BITS["DONE"]
     magic = _U64(PLAN_VERSION << 32 | PLAN_MAGIC)
     sent = False
     try:
         if len(plan) <= INLINE_MAX:
             try:
-                spare.sock.sendmsg([magic, _U64(bits | _MSG_INLINE), plan],
+                spare.sock.sendmsg([magic, _U64(bits | MESSAGE_BITS["INLINE"]), plan],
                                    [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))],
                                    MSG_DONTWAIT)
                 sent = True
@@ -836,5 +814,5 @@ def _pool() -> _Pool:
         return _the_pool
 
 
-__all__ = ["EXECUTORS", "NATIVE_STEPS", "SPARES", "available", "binary", "get_default",
+__all__ = ["EXECUTORS", "SPARES", "available", "binary", "get_default",
            "makes_ruleset", "plan_bytes", "selected", "set_default", "set_spares", "spawn"]

@@ -62,35 +62,11 @@
 #include <sched.h>
 #include <setjmp.h>
 
-#define PLAN_MAGIC 0x58504348u /* "HCPX" little-endian */
-#define PLAN_VERSION 6
+/* PLAN_MAGIC, PLAN_VERSION, enum step, F_* (plan flags), M_* (message bits), INLINE_MAX,
+ * DETAIL_MAX and the verify step's status lines: generated from hcp_linux/protocol.py by the
+ * build (hcp_linux/native/build.py), so both executors share one description. */
+#include "hcp_exec_protocol.h"
 
-/* Steps, in the order of NATIVE_STEPS in __init__.py; the plan maps each to child.STEPS. */
-enum step {
-    S_INTERNAL, S_STDIO, S_SETSID, S_PDEATHSIG, S_UNSHARE_USER, S_UID_MAP, S_UNSHARE_MOUNT,
-    S_UNSHARE_NET, S_UNSHARE_IPC, S_UNSHARE_PID, S_MOUNT_PRIVATE, S_FORK_PID1, S_BIND_CLONE,
-    S_ROOT_TMPFS, S_BIND_ATTACH, S_MASK, S_SYMLINK, S_DEV, S_PROC, S_PID_MAX, S_TMP, S_CANARY,
-    S_PIVOT_ROOT, S_ROOT_READONLY, S_LOOPBACK_UP, S_PROXY_LISTEN, S_CHDIR, S_RLIMITS,
-    S_NO_NEW_PRIVS, S_DROP_CAPABILITIES, S_LANDLOCK_RULES, S_LANDLOCK_RESTRICT, S_SECCOMP,
-    S_CLOSE_FDS, S_FORK_COMMAND, S_VERIFY, S_EXECVE,
-    N_STEPS
-};
-
-/* plan flags */
-#define F_USERNS (1u << 0)
-#define F_MOUNTNS (1u << 1)
-#define F_NETNS (1u << 2)
-#define F_IPCNS (1u << 3)
-#define F_PIDNS (1u << 4)
-#define F_CONFINED (1u << 5)
-#define F_PROXY (1u << 6)
-#define F_HOLDS_SETPCAP (1u << 7)
-#define F_PROC_FRESH (1u << 8)
-#define F_WAIT_FOR_TREE (1u << 9)
-#define F_LANDLOCK (1u << 10)
-#define F_CANARY (1u << 11)
-#define F_SECCOMP (1u << 12)
-#define F_PID_MAX (1u << 13)
 #define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK)
 
 #ifndef SYS_open_tree
@@ -125,7 +101,6 @@ enum step {
 #define SECURE_ALL_LOCKED_ 0xef /* NOROOT|NO_SETUID_FIXUP|KEEP_CAPS_LOCKED|NO_CAP_AMBIENT_RAISE, locked */
 
 #define NEWROOT "/tmp"
-#define DETAIL_MAX 512
 
 struct mount_attr_ {
     uint64_t attr_set, attr_clr, propagation, userns_fd;
@@ -183,7 +158,6 @@ static struct plan {
 } P;
 
 static int errfd = -1;
-static uint16_t step_map[N_STEPS]; /* our step -> index in child.STEPS (0 = "internal") */
 
 /* A spare defers a failing step until the plan (and with it the error pipe) arrives. */
 static jmp_buf defer_jmp;
@@ -208,7 +182,7 @@ static void __attribute__((noreturn)) report(enum step step, int err, const char
         snprintf(pend_detail, sizeof pend_detail, "%s", detail ? detail : "");
         longjmp(defer_jmp, 1);
     }
-    uint16_t idx = step < N_STEPS ? step_map[step] : 0;
+    uint16_t idx = step < N_STEPS ? (uint16_t)step : 0;
     uint16_t e = (uint16_t)(err & 0xffff);
     size_t n = detail ? strnlen(detail, DETAIL_MAX) : 0;
     rec[0] = idx & 0xff;
@@ -371,14 +345,6 @@ static void parse_plan(void) {
     size_t n, i;
     if (get_u64() != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC))
         malformed("version");
-    n = get_count(8);
-    for (i = 0; i < n; i++) {
-        uint64_t idx = get_u64();
-        if (i < N_STEPS)
-            step_map[i] = (uint16_t)idx;
-    }
-    if (n != N_STEPS)
-        malformed("step table");
     P.flags = (uint32_t)get_u64();
     P.parent_pid = (int64_t)get_u64();
     P.uid = (int64_t)get_u64();
@@ -789,6 +755,12 @@ static int install_seccomp(void) {
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
 }
 
+static void check_status(const char *status, const struct status_line *lines, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strstr(status, lines[i].line))
+            report(S_VERIFY, EPERM, lines[i].lacks);
+}
+
 /* Prove the confinement is in force before exec; refuse otherwise. */
 static void verify(void) {
     char status[8192], d[DETAIL_MAX];
@@ -818,27 +790,11 @@ static void verify(void) {
     }
     close(fd);
     status[len] = 0;
-    {
-        /* the line as child.py shows it: repr() of the stripped text */
-        static const char *const lines[][2] = {
-            {"NoNewPrivs:\t1\n", "'NoNewPrivs:\\t1'"},
-            {"CapEff:\t0000000000000000\n", "'CapEff:\\t0000000000000000'"},
-            {"CapPrm:\t0000000000000000\n", "'CapPrm:\\t0000000000000000'"},
-            {"CapAmb:\t0000000000000000\n", "'CapAmb:\\t0000000000000000'"},
-            {"CapBnd:\t0000000000000000\n", "'CapBnd:\\t0000000000000000'"},
-            {"Seccomp:\t2\n", "'Seccomp:\\t2'"},
-        };
-        for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
-            if (i == 4 && !(P.flags & F_HOLDS_SETPCAP))
-                continue;
-            if (i == 5 && !(P.flags & F_SECCOMP))
-                continue;
-            if (!strstr(status, lines[i][0])) {
-                snprintf(d, sizeof d, "/proc/self/status lacks %s", lines[i][1]);
-                report(S_VERIFY, EPERM, d);
-            }
-        }
-    }
+    check_status(status, status_always, sizeof status_always / sizeof status_always[0]);
+    if (P.flags & F_HOLDS_SETPCAP)
+        check_status(status, status_setpcap, 1);
+    if (P.flags & F_SECCOMP)
+        check_status(status, status_seccomp, 1);
 }
 
 static void __attribute__((noreturn)) do_exec(void) {
@@ -1135,13 +1091,8 @@ static void monitor_steps(void) {
 /* ---- a spare ------------------------------------------------------------------------------ */
 
 #define NS_FLAGS (F_USERNS | F_MOUNTNS | F_NETNS | F_IPCNS | F_PIDNS)
-#define M_RULESET 1u
-#define M_PROXY 2u
-#define M_DONE 4u
-#define M_INLINE 8u
-/* A plan up to this size comes in the message itself (no memfd to make, fill and read); a
- * larger one (a long argv or environment) in a memfd. As INLINE_MAX in __init__.py. */
-#define INLINE_MAX (60 * 1024)
+/* A plan up to INLINE_MAX bytes comes in the message itself (no memfd to make, fill and
+ * read); a larger one (a long argv or environment) in a memfd. */
 
 /* One message: a header (magic, bits), the plan when M_INLINE, and the fds [(plan memfd
  * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done)]. */
@@ -1310,9 +1261,25 @@ static void __attribute__((noreturn)) usage(void) {
     _exit(2);
 }
 
+/* The values this binary was built with, as protocol.table() prints them (for a test). */
+static void __attribute__((noreturn)) print_protocol(void) {
+    size_t i;
+    printf("version %d magic %#x\ninline_max %d\ndetail_max %d\n", PLAN_VERSION, PLAN_MAGIC,
+           INLINE_MAX, DETAIL_MAX);
+    for (i = 0; i < N_STEPS; i++)
+        printf("step %zu %s\n", i, step_names[i]);
+    for (i = 0; i < sizeof flag_names / sizeof flag_names[0]; i++)
+        printf("flag %s %u\n", flag_names[i].name, flag_names[i].bit);
+    for (i = 0; i < sizeof message_names / sizeof message_names[0]; i++)
+        printf("message %s %u\n", message_names[i].name, message_names[i].bit);
+    exit(fflush(stdout) == 0 ? 0 : 1);
+}
+
 int main(int argc, char **argv) {
     int plan_fd, status_pipe[2];
     pid_t pid;
+    if (argc == 2 && strcmp(argv[1], "--protocol") == 0)
+        print_protocol();
     if ((argc == 7 || argc == 8) && strcmp(argv[1], "--spare") == 0) {
         int sock = parse_fd(argv[2]), view_fd = argc == 8 ? parse_fd(argv[7]) : -1;
         if (sock < 3 || (argc == 8 && view_fd < 3))
