@@ -29,8 +29,10 @@
  *       fork -> pid 1 of the new pid namespace (C2): mount view, loopback, confinement
  *               vfork -> the command (C3): verify, execve
  *
- * The plan format is private to this file and hcp_linux/native/__init__.py (PLAN_VERSION);
- * the build embeds a digest of this source in the file name, so a stale binary is never used.
+ * The plan format is private to this file and hcp_linux/native/wire.py; the constants both
+ * sides share come from hcp_linux/protocol.py (the generated hcp_exec_protocol.h). The build
+ * embeds a digest of this source and that header in the file name, so a stale binary is
+ * never used.
  * Every syscall's result is checked. Memory is allocated only while reading the plan (and one
  * array of fds for the mount view); the command runs on a stack of its own until execve.
  */
