@@ -25,7 +25,7 @@ import pytest
 from hcp_linux import Policy, Sandbox, native, teardown
 from hcp_linux.conformance.harness import (on_a_thread, proc_children, proc_state,
                                            processes_in_namespace, resume_and_kill)
-from hcp_linux.executor import _reaper
+from hcp_linux.teardown import reaper as _reaper
 
 TIMEOUT = 60
 
