@@ -1,7 +1,7 @@
 /*
  * hcp-exec: the native executor of hcp-linux.
  *
- * The parent (hcp_linux/native/__init__.py) compiles a Plan in Python, serialises it and
+ * The parent (hcp_linux/native/) compiles a Plan in Python, serialises it and
  * posix_spawn()s this program (vfork + exec: the cost does not grow with the runtime's RSS,
  * and no Python runs in the child), or hands the plan to a copy of it started earlier (a
  * spare, below). This program performs the steps of hcp_linux/child.py under the same step
