@@ -34,7 +34,8 @@ import _socket
 
 from . import _libc as L
 from .protocol import CANARY, PROXY_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP, STATUS_SETPCAP
-from .protocol import STEPS, encode_error_record, status_lacks  # noqa: F401 STEPS: serve.py's
+from .protocol import DETAILS, encode_error_record, status_lacks
+from .protocol import STEPS  # noqa: F401 - serve.py reads child.STEPS until it reads protocol's
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ def _build_mount_view(plan: "Plan") -> None:
                    | L.AT_SYMLINK_NOFOLLOW, detail=detail)
         st = _step("bind-clone", os.fstat, fd, detail=detail)
         if (st.st_dev, st.st_ino) != (b.dev, b.ino):
-            raise _StepFailed("bind-clone", errno.ESTALE, detail + " changed since it was checked")
+            raise _StepFailed("bind-clone", errno.ESTALE, DETAILS["STALE"].format(detail))
         _step("bind-clone", L.mount_setattr, fd, b"", L.AT_EMPTY_PATH | L.AT_RECURSIVE,
               b.attrs, detail=detail)
         trees.append((b, fd))
@@ -451,7 +452,8 @@ def _verify(plan: "Plan") -> None:
         except PermissionError:
             pass  # EACCES: Landlock denied an access the mount view allows. Good.
         else:
-            raise _StepFailed("verify", errno.EPERM, f"Landlock canary {plan.canary} was readable")
+            raise _StepFailed("verify", errno.EPERM,
+                              DETAILS["CANARY_READABLE"].format(plan.canary))
     with open("/proc/self/status", "rb") as f:
         status = f.read()
     expect = list(STATUS_ALWAYS)

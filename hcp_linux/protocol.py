@@ -65,6 +65,13 @@ STATUS_SETPCAP = b"CapBnd:\t0000000000000000\n"
 STATUS_SECCOMP = b"Seccomp:\t2\n"
 
 
+#: Details both executors write, as templates of one path: ``STALE`` (bind-clone: the tree
+#: cloned is not the object the parent checked), ``CANARY_READABLE`` (verify: Landlock is
+#: not in force). hcp_exec.c gets them as printf formats (``DETAIL_<name>``).
+DETAILS = {"STALE": "{} changed since it was checked",
+           "CANARY_READABLE": "Landlock canary {} was readable"}
+
+
 def status_lacks(line: bytes) -> str:
     """The verify step's detail when /proc/self/status lacks ``line`` (both executors)."""
     return f"/proc/self/status lacks {line.strip().decode()!r}"
@@ -120,7 +127,11 @@ def c_header() -> str:
     out += [f"    {{{_c_string(name.encode())}, F_{name}}}," for name in FLAGS]
     out += ["};", "static const struct { const char *name; unsigned bit; } message_names[] = {"]
     out += [f"    {{{_c_string(name.encode())}, M_{name}}}," for name in MESSAGE_BITS]
-    out += ["};", "", "/* verify: a line /proc/self/status must have, and the detail without it */",
+    out += ["};", ""]
+    out += [f"#define DETAIL_{name} "
+            f"{_c_string(text.replace('%', '%%').replace('{}', '%s').encode())}"
+            for name, text in DETAILS.items()]
+    out += ["", "/* verify: a line /proc/self/status must have, and the detail without it */",
             "struct status_line { const char *line, *lacks; };"]
     for name, lines in (("status_always", STATUS_ALWAYS), ("status_setpcap", (STATUS_SETPCAP,)),
                         ("status_seccomp", (STATUS_SECCOMP,))):

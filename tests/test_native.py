@@ -62,6 +62,8 @@ def test_the_header_is_generated_and_named_in_the_binary():
         src = f.read()
     assert '#include "hcp_exec_protocol.h"' in src
     assert not re.search(r"#define (F_|M_|PLAN_|INLINE_MAX|DETAIL_MAX)|enum step \{", src)
+    for text in (*protocol.DETAILS.values(), "/proc/self/status lacks"):
+        assert text.replace("{}", "") not in src, text  # the details come from protocol.py
     header = protocol.c_header()
     for i, name in enumerate(protocol.STEPS):
         assert f"    S_{name.upper().replace('-', '_')} = {i},\n" in header

@@ -120,8 +120,8 @@ def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
         os.close(fd)
 
 
-__all__ = ["BUILD_DIR", "EXECUTORS", "FALLBACK_WARNING", "SOURCE", "SPARES", "artifact_name", "artifact_path", "available",
-           "binary", "check", "get_default", "makes_ruleset", "plan_bytes", "selected",
-           "set_default", "set_spares", "source_digest", "spares", "spawn", "stats", "status",
-           "untrusted", "view_bytes"]
-
+__all__ = ["BUILD_DIR", "EXECUTORS", "FALLBACK_WARNING", "SOURCE", "SPARES", "artifact_name",
+           "artifact_path", "available", "binary", "check", "get_default",
+           "makes_ruleset", "plan_bytes", "selected", "set_default", "set_spares",
+           "source_digest", "spares", "spawn", "stats", "status", "untrusted",
+           "view_bytes"]

@@ -2,8 +2,8 @@
 
 Writes ``hcp_exec_protocol.h`` from :mod:`hcp_linux.protocol` (the steps, flags and limits
 both executors share) into a scratch directory, never next to the source, so it cannot be
-stale; then compiles ``hcp_exec.c`` into ``_build/hcp-exec-<digest of the source>``, with the first of
-these that builds a binary that runs:
+stale; then compiles ``hcp_exec.c`` into ``_build/hcp-exec-<digest of the source and the
+header>``, with the first of these that builds a binary that runs:
 
 - musl-gcc, static (Debian's musl-tools), with the system's kernel headers. A spare is one
   exec of hcp-exec, and glibc's start-up probes the CPU with some forty cpuid instructions,

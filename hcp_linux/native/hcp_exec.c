@@ -594,7 +594,7 @@ static void build_mount_view(void) {
         STEP(S_BIND_CLONE, fstat(fd, &st), b->source);
         if ((uint64_t)st.st_dev != b->dev || (uint64_t)st.st_ino != b->ino) {
             char d[DETAIL_MAX];
-            snprintf(d, sizeof d, "%s changed since it was checked", b->source);
+            snprintf(d, sizeof d, DETAIL_STALE, b->source);
             fail(S_BIND_CLONE, ESTALE, d);
             return;
         }
@@ -803,7 +803,7 @@ static void verify(void) {
         fd = open(P.canary, O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
             close(fd);
-            snprintf(d, sizeof d, "Landlock canary %s was readable", P.canary);
+            snprintf(d, sizeof d, DETAIL_CANARY_READABLE, P.canary);
             report(S_VERIFY, EPERM, d);
         }
         if (errno != EACCES && errno != EPERM) {
