@@ -154,9 +154,7 @@ def spare_fault(rng: random.Random, sb: Sandbox, tally: Tally) -> None:
     action = rng.choice(["SIGSTOP", "SIGKILL"])
     who = rng.choice(["monitor", "init"])
     fault = f"{action} of an idle spare's {who}, then a run"
-    pool = native._pool()
-    with pool.cond:
-        spares = [s.pid for kind in pool.idle.values() for s in kind]
+    spares = native.spares.idle_pids()
     victims = []
     for pid in spares:
         chain = tree(pid)
@@ -172,9 +170,10 @@ def spare_fault(rng: random.Random, sb: Sandbox, tally: Tally) -> None:
         tally.add(fault, errors=1)
         force_end(victims)
         return
-    # idle spares not taken are retired at their age (native.SPARE_MAX_AGE), then given the
-    # reaper's two graces
-    rest = left(victims, None, native.SPARE_MAX_AGE + 3 * teardown.MONITOR_GRACE + SETTLE)
+    # idle spares not taken are retired at their age (native.spares.SPARE_MAX_AGE), then
+    # given the reaper's two graces
+    rest = left(victims, None,
+                native.spares.SPARE_MAX_AGE + 3 * teardown.MONITOR_GRACE + SETTLE)
     force_end(rest)
     # a run handed to a spare killed meanwhile ends killed (-9), and says so: not an error
     tally.add(fault, hangs=int(not ok), left=int(bool(rest)))

@@ -33,7 +33,8 @@ import _signal
 import _socket
 
 from . import _libc as L
-from .protocol import CANARY, PROXY_ADDRESS
+from .protocol import CANARY, PROXY_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP, STATUS_SETPCAP
+from .protocol import DETAILS, encode_error_record, status_lacks
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
@@ -42,17 +43,6 @@ if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
 
     from .plan import Plan
-
-# Step names reported to the parent; the index travels over the pipe.
-STEPS = (
-    "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
-    "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
-    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary", "pivot-root",
-    "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits", "no-new-privs", "drop-capabilities",
-    "landlock-rules", "landlock-restrict", "seccomp", "close-fds", "fork-command", "verify",
-    "execve", "helper",
-)
-STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
 
 NEWROOT = b"/tmp"  # where the new root is assembled before pivot_root (any existing dir works)
 
@@ -74,7 +64,7 @@ def _step(step: str, fn, *args, detail: str = ""):  # type: ignore[no-untyped-de
 
 
 def _report(errfd: int, step: str, err: int, detail: str) -> NoReturn:
-    record = struct.pack("<HH", STEP_INDEX.get(step, 0), err & 0xFFFF) + detail.encode()[:512]
+    record = encode_error_record(step, err, detail)
     try:
         os.write(errfd, record)
     finally:
@@ -318,7 +308,7 @@ def _build_mount_view(plan: "Plan") -> None:
                    | L.AT_SYMLINK_NOFOLLOW, detail=detail)
         st = _step("bind-clone", os.fstat, fd, detail=detail)
         if (st.st_dev, st.st_ino) != (b.dev, b.ino):
-            raise _StepFailed("bind-clone", errno.ESTALE, detail + " changed since it was checked")
+            raise _StepFailed("bind-clone", errno.ESTALE, DETAILS["STALE"].format(detail))
         _step("bind-clone", L.mount_setattr, fd, b"", L.AT_EMPTY_PATH | L.AT_RECURSIVE,
               b.attrs, detail=detail)
         trees.append((b, fd))
@@ -461,15 +451,15 @@ def _verify(plan: "Plan") -> None:
         except PermissionError:
             pass  # EACCES: Landlock denied an access the mount view allows. Good.
         else:
-            raise _StepFailed("verify", errno.EPERM, f"Landlock canary {plan.canary} was readable")
+            raise _StepFailed("verify", errno.EPERM,
+                              DETAILS["CANARY_READABLE"].format(plan.canary))
     with open("/proc/self/status", "rb") as f:
         status = f.read()
-    expect = [b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n", b"CapPrm:\t0000000000000000\n",
-              b"CapAmb:\t0000000000000000\n"]
+    expect = list(STATUS_ALWAYS)
     if plan.holds_setpcap:
-        expect.append(b"CapBnd:\t0000000000000000\n")
+        expect.append(STATUS_SETPCAP)
     if plan.seccomp is not None:
-        expect.append(b"Seccomp:\t2\n")
+        expect.append(STATUS_SECCOMP)
     for line in expect:
         if line not in status:
-            raise _StepFailed("verify", errno.EPERM, f"/proc/self/status lacks {line.strip().decode()!r}")
+            raise _StepFailed("verify", errno.EPERM, status_lacks(line))

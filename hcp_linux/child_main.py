@@ -104,9 +104,9 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
     import errno
     import marshal
 
-    from .child import STEP_INDEX
     from .errors import ChildSetupError
     from .hcp_spawn import memfd
+    from .protocol import ERROR_RECORD, STEP_INDEX
 
     exe = sys.executable
     if not exe:
@@ -118,7 +118,7 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
         keep = {fd, started_w, err_w, *stdio, proxy_fd, done_fd,
                 -1 if ruleset is None else ruleset.fd}
         actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
-        head = STEP_INDEX["helper"].to_bytes(2, "little") + errno.EIO.to_bytes(2, "little")
+        head = ERROR_RECORD.pack(STEP_INDEX["helper"], errno.EIO)
         argv = [exe, "-I", "-S", "-c", _BOOT % head, _ROOT, str(err_w), str(fd),
                 str(started_w), MARKER]
         try:

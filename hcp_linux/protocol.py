@@ -1,15 +1,143 @@
-"""What the parent (the plan) and both executors (hcp-exec and the ctypes child) agree on.
+"""What the parent and both executors agree on, written once.
 
-A name here is read on both sides of the fork: the plan compiles it into what the child is
-told to do, and the child acts on it. Keeping it in one module below both lets either side
-change without the other importing it.
+The ctypes executor (:mod:`hcp_linux.child`) and the C one (``native/hcp_exec.c``) perform the
+same steps and report a failing one the same way; the parent serialises a Plan for hcp-exec
+and reads both executors' error records. Every constant they share is here: the C program
+includes a header generated from this module at build time (:func:`c_header`), so changing a
+step or a flag here changes both executors, and a binary built from other values is never
+used (its file name carries a digest of the header).
+
+This module imports the standard library only, and little of it: the ctypes executor's
+helper interpreter (:mod:`hcp_linux.child_main`) imports it at start-up.
 """
 from __future__ import annotations
 
-#: A file the child creates at the root of the new mount view, which no Landlock rule grants:
-#: its last check before execve is that it can no longer read it (Landlock is in force).
+import struct
+
+#: The steps of a confined spawn, in the order they run; a failure travels as the index.
+#: "helper" is the ctypes executor's own: its helper interpreter could not start the steps.
+STEPS = (
+    "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
+    "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
+    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary",
+    "pivot-root", "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits",
+    "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
+    "close-fds", "fork-command", "verify", "execve", "helper",
+)
+STEP_INDEX = {name: i for i, name in enumerate(STEPS)}
+
+#: The plan's flags (hcp_exec.c: ``F_<name>``).
+FLAGS = {
+    "USERNS": 1 << 0, "MOUNTNS": 1 << 1, "NETNS": 1 << 2, "IPCNS": 1 << 3, "PIDNS": 1 << 4,
+    "CONFINED": 1 << 5, "PROXY": 1 << 6, "HOLDS_SETPCAP": 1 << 7, "PROC_FRESH": 1 << 8,
+    "WAIT_FOR_TREE": 1 << 9, "LANDLOCK": 1 << 10, "CANARY": 1 << 11, "SECCOMP": 1 << 12,
+    "PID_MAX": 1 << 13,
+}
+#: The namespace layers of a Plan and their flags.
+LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
+               ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
+
+#: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 7
+
+#: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
+#: message carries, and whether the plan is in the message itself rather than in a memfd.
+MESSAGE_BITS = {"RULESET": 1, "PROXY": 2, "DONE": 4, "INLINE": 8}
+#: Bytes: a larger plan goes to a spare in a memfd (a long argv or environment).
+INLINE_MAX = 60 << 10
+
+#: The error record a failing step writes to the close-on-exec error pipe, then exits 125:
+#: (index in STEPS, errno) as little-endian u16s, then up to DETAIL_MAX bytes of detail.
+ERROR_RECORD = struct.Struct("<HH")
+DETAIL_MAX = 512
+
+#: A file made in the mount view's root that Landlock must refuse to open (the proof that the
+#: ruleset is in force).
 CANARY = "/.hcp-canary"
 #: Where the egress proxy listens inside the sandbox's own network namespace.
 PROXY_ADDRESS = ("127.0.0.1", 3128)
 
-__all__ = ["CANARY", "PROXY_ADDRESS"]
+#: The lines of /proc/self/status that the verify step requires before exec (the last two
+#: only when the plan holds CAP_SETPCAP, resp. installs seccomp).
+STATUS_ALWAYS = (b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n",
+                 b"CapPrm:\t0000000000000000\n", b"CapAmb:\t0000000000000000\n")
+STATUS_SETPCAP = b"CapBnd:\t0000000000000000\n"
+STATUS_SECCOMP = b"Seccomp:\t2\n"
+
+
+#: Details both executors write, as templates of one path: ``STALE`` (bind-clone: the tree
+#: cloned is not the object the parent checked), ``CANARY_READABLE`` (verify: Landlock is
+#: not in force). hcp_exec.c gets them as printf formats (``DETAIL_<name>``).
+DETAILS = {"STALE": "{} changed since it was checked",
+           "CANARY_READABLE": "Landlock canary {} was readable"}
+
+
+def status_lacks(line: bytes) -> str:
+    """The verify step's detail when /proc/self/status lacks ``line`` (both executors)."""
+    return f"/proc/self/status lacks {line.strip().decode()!r}"
+
+
+def encode_error_record(step: str, err: int, detail: str) -> bytes:
+    return ERROR_RECORD.pack(STEP_INDEX.get(step, 0), err & 0xFFFF) \
+        + detail.encode()[:DETAIL_MAX]
+
+
+def step_name(index: int) -> str:
+    """The step an error record names; an index out of range is "internal"."""
+    return STEPS[index] if 0 <= index < len(STEPS) else "internal"
+
+
+def decode_error_record(record: bytes) -> tuple[str, int, str]:
+    """(step, errno, detail) of an error record of either executor (at least 4 bytes)."""
+    index, err = ERROR_RECORD.unpack_from(record)
+    return step_name(index), err, record[ERROR_RECORD.size:].decode(errors="replace")
+
+
+def table() -> str:
+    """The protocol as text, one value a line: what ``hcp-exec --protocol`` prints, so a test
+    can tell that a binary was built against exactly these values."""
+    lines = [f"version {PLAN_VERSION} magic {PLAN_MAGIC:#x}", f"inline_max {INLINE_MAX}",
+             f"detail_max {DETAIL_MAX}"]
+    lines += [f"step {i} {name}" for i, name in enumerate(STEPS)]
+    lines += [f"flag {name} {bit}" for name, bit in FLAGS.items()]
+    lines += [f"message {name} {bit}" for name, bit in MESSAGE_BITS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _c_string(data: bytes) -> str:
+    return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\{b:03o}"
+                         for b in data) + '"'
+
+
+def c_header() -> str:
+    """hcp_exec_protocol.h: this module's values for hcp_exec.c (written by the build, next to
+    the compiler's output, never committed)."""
+    out = ["/* Generated from hcp_linux/protocol.py by hcp_linux/native/build.py: do not edit. */",
+           "#ifndef HCP_EXEC_PROTOCOL_H", "#define HCP_EXEC_PROTOCOL_H", "",
+           f"#define PLAN_MAGIC {PLAN_MAGIC:#x}u", f"#define PLAN_VERSION {PLAN_VERSION}",
+           f"#define INLINE_MAX {INLINE_MAX}", f"#define DETAIL_MAX {DETAIL_MAX}", "",
+           "enum step {"]
+    out += [f"    S_{name.upper().replace('-', '_')} = {i}," for i, name in enumerate(STEPS)]
+    out += ["    N_STEPS", "};", "", "static const char *const step_names[N_STEPS] = {"]
+    out += [f"    {_c_string(name.encode())}," for name in STEPS]
+    out += ["};", ""]
+    out += [f"#define F_{name} {bit}u" for name, bit in FLAGS.items()]
+    out += [f"#define M_{name} {bit}u" for name, bit in MESSAGE_BITS.items()]
+    out += ["", "static const struct { const char *name; unsigned bit; } flag_names[] = {"]
+    out += [f"    {{{_c_string(name.encode())}, F_{name}}}," for name in FLAGS]
+    out += ["};", "static const struct { const char *name; unsigned bit; } message_names[] = {"]
+    out += [f"    {{{_c_string(name.encode())}, M_{name}}}," for name in MESSAGE_BITS]
+    out += ["};", ""]
+    out += [f"#define DETAIL_{name} "
+            f"{_c_string(text.replace('%', '%%').replace('{}', '%s').encode())}"
+            for name, text in DETAILS.items()]
+    out += ["", "/* verify: a line /proc/self/status must have, and the detail without it */",
+            "struct status_line { const char *line, *lacks; };"]
+    for name, lines in (("status_always", STATUS_ALWAYS), ("status_setpcap", (STATUS_SETPCAP,)),
+                        ("status_seccomp", (STATUS_SECCOMP,))):
+        out.append(f"static const struct status_line {name}[] = {{")
+        out += [f"    {{{_c_string(line)}, {_c_string(status_lacks(line).encode())}}},"
+                for line in lines]
+        out.append("};")
+    out += ["", "#endif"]
+    return "\n".join(out) + "\n"

@@ -290,9 +290,10 @@ def release_resources(timeout: float = 5.0) -> bool:
     tree. Either keeps the file systems it holds alive: ``umount`` of the jail's file system
     succeeds, but the file system is not released (a loop device stays claimed, the
     superblock lives on) until the spare goes, which it does by itself within
-    ``native.KIND_IDLE + native.SPARE_MAX_AGE`` seconds of the last run. Call this before
-    unmounting or detaching a jail's file system, and after mounting one at a jail (a spare
-    made before the mount sees the old directory there, and refuses the run). The cache
+    ``spares.KIND_IDLE + spares.SPARE_MAX_AGE`` seconds (:mod:`hcp_linux.native.spares`)
+    of the last run. Call this before unmounting or detaching a jail's file system, and
+    after mounting one at a jail (a spare made before the mount sees the old directory
+    there, and refuses the run). The cache
     holds no fd and no mount; it is forgotten too, so the next run checks every path afresh.
 
     Runs in progress keep what they use until they end; a run's helpers, and a spare the pool
@@ -307,4 +308,4 @@ def release_resources(timeout: float = 5.0) -> bool:
         raise PolicyError(f"release_resources: timeout: expected a finite number of seconds "
                           f">= 0, got {timeout!r}")
     clear_cache()
-    return native._pool().clear(float(timeout))
+    return native.spares.clear(float(timeout))

@@ -31,7 +31,7 @@ import stat
 import sys
 from typing import Any
 
-from . import child, native
+from . import child, native, protocol
 from .cli_args import build_parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
 from .hcp_spawn import hard_limits
@@ -298,7 +298,7 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
                 raise ValueError("expected a setup failure report")
             step_i, err, detail, done_w = report[1:]
             state["done_w"] = int(done_w)
-            step = child.STEPS[int(step_i)] if int(step_i) < len(child.STEPS) else "internal"
+            step = protocol.step_name(int(step_i))
             failure = ChildSetupError(step, int(err) or errno.EIO, detail.decode(errors="replace"))
             plan, make_receipt = attempts.throw(failure)
     except StopIteration:  # the next plan would lack a layer a served plan needs

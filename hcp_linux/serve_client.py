@@ -143,8 +143,8 @@ class _Client:
                 monitor.wait(None)
                 monitor.close()
                 self.started = False
-                from _struct import unpack_from
-                step, errno_ = unpack_from("<HH", record)
+                from .protocol import ERROR_RECORD
+                step, errno_ = ERROR_RECORD.unpack_from(record)
                 pipes.close()
                 pipes = _Pipes()
                 reply = self.ask([b"failed", b"%d" % step, b"%d" % errno_, record[4:],
@@ -195,7 +195,7 @@ def _request(args: list[str], pipes: _Pipes) -> list[bytes]:
 
 def _process_status() -> tuple[int, int, int]:
     """(umask, ignored signals, blocked signals) of this process, as the plan records them
-    for an in-process run (hcp_linux.native._process_status, _blocked_signals)."""
+    for an in-process run (hcp_linux.native.wire._process_status, _blocked_signals)."""
     fields = status_fields("self", "Umask", "SigIgn", "SigBlk")
     return int(fields["Umask"], 8), int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
 

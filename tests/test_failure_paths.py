@@ -25,7 +25,7 @@ import pytest
 from hcp_linux import Policy, Sandbox, native, teardown
 from hcp_linux.conformance.observers import (on_a_thread, proc_children, proc_state,
                                              processes_in_namespace, resume_and_kill)
-from hcp_linux.executor import _reaper
+from hcp_linux.teardown import reaper as _reaper
 
 TIMEOUT = 60
 
@@ -217,15 +217,13 @@ def _ready_spares(sb: Sandbox) -> list[int]:
     """Warm the pool for ``sb``'s policy until it holds ready spares; their pids. The pool is
     emptied first: spares an earlier test left for another policy would be counted here and
     never be taken by this policy's run."""
-    native._pool().clear()
+    native.spares.clear()
     for _ in range(3):
         assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
     deadline = time.monotonic() + TIMEOUT
     while True:
-        pool = native._pool()
-        with pool.cond:
-            pids = [s.pid for kind in pool.idle.values() for s in kind]
-        if len(pids) >= native.SPARE_TARGET:
+        pids = native.spares.idle_pids()
+        if len(pids) >= native.spares.SPARE_TARGET:
             return pids
         assert time.monotonic() < deadline, "no ready spare appeared"
         time.sleep(0.02)
@@ -236,7 +234,7 @@ def test_a_ready_spare_that_does_not_answer_is_passed_over(
         jail: Path, stop: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # the stopped spares must still be the ready ones when the run comes, however slow the
     # machine: not replaced for their age meanwhile
-    monkeypatch.setattr(native, "SPARE_MAX_AGE", 300.0)
+    monkeypatch.setattr(native.spares, "SPARE_MAX_AGE", 300.0)
     sb = Sandbox(Policy(jail=str(jail)), executor=_native())
     spares = _ready_spares(sb)
     inits = [_run_tree(pid, 2)[1] for pid in spares]  # the spare's init takes the plan
@@ -262,7 +260,7 @@ def test_a_ready_spare_that_does_not_answer_is_passed_over(
             assert notes == [] and native.stats["ready"] == ready + 1
     finally:
         resume_and_kill(spares + inits if stop else [])
-        native._pool().clear()
+        native.spares.clear()
 
 
 def test_a_stopped_idle_spare_does_not_hold_up_the_pool(jail: Path) -> None:
@@ -272,12 +270,12 @@ def test_a_stopped_idle_spare_does_not_hold_up_the_pool(jail: Path) -> None:
         for pid in spares:
             os.kill(pid, signal.SIGSTOP)
             _wait_state(pid, "T")
-        native._pool().clear()  # retires them: EOF, then the reaper's escalation
+        native.spares.clear()  # retires them: EOF, then the reaper's escalation
         assert _left(spares) == []
         assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
     finally:
         resume_and_kill(spares)
-        native._pool().clear()
+        native.spares.clear()
 
 
 # --- a fork bomb does not make the timeout late -----------------------------------------------
@@ -337,7 +335,7 @@ def test_a_run_outlives_the_thread_that_spawned_it(jail: Path, warm: bool) -> No
     if warm:
         _ready_spares(sb)
     else:
-        native._pool().clear()
+        native.spares.clear()
     box: dict[str, object] = {}
     t = threading.Thread(target=lambda: box.setdefault("proc", sb.spawn(
         ["sh", "-c", "sleep 1; echo done"], stdout=subprocess.PIPE)))

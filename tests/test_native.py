@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ import pytest
 
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
-from hcp_linux import Policy, Sandbox, child, executor, native
+from hcp_linux import Policy, Sandbox, child, executor, native, protocol
 from hcp_linux.errors import ChildSetupError, PolicyError, SandboxError
 from hcp_linux.plan import compile_plan
 from hcp_linux.policy import LAYERS
@@ -44,16 +45,54 @@ def _comm(pid: int) -> str:
 # --- the C program and the Python side agree -----------------------------------------------
 
 
-def test_native_steps_are_the_c_enum_and_known_to_child():
+@built
+def test_the_binary_was_built_from_protocol_py():
+    """hcp-exec prints the steps, flags, message bits and limits it was compiled with: every
+    one of them is protocol.py's (the build generates its header from protocol.py)."""
+    out = subprocess.run([native.binary(), "--protocol"], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == protocol.table()
+    assert len(protocol.FLAGS) == 14 and f"step {len(protocol.STEPS) - 1} helper\n" in out
+
+
+def test_the_header_is_generated_and_named_in_the_binary():
+    """hcp_exec.c holds no copy of the protocol, and the binary's name changes with the
+    header: a binary built against other values is never used."""
     with open(native.SOURCE) as f:
         src = f.read()
-    body = re.search(r"enum step \{(.*?)N_STEPS", src, re.S).group(1)
-    names = tuple(n.strip()[2:].lower().replace("_", "-") for n in body.split(",") if n.strip())
-    assert names == native.NATIVE_STEPS
-    assert set(native.NATIVE_STEPS) <= set(child.STEPS), set(native.NATIVE_STEPS) - set(child.STEPS)
-    # every step child.py can report, the native executor can report too ("helper": the
-    # ctypes executor's own start, hcp_linux.child_main)
-    assert set(child.STEPS) - {"helper"} <= set(native.NATIVE_STEPS)
+    assert '#include "hcp_exec_protocol.h"' in src
+    assert not re.search(r"#define (F_|M_|PLAN_|INLINE_MAX|DETAIL_MAX)|enum step \{", src)
+    for text in (*protocol.DETAILS.values(), "/proc/self/status lacks"):
+        assert text.replace("{}", "") not in src, text  # the details come from protocol.py
+    header = protocol.c_header()
+    for i, name in enumerate(protocol.STEPS):
+        assert f"    S_{name.upper().replace('-', '_')} = {i},\n" in header
+    for name, bit in protocol.FLAGS.items():
+        assert f"#define F_{name} {bit}u\n" in header
+    name = native.artifact_name()
+    real = protocol.c_header
+    try:
+        protocol.c_header = lambda: real().replace("PLAN_VERSION", "PLAN_VERSION_")
+        assert native.artifact_name() != name
+    finally:
+        protocol.c_header = real
+
+
+def test_the_ctypes_executor_reports_only_protocol_steps():
+    """Every step name child.py reports is one of protocol.STEPS (an unknown one would be
+    reported as "internal")."""
+    with open(child.__file__) as f:
+        src = f.read()
+    used = set(re.findall(r'(?:_step|_StepFailed|_report)\(\s*(?:errfd, )?"([a-z0-9-]+)"', src))
+    assert used and used <= set(protocol.STEPS), used - set(protocol.STEPS)
+
+
+def test_error_records_round_trip():
+    record = protocol.encode_error_record("bind-clone", errno.ESTALE, "/x changed")
+    assert protocol.decode_error_record(record) == ("bind-clone", errno.ESTALE, "/x changed")
+    assert protocol.decode_error_record(b"\xff\xff\x05\x00")[0] == "internal"
+    long = protocol.encode_error_record("verify", errno.EPERM, "x" * 1000)
+    assert len(long) == protocol.ERROR_RECORD.size + protocol.DETAIL_MAX
 
 
 def test_c_constants_match_the_python_ones():
@@ -61,11 +100,6 @@ def test_c_constants_match_the_python_ones():
     with open(native.SOURCE) as f:
         src = f.read()
     assert f"#define SECURE_ALL_LOCKED_ 0x{L.SECURE_ALL_LOCKED:x} " in src
-    assert f"#define PLAN_VERSION {native.PLAN_VERSION}\n" in src
-    assert f"#define PLAN_MAGIC 0x{native.PLAN_MAGIC:08X}u" in src
-    for name, bit in (("USERNS", native.F_USERNS), ("PID_MAX", native.F_PID_MAX),
-                      ("SECCOMP", native.F_SECCOMP), ("WAIT_FOR_TREE", native.F_WAIT_FOR_TREE)):
-        assert f"#define F_{name} (1u << {bit.bit_length() - 1})" in src
 
 
 def test_executor_names_are_checked():
@@ -156,9 +190,9 @@ def test_dispositions_changed_after_a_spare_was_made_reach_the_command(jail: Pat
     for _ in range(3):  # the kind repeats: the keeper makes spares with today's dispositions
         assert sb.run(["true"], timeout=TIMEOUT).returncode == 0
     deadline = time.monotonic() + 10
-    while not native._pool().idle and time.monotonic() < deadline:
+    while not native.spares.idle_pids() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert native._pool().idle, "no spare was made"
+    assert native.spares.idle_pids(), "no spare was made"
     hup, usr2 = 1 << (signal.SIGHUP - 1), 1 << (signal.SIGUSR2 - 1)
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
@@ -262,8 +296,9 @@ def test_malformed_plan_fails_closed(jail: Path, monkeypatch) -> None:
 # --- absent, broken, or unbuildable: the ctypes executor carries on ---------------------------
 
 
-def test_fallback_when_not_built(jail: Path, monkeypatch) -> None:
-    monkeypatch.setattr(native, "_binary", None)
+def test_fallback_when_not_built(jail: Path, request) -> None:
+    native.selection.reset(None)
+    request.addfinalizer(native.selection.reset)
     assert native.selected("auto") == "ctypes" and not native.available()
     run = Sandbox(Policy(jail=str(jail)), executor="auto").run(["true"], timeout=TIMEOUT)
     assert run.returncode == 0
@@ -271,24 +306,25 @@ def test_fallback_when_not_built(jail: Path, monkeypatch) -> None:
         Sandbox(Policy(jail=str(jail)), executor="native").run(["true"], timeout=TIMEOUT)
 
 
-def test_fallback_when_it_cannot_be_executed(jail: Path, tmp_path: Path, monkeypatch) -> None:
+def test_fallback_when_it_cannot_be_executed(jail: Path, tmp_path: Path, request) -> None:
     """A binary that cannot be executed (a noexec mount, say): auto falls back for good."""
     fake = tmp_path / "hcp-exec-fake"
     fake.write_bytes(b"\0not an executable")
     fake.chmod(0o644)  # EACCES at exec
-    monkeypatch.setattr(native, "_binary", str(fake))
-    monkeypatch.setattr(native, "_broken", None)
+    native.selection.reset(str(fake))
+    request.addfinalizer(native.selection.reset)
     with pytest.raises(SandboxError, match="native executor .*Permission denied"):
         Sandbox(Policy(jail=str(jail)), executor="native").run(["true"], timeout=TIMEOUT)
     assert Sandbox(Policy(jail=str(jail)), executor="auto").run(["true"],
                                                                 timeout=TIMEOUT).returncode == 0
-    assert native._broken and native.selected("auto") == "ctypes"
+    used, why = native.status()
+    assert used == "ctypes" and "Permission denied" in why and native.selected("auto") == "ctypes"
 
 
 def test_build_without_a_compiler_is_not_an_error(monkeypatch, capsys) -> None:
     from hcp_linux.native import build
     monkeypatch.setattr(build, "compiler", lambda: None)
-    monkeypatch.setattr(build, "_trusted", lambda path: False)
+    monkeypatch.setattr(build, "trusted", lambda path: False)
     assert build.main([]) == 0
     assert "no C compiler" in capsys.readouterr().err
     assert build.main(["--check", "--quiet"]) == 1
@@ -342,7 +378,9 @@ def test_build_goes_on_to_the_next_recipe(tmp_path: Path, monkeypatch, capsys) -
     assert (p.returncode, p.stderr[:10]) == (2, b"hcp-exec: ")
     # control: the "aborts" recipe does compile, and its binary does not answer as hcp-exec
     odd = tmp_path / "aborts"
-    subprocess.run([*aborts, "-o", str(odd), build.SOURCE], check=True, capture_output=True)
+    build.write_header(str(tmp_path))
+    subprocess.run([*aborts, "-iquote", str(tmp_path), "-o", str(odd), build.SOURCE],
+                   check=True, capture_output=True)
     assert subprocess.run([str(odd)], capture_output=True, timeout=TIMEOUT).returncode != 2
 
 
@@ -367,9 +405,9 @@ def test_untrusted_binary_is_ignored(tmp_path: Path) -> None:
     exe = tmp_path / "hcp-exec"
     exe.write_bytes(b"#!/bin/sh\n")
     exe.chmod(0o777)  # writable by others: never run it
-    assert not native._trusted(str(exe))
+    assert native.untrusted(str(exe))
     exe.chmod(0o755)
-    assert native._trusted(str(exe))
+    assert native.untrusted(str(exe)) is None
 
 
 # --- cost independent of the runtime's size; safe with threads --------------------------------
@@ -465,10 +503,10 @@ def _probe(sandbox: Sandbox) -> tuple[int, bytes, bytes]:
 def spares_auto():
     """Spares on, and a pool with nothing from earlier tests in it."""
     native.set_spares("auto")
-    native._pool().clear()
+    native.spares.clear()
     yield
     native.set_spares("auto")
-    native._pool().clear()
+    native.spares.clear()
 
 
 @built
@@ -511,14 +549,14 @@ def test_a_ready_spare_takes_the_umask_of_the_moment(jail: Path, spares_auto) ->
 def _memfds_made(monkeypatch) -> list[int]:
     """Sizes of the plans (not view templates) put in a memfd, from now on."""
     sizes: list[int] = []
-    real = native.memfd
-    magic = native._U64(native.PLAN_VERSION << 32 | native.PLAN_MAGIC)
+    real = native.spares.memfd
+    magic = struct.pack("<Q", protocol.PLAN_VERSION << 32 | protocol.PLAN_MAGIC)
 
     def counting(blob: bytes) -> int:
         if blob.startswith(magic):
             sizes.append(len(blob))
         return real(blob)
-    monkeypatch.setattr(native, "memfd", counting)
+    monkeypatch.setattr(native.spares, "memfd", counting)
     return sizes
 
 
@@ -552,14 +590,14 @@ def test_a_plan_goes_in_a_memfd_when_the_send_buffer_is_small(jail: Path, spares
     memfds = _memfds_made(monkeypatch)
     assert sandbox.run(argv, capture_output=True, timeout=TIMEOUT).stdout == b"20480\n"
     assert memfds == []  # control: in the message
-    real = native._make_spare
+    real = native.spares.make
 
     def small_buffer(kind, sigmask=None):
         spare = real(kind, sigmask)
         spare.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         return spare
-    monkeypatch.setattr(native, "_make_spare", small_buffer)
-    native._pool().clear()
+    monkeypatch.setattr(native.spares, "make", small_buffer)
+    native.spares.clear()
     run = sandbox.run(argv, capture_output=True, timeout=TIMEOUT)
     assert run.returncode == 0 and run.stdout == b"20480\n", run
     assert len(memfds) == 1 and memfds[0] > 20 << 10, memfds
@@ -574,15 +612,14 @@ def test_a_spare_refuses_a_malformed_inline_plan(jail: Path, spares_auto, payloa
     spare kind with a real plan runs."""
     import array
     import socket
-    import struct
     plan = _plan(jail)
-    key = native._spare_key(plan, native.binary())
+    key = native.spares.spare_key(plan, native.binary())
     assert _failure_free(plan)  # control
-    spare = native._make_spare(key + (None,))
+    spare = native.spares.make(key + (None,))
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
-        header = native._U64(native.PLAN_VERSION << 32 | native.PLAN_MAGIC)
-        spare.sock.sendmsg([header, native._U64(native._MSG_INLINE), payload],
+        header = struct.pack("<Q", protocol.PLAN_VERSION << 32 | protocol.PLAN_MAGIC)
+        spare.sock.sendmsg([header, struct.pack("<Q", protocol.MESSAGE_BITS["INLINE"]), payload],
                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                              array.array("i", [err_w, 0, 1, 2]))])
         spare.sock.close()
@@ -596,8 +633,8 @@ def test_a_spare_refuses_a_malformed_inline_plan(jail: Path, spares_auto, payloa
         for fd in (err_r, err_w):
             if fd >= 0:
                 os.close(fd)
-    step_i, err = struct.unpack("<HH", record[:4])
-    assert child.STEPS[step_i] == "internal" and err in (errno.EPROTO, errno.EINVAL), record
+    step, err, _ = protocol.decode_error_record(record)
+    assert step == "internal" and err in (errno.EPROTO, errno.EINVAL), record
     assert os.WEXITSTATUS(status) == 125
 
 
@@ -613,12 +650,9 @@ def _inject(plan, spare) -> None:
     """Put ``spare`` where the pool will hand it to ``plan``, first in line. Its kind is
     marked wanted: the keeper (alive since an earlier test) retires idle spares of kinds
     nobody wants, and could take this one away before the spawn."""
-    key = native._spare_key(plan, native.binary())
+    key = native.spares.spare_key(plan, native.binary())
     kind = key + (native.view_bytes(plan),)
-    pool = native._pool()
-    with pool.cond:
-        pool.wanted[kind] = time.monotonic()
-        pool.idle.setdefault(kind, []).insert(0, spare)
+    native.spares.pool().put(kind, spare)
 
 
 @built
@@ -627,7 +661,7 @@ def test_a_spare_refuses_a_plan_it_was_not_prepared_for(jail: Path, tmp_path: Pa
     other = tmp_path / "other"
     other.mkdir()
     prepared = _plan(other)
-    spare = native._make_spare(native._spare_key(prepared, native.binary())
+    spare = native.spares.make(native.spares.spare_key(prepared, native.binary())
                                + (native.view_bytes(prepared),))
     prepared.close()
     plan = _plan(jail)
@@ -643,7 +677,7 @@ def test_a_spare_reports_a_step_that_failed_before_the_plan_came(jail: Path,
     the spare says so on the error pipe of the run it is given, like a direct spawn would."""
     plan = _plan(jail)
     src = _swapped_inode(plan)
-    spare = native._make_spare(native._spare_key(plan, native.binary())
+    spare = native.spares.make(native.spares.spare_key(plan, native.binary())
                                + (native.view_bytes(plan),))
     _inject(plan, spare)
     step, err, detail = _failure(plan, "native")
@@ -656,7 +690,7 @@ def test_an_idle_spare_holds_no_fd_of_the_runtime(jail: Path) -> None:
     os.set_inheritable(w, True)  # a pipe whose reader waits for EOF
     plan = _plan(jail)
     try:
-        spare = native._make_spare(native._spare_key(plan, native.binary()) + (None,))
+        spare = native.spares.make(native.spares.spare_key(plan, native.binary()) + (None,))
     finally:
         os.close(w)
         plan.close()
@@ -673,7 +707,7 @@ def test_an_idle_spare_holds_no_fd_of_the_runtime(jail: Path) -> None:
         assert os.read(r, 1) == b""  # EOF: nobody else holds the write end
     finally:
         os.close(r)
-        native._retire(spare)
+        native.spares.retire(spare)
 
 
 def _status_fields(pid: int, *names: str) -> dict[str, str]:
@@ -704,9 +738,9 @@ def test_a_prepared_spare_waits_already_confined(jail: Path) -> None:
     capabilities until the plan comes, as the control shows."""
     plan = _plan(jail)
     try:
-        key = native._spare_key(plan, native.binary())
-        prepared = native._make_spare(key + (native.view_bytes(plan),))
-        bare = native._make_spare(key + (None,))
+        key = native.spares.spare_key(plan, native.binary())
+        prepared = native.spares.make(key + (native.view_bytes(plan),))
+        bare = native.spares.make(key + (None,))
     finally:
         plan.close()
     try:
@@ -718,8 +752,8 @@ def test_a_prepared_spare_waits_already_confined(jail: Path) -> None:
         assert late["NoNewPrivs"] == "0" and late["Seccomp"] == "0", late
         assert late["CapEff"] != "0" * 16, late
     finally:
-        native._retire(prepared)
-        native._retire(bare)
+        native.spares.retire(prepared)
+        native.spares.retire(bare)
 
 
 def _through_prepared_spare(jail: Path, policy: Policy, layers: frozenset[str],
@@ -727,7 +761,7 @@ def _through_prepared_spare(jail: Path, policy: Policy, layers: frozenset[str],
     """Run ``argv`` through a spare prepared (view, Landlock, seccomp...) for its plan."""
     plan = compile_plan(policy, argv, layers=layers)
     try:
-        spare = native._make_spare(native._spare_key(plan, native.binary())
+        spare = native.spares.make(native.spares.spare_key(plan, native.binary())
                                    + (native.view_bytes(plan),))
         _inject(plan, spare)
         ready = native.stats["ready"]
@@ -761,7 +795,7 @@ def test_a_spare_refuses_a_plan_with_another_seccomp_program(jail: Path, spares_
     the prepared section differs and the plan is refused, not run under the wrong filter."""
     plan = compile_plan(Policy(jail=str(jail), seccomp_profiles=("baseline",)), ["true"],
                         layers=frozenset(LAYERS))
-    spare = native._make_spare(native._spare_key(plan, native.binary())
+    spare = native.spares.make(native.spares.spare_key(plan, native.binary())
                                + (native.view_bytes(plan),))
     plan.close()
     plan = _plan(jail)  # baseline + socket-families
@@ -772,16 +806,14 @@ def test_a_spare_refuses_a_plan_with_another_seccomp_program(jail: Path, spares_
 
 @built
 def test_idle_spares_are_replaced_when_stale(jail: Path, spares_auto, monkeypatch) -> None:
-    monkeypatch.setattr(native, "SPARE_MAX_AGE", 0.3)
+    monkeypatch.setattr(native.spares, "SPARE_MAX_AGE", 0.3)
     sandbox = Sandbox(Policy(jail=str(jail)), executor="native")
     for _ in range(3):
         sandbox.run(["true"], timeout=TIMEOUT)
     time.sleep(0.2)
-    pool = native._pool()
 
     def idle() -> set[int]:
-        with pool.cond:
-            return {s.pid for spares in pool.idle.values() for s in spares}
+        return set(native.spares.idle_pids())
     first = idle()
     assert first
     time.sleep(1.0)
@@ -791,13 +823,13 @@ def test_idle_spares_are_replaced_when_stale(jail: Path, spares_auto, monkeypatc
 
 
 def test_a_forked_runtime_starts_its_own_pool() -> None:
-    parent_pool = native._pool()
+    parent_pool = native.spares.pool()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            pool = native._pool()
-            ok = pool is not parent_pool and pool.owner == os.getpid() and not pool.idle
+            pool = native.spares.pool()
+            ok = pool is not parent_pool and not pool.idle_pids()
             os.write(w, b"1" if ok else b"0")
         finally:
             os._exit(0)
@@ -816,8 +848,7 @@ def test_spares_die_with_the_runtime(jail: Path) -> None:
             "sb = Sandbox(Policy(jail=sys.argv[1]), executor='native')\n"
             "for _ in range(3): sb.run(['true'])\n"
             "time.sleep(0.3)\n"
-            "p = native._pool()\n"
-            "print(' '.join(str(s.pid) for v in p.idle.values() for s in v), flush=True)\n"
+            "print(' '.join(map(str, native.spares.idle_pids())), flush=True)\n"
             "time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(jail)], stdout=subprocess.PIPE,
                             cwd="/")

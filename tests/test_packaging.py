@@ -36,7 +36,7 @@ TWO_RUNS = """
 import sys, tempfile
 from hcp_linux import Policy, Sandbox, native
 if sys.argv[1] != "-":
-    native.BUILD_DIR = sys.argv[1]
+    native.selection.BUILD_DIR = sys.argv[1]
 executor = None if sys.argv[2] == "-" else sys.argv[2]
 for _ in range(2):
     with tempfile.TemporaryDirectory() as jail:
@@ -81,7 +81,7 @@ PROBE_JSON = """
 import sys
 from hcp_linux import native
 if sys.argv[1] != "-":
-    native.BUILD_DIR = sys.argv[1]
+    native.selection.BUILD_DIR = sys.argv[1]
 from hcp_linux.cli import main
 sys.exit(main(["probe", "--json"]))
 """
@@ -111,7 +111,7 @@ def test_group_writable_binary_is_trusted_only_beside_group_writable_code(
     exe, code = tmp_path / "hcp-exec", tmp_path / "code.py"
     exe.write_bytes(b"#!/bin/sh\n")
     code.write_text("")
-    monkeypatch.setattr(native, "__file__", str(code))
+    monkeypatch.setattr(native.selection, "__file__", str(code))
     exe.chmod(0o775)
     code.chmod(0o644)
     assert "writable by others (mode 775)" in (native.untrusted(str(exe)) or "")

@@ -175,14 +175,13 @@ def _warm(jail_: MountedJail, runs: int = 4) -> Sandbox:
         assert run.returncode == 0, run
         time.sleep(0.02)  # as between an agent's commands: the keeper refills
     assert (jail_.path / "log").read_text() == "".join(f"{i}\n" for i in range(runs))
-    if native.selected() == "native" and native._spares == "auto":
+    if native.selected() == "native" and native.spares.mode() == "auto":
         assert native.stats["ready"] > ready, native.stats  # runs went to prepared spares
-        pool = native._pool()
+        pool = native.spares.pool()
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
-            with pool.cond:
-                spares = {s.pid for kind in pool.idle.values() for s in kind}
-                settled = spares and not pool.busy
+            spares = set(pool.idle_pids())
+            settled = spares and not pool.busy
             if settled and all(pid in spares or _ppid(pid) in spares
                                for pid in _descendants()):
                 break
@@ -293,10 +292,10 @@ def test_release_waits_for_the_spare_being_made(mounted_jail: MountedJail,
     import select
     import threading
     made, go = threading.Event(), threading.Event()
-    real = native._make_spare
+    real = native.spares.make
     pidfds: list[int] = []  # of the spares held back (taken while they are our children)
 
-    def held_back(kind: tuple, sigmask: "set[int] | None" = None) -> "native._Spare":
+    def held_back(kind: tuple, sigmask: "set[int] | None" = None) -> "native.spares.Spare":
         spare = real(kind, sigmask)
         if sigmask is not None and kind[-1] is not None:  # the keeper, a spare with a view
             pidfds.append(os.pidfd_open(spare.pid))
@@ -304,7 +303,7 @@ def test_release_waits_for_the_spare_being_made(mounted_jail: MountedJail,
             go.wait(TIMEOUT)
         return spare
 
-    monkeypatch.setattr(native, "_make_spare", held_back)
+    monkeypatch.setattr(native.spares, "make", held_back)
     try:
         sb = Sandbox(Policy(jail=str(mounted_jail.path)))
         for _ in range(3):  # the view repeats: the keeper makes spares of it
@@ -362,8 +361,7 @@ def test_release_is_safe_while_runs_go_on(jail: Path) -> None:  # noqa: F811
     assert not failures, failures[:3]
     assert results and all(results)
     assert release_resources() is True
-    with native._pool().cond:
-        assert not native._pool().idle
+    assert not native.spares.idle_pids()
 
 
 def test_a_root_swapped_before_the_ruleset_is_made_refuses_the_run(jail: Path,  # noqa: F811

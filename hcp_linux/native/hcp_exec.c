@@ -1,7 +1,7 @@
 /*
  * hcp-exec: the native executor of hcp-linux.
  *
- * The parent (hcp_linux/native/__init__.py) compiles a Plan in Python, serialises it and
+ * The parent (hcp_linux/native/) compiles a Plan in Python, serialises it and
  * posix_spawn()s this program (vfork + exec: the cost does not grow with the runtime's RSS,
  * and no Python runs in the child), or hands the plan to a copy of it started earlier (a
  * spare, below). This program performs the steps of hcp_linux/child.py under the same step
@@ -29,8 +29,10 @@
  *       fork -> pid 1 of the new pid namespace (C2): mount view, loopback, confinement
  *               vfork -> the command (C3): verify, execve
  *
- * The plan format is private to this file and hcp_linux/native/__init__.py (PLAN_VERSION);
- * the build embeds a digest of this source in the file name, so a stale binary is never used.
+ * The plan format is private to this file and hcp_linux/native/wire.py; the constants both
+ * sides share come from hcp_linux/protocol.py (the generated hcp_exec_protocol.h). The build
+ * embeds a digest of this source and that header in the file name, so a stale binary is
+ * never used.
  * Every syscall's result is checked. Memory is allocated only while reading the plan (and one
  * array of fds for the mount view); the command runs on a stack of its own until execve.
  */
@@ -60,37 +62,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <sched.h>
-#include <setjmp.h>
 
-#define PLAN_MAGIC 0x58504348u /* "HCPX" little-endian */
-#define PLAN_VERSION 6
+/* PLAN_MAGIC, PLAN_VERSION, enum step, F_* (plan flags), M_* (message bits), INLINE_MAX,
+ * DETAIL_MAX and the verify step's status lines: generated from hcp_linux/protocol.py by the
+ * build (hcp_linux/native/build.py), so both executors share one description. */
+#include "hcp_exec_protocol.h"
 
-/* Steps, in the order of NATIVE_STEPS in __init__.py; the plan maps each to child.STEPS. */
-enum step {
-    S_INTERNAL, S_STDIO, S_SETSID, S_PDEATHSIG, S_UNSHARE_USER, S_UID_MAP, S_UNSHARE_MOUNT,
-    S_UNSHARE_NET, S_UNSHARE_IPC, S_UNSHARE_PID, S_MOUNT_PRIVATE, S_FORK_PID1, S_BIND_CLONE,
-    S_ROOT_TMPFS, S_BIND_ATTACH, S_MASK, S_SYMLINK, S_DEV, S_PROC, S_PID_MAX, S_TMP, S_CANARY,
-    S_PIVOT_ROOT, S_ROOT_READONLY, S_LOOPBACK_UP, S_PROXY_LISTEN, S_CHDIR, S_RLIMITS,
-    S_NO_NEW_PRIVS, S_DROP_CAPABILITIES, S_LANDLOCK_RULES, S_LANDLOCK_RESTRICT, S_SECCOMP,
-    S_CLOSE_FDS, S_FORK_COMMAND, S_VERIFY, S_EXECVE,
-    N_STEPS
-};
-
-/* plan flags */
-#define F_USERNS (1u << 0)
-#define F_MOUNTNS (1u << 1)
-#define F_NETNS (1u << 2)
-#define F_IPCNS (1u << 3)
-#define F_PIDNS (1u << 4)
-#define F_CONFINED (1u << 5)
-#define F_PROXY (1u << 6)
-#define F_HOLDS_SETPCAP (1u << 7)
-#define F_PROC_FRESH (1u << 8)
-#define F_WAIT_FOR_TREE (1u << 9)
-#define F_LANDLOCK (1u << 10)
-#define F_CANARY (1u << 11)
-#define F_SECCOMP (1u << 12)
-#define F_PID_MAX (1u << 13)
 #define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK)
 
 #ifndef SYS_open_tree
@@ -125,7 +102,6 @@ enum step {
 #define SECURE_ALL_LOCKED_ 0xef /* NOROOT|NO_SETUID_FIXUP|KEEP_CAPS_LOCKED|NO_CAP_AMBIENT_RAISE, locked */
 
 #define NEWROOT "/tmp"
-#define DETAIL_MAX 512
 
 struct mount_attr_ {
     uint64_t attr_set, attr_clr, propagation, userns_fd;
@@ -183,13 +159,14 @@ static struct plan {
 } P;
 
 static int errfd = -1;
-static uint16_t step_map[N_STEPS]; /* our step -> index in child.STEPS (0 = "internal") */
 
-/* A spare defers a failing step until the plan (and with it the error pipe) arrives. */
-static jmp_buf defer_jmp;
-static volatile int deferring;
-static int pend_step = -1, pend_err;
-static char pend_detail[DETAIL_MAX];
+/* A spare runs its early steps before it has an error pipe: the first that fails is kept
+ * here, and reported on the pipe that comes with the plan (see fail()). */
+static int deferring;
+static struct {
+    int step, err;
+    char detail[DETAIL_MAX];
+} pending = {-1, 0, ""};
 static int lo_done; /* the spare brought lo up already */
 static int confined_early; /* the spare is confined already (see confine()) */
 static int own_ruleset = -1; /* with a mount view, the Landlock ruleset is made here */
@@ -201,14 +178,7 @@ static size_t view_template_len;
 
 static void __attribute__((noreturn)) report(enum step step, int err, const char *detail) {
     unsigned char rec[4 + DETAIL_MAX];
-    if (deferring) {
-        deferring = 0;
-        pend_step = (int)step;
-        pend_err = err;
-        snprintf(pend_detail, sizeof pend_detail, "%s", detail ? detail : "");
-        longjmp(defer_jmp, 1);
-    }
-    uint16_t idx = step < N_STEPS ? step_map[step] : 0;
+    uint16_t idx = step < N_STEPS ? (uint16_t)step : 0;
     uint16_t e = (uint16_t)(err & 0xffff);
     size_t n = detail ? strnlen(detail, DETAIL_MAX) : 0;
     rec[0] = idx & 0xff;
@@ -230,6 +200,32 @@ static void __attribute__((noreturn)) report(enum step step, int err, const char
     do {                                                                                     \
         if ((expr) < 0)                                                                      \
             report((step), errno, (detail));                                                 \
+    } while (0)
+
+static int failed(void) {
+    return pending.step >= 0;
+}
+
+/* A failing step of a function a spare runs early (monitor_steps, build_mount_view, confine
+ * and what they call): reported at once, as report() does, except in a spare's early steps,
+ * where it is kept and fail() returns. Such a function then returns at once (STEP does), and
+ * its callers check failed() after each call: straight-line code, no jump. */
+static void fail(enum step step, int err, const char *detail) {
+    if (!deferring)
+        report(step, err, detail);
+    if (failed()) /* the first failure is the one to report */
+        return;
+    pending.step = (int)step;
+    pending.err = err;
+    snprintf(pending.detail, sizeof pending.detail, "%s", detail ? detail : "");
+}
+
+#define STEP(step, expr, detail)                                                             \
+    do {                                                                                     \
+        if ((expr) < 0) {                                                                    \
+            fail((step), errno, (detail));                                                   \
+            return;                                                                          \
+        }                                                                                    \
     } while (0)
 
 /* ---- the plan ------------------------------------------------------------------------- */
@@ -368,17 +364,9 @@ static void parse_view(void) {
 }
 
 static void parse_plan(void) {
-    size_t n, i;
+    size_t i;
     if (get_u64() != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC))
         malformed("version");
-    n = get_count(8);
-    for (i = 0; i < n; i++) {
-        uint64_t idx = get_u64();
-        if (i < N_STEPS)
-            step_map[i] = (uint16_t)idx;
-    }
-    if (n != N_STEPS)
-        malformed("step table");
     P.flags = (uint32_t)get_u64();
     P.parent_pid = (int64_t)get_u64();
     P.uid = (int64_t)get_u64();
@@ -564,7 +552,7 @@ static void make_ruleset(void) {
     if (!(P.flags & F_LANDLOCK) || !(P.ll_fs | P.ll_net | P.ll_scoped))
         return;
     own_ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
-    TRY(S_LANDLOCK_RULES, own_ruleset, "landlock_create_ruleset");
+    STEP(S_LANDLOCK_RULES, own_ruleset, "landlock_create_ruleset");
 }
 
 /* The ruleset in use: made here with a mount view, else the parent's (-1: nothing handled). */
@@ -580,15 +568,21 @@ static void add_rule(int fd, uint64_t access, int is_dir, const char *what) {
         return;
     attr.allowed_access = access;
     attr.parent_fd = fd;
-    TRY(S_LANDLOCK_RULES,
+    STEP(S_LANDLOCK_RULES,
         syscall(SYS_landlock_add_rule, ruleset_fd(), LANDLOCK_RULE_PATH_BENEATH_, &attr, 0), what);
 }
 
 static void build_mount_view(void) {
-    int *fds = alloc(P.n_binds, sizeof *fds);
+    int *fds = calloc(P.n_binds + 1, sizeof *fds);
     size_t i;
     const char *t;
+    if (!fds) {
+        fail(S_INTERNAL, ENOMEM, "native executor: out of memory");
+        return;
+    }
     make_ruleset();
+    if (failed())
+        return;
     /* 1. clone every granted tree; it must be the very object the parent checked */
     for (i = 0; i < P.n_binds; i++) {
         struct bind *b = &P.binds[i];
@@ -596,45 +590,48 @@ static void build_mount_view(void) {
         struct mount_attr_ attr = {b->attrs, 0, 0, 0};
         int fd = (int)syscall(SYS_open_tree, AT_FDCWD, b->source,
                               OPEN_TREE_CLONE_ | O_CLOEXEC | AT_RECURSIVE_ | AT_SYMLINK_NOFOLLOW);
-        TRY(S_BIND_CLONE, fd, b->source);
-        TRY(S_BIND_CLONE, fstat(fd, &st), b->source);
+        STEP(S_BIND_CLONE, fd, b->source);
+        STEP(S_BIND_CLONE, fstat(fd, &st), b->source);
         if ((uint64_t)st.st_dev != b->dev || (uint64_t)st.st_ino != b->ino) {
             char d[DETAIL_MAX];
-            snprintf(d, sizeof d, "%s changed since it was checked", b->source);
-            report(S_BIND_CLONE, ESTALE, d);
+            snprintf(d, sizeof d, DETAIL_STALE, b->source);
+            fail(S_BIND_CLONE, ESTALE, d);
+            return;
         }
         add_rule(fd, b->access, S_ISDIR(st.st_mode), b->source);
-        TRY(S_BIND_CLONE,
+        if (failed())
+            return;
+        STEP(S_BIND_CLONE,
             syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE_, &attr, sizeof attr),
             b->source);
         fds[i] = fd;
     }
     /* 2. the new root: an empty tmpfs, read-only once assembled */
-    TRY(S_ROOT_TMPFS, mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m"),
+    STEP(S_ROOT_TMPFS, mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m"),
         NULL);
-    TRY(S_TMP, (t = join(0, NEWROOT, "/tmp")) ? mount_tmpfs(t, P.tmp_options) : -1, NULL);
-    TRY(S_DEV, (t = join(0, NEWROOT, "/dev/shm")) ? mount_tmpfs(t, P.shm_options) : -1, NULL);
+    STEP(S_TMP, (t = join(0, NEWROOT, "/tmp")) ? mount_tmpfs(t, P.tmp_options) : -1, NULL);
+    STEP(S_DEV, (t = join(0, NEWROOT, "/dev/shm")) ? mount_tmpfs(t, P.shm_options) : -1, NULL);
     for (i = 0; i < P.n_binds; i++) {
         struct bind *b = &P.binds[i];
         t = join(0, NEWROOT, b->target);
-        TRY(S_BIND_ATTACH, t ? 0 : -1, b->target);
-        TRY(S_BIND_ATTACH, b->is_dir ? makedirs(t, 0755) : make_file(t), b->target);
-        TRY(S_BIND_ATTACH,
+        STEP(S_BIND_ATTACH, t ? 0 : -1, b->target);
+        STEP(S_BIND_ATTACH, b->is_dir ? makedirs(t, 0755) : make_file(t), b->target);
+        STEP(S_BIND_ATTACH,
             syscall(SYS_move_mount, fds[i], "", AT_FDCWD, t, MOVE_MOUNT_F_EMPTY_PATH_), b->target);
         close(fds[i]);
     }
     if (P.n_masks) {
         const char *empty_file = NEWROOT "/.hcp-masked", *empty_dir = NEWROOT "/.hcp-masked.d";
         int fd = open(empty_file, O_WRONLY | O_CREAT | O_CLOEXEC, 0);
-        TRY(S_MASK, fd, NULL);
+        STEP(S_MASK, fd, NULL);
         close(fd);
-        TRY(S_MASK, mkdir(empty_dir, 0), NULL);
+        STEP(S_MASK, mkdir(empty_dir, 0), NULL);
         for (i = 0; i < P.n_masks; i++) {
             t = join(0, NEWROOT, P.masks[i].path);
-            TRY(S_MASK, t ? 0 : -1, NULL);
-            TRY(S_MASK, mount(P.masks[i].is_dir ? empty_dir : empty_file, t, NULL, MS_BIND, NULL),
+            STEP(S_MASK, t ? 0 : -1, NULL);
+            STEP(S_MASK, mount(P.masks[i].is_dir ? empty_dir : empty_file, t, NULL, MS_BIND, NULL),
                 NULL);
-            TRY(S_MASK,
+            STEP(S_MASK,
                 mount(NULL, t, NULL,
                       MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
                 NULL);
@@ -642,36 +639,36 @@ static void build_mount_view(void) {
     }
     for (i = 0; i < P.n_symlinks; i++) {
         t = join(0, NEWROOT, P.symlinks[i].link);
-        TRY(S_SYMLINK, t ? symlink(P.symlinks[i].dest, t) : -1, P.symlinks[i].link);
+        STEP(S_SYMLINK, t ? symlink(P.symlinks[i].dest, t) : -1, P.symlinks[i].link);
     }
     {
         static const char *const links[][2] = {{"/fd", "/proc/self/fd"},
                                                {"/stdin", "/proc/self/fd/0"},
                                                {"/stdout", "/proc/self/fd/1"},
                                                {"/stderr", "/proc/self/fd/2"}};
-        TRY(S_DEV, makedirs(NEWROOT "/dev", 0755), NULL);
+        STEP(S_DEV, makedirs(NEWROOT "/dev", 0755), NULL);
         for (i = 0; i < 4; i++) {
             t = join(0, NEWROOT "/dev", links[i][0]);
-            TRY(S_DEV, symlink(links[i][1], t), NULL);
+            STEP(S_DEV, symlink(links[i][1], t), NULL);
         }
     }
     if (P.flags & F_PROC_FRESH) {
-        TRY(S_PROC, makedirs(NEWROOT "/proc", 0555), NULL);
-        TRY(S_PROC, mount("proc", NEWROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+        STEP(S_PROC, makedirs(NEWROOT "/proc", 0555), NULL);
+        STEP(S_PROC, mount("proc", NEWROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
             NULL);
     }
     if (P.flags & F_PID_MAX) {
         char text[32];
         snprintf(text, sizeof text, "%lld", (long long)P.pid_max);
-        TRY(S_PID_MAX, write_file(NEWROOT "/proc/sys/kernel/pid_max", text), NULL);
+        STEP(S_PID_MAX, write_file(NEWROOT "/proc/sys/kernel/pid_max", text), NULL);
     }
-    TRY(S_CANARY, make_file(NEWROOT "/.hcp-canary"), NULL);
+    STEP(S_CANARY, make_file(NEWROOT "/.hcp-canary"), NULL);
     /* 3. switch roots and drop the old one */
-    TRY(S_PIVOT_ROOT, chdir(NEWROOT), NULL);
-    TRY(S_PIVOT_ROOT, syscall(SYS_pivot_root, ".", "."), NULL);
-    TRY(S_PIVOT_ROOT, umount2(".", MNT_DETACH), NULL);
-    TRY(S_PIVOT_ROOT, chdir("/"), NULL);
-    TRY(S_ROOT_READONLY,
+    STEP(S_PIVOT_ROOT, chdir(NEWROOT), NULL);
+    STEP(S_PIVOT_ROOT, syscall(SYS_pivot_root, ".", "."), NULL);
+    STEP(S_PIVOT_ROOT, umount2(".", MNT_DETACH), NULL);
+    STEP(S_PIVOT_ROOT, chdir("/"), NULL);
+    STEP(S_ROOT_READONLY,
         mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL),
         NULL);
     free(fds);
@@ -776,10 +773,12 @@ static void add_late_rules(void) {
     for (size_t i = 0; i < P.n_rules; i++) {
         struct stat st;
         int fd = open(P.rules[i].path, O_PATH | O_CLOEXEC);
-        TRY(S_LANDLOCK_RULES, fd, P.rules[i].path);
-        TRY(S_LANDLOCK_RULES, fstat(fd, &st), P.rules[i].path);
+        STEP(S_LANDLOCK_RULES, fd, P.rules[i].path);
+        STEP(S_LANDLOCK_RULES, fstat(fd, &st), P.rules[i].path);
         add_rule(fd, P.rules[i].access, S_ISDIR(st.st_mode), P.rules[i].path);
         close(fd);
+        if (failed())
+            return;
     }
 }
 
@@ -787,6 +786,12 @@ static int install_seccomp(void) {
     struct sock_fprog prog = {(unsigned short)(P.bpf_len / 8),
                               (struct sock_filter *)(uintptr_t)P.bpf};
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
+static void check_status(const char *status, const struct status_line *lines, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strstr(status, lines[i].line))
+            report(S_VERIFY, EPERM, lines[i].lacks);
 }
 
 /* Prove the confinement is in force before exec; refuse otherwise. */
@@ -798,7 +803,7 @@ static void verify(void) {
         fd = open(P.canary, O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
             close(fd);
-            snprintf(d, sizeof d, "Landlock canary %s was readable", P.canary);
+            snprintf(d, sizeof d, DETAIL_CANARY_READABLE, P.canary);
             report(S_VERIFY, EPERM, d);
         }
         if (errno != EACCES && errno != EPERM) {
@@ -818,27 +823,11 @@ static void verify(void) {
     }
     close(fd);
     status[len] = 0;
-    {
-        /* the line as child.py shows it: repr() of the stripped text */
-        static const char *const lines[][2] = {
-            {"NoNewPrivs:\t1\n", "'NoNewPrivs:\\t1'"},
-            {"CapEff:\t0000000000000000\n", "'CapEff:\\t0000000000000000'"},
-            {"CapPrm:\t0000000000000000\n", "'CapPrm:\\t0000000000000000'"},
-            {"CapAmb:\t0000000000000000\n", "'CapAmb:\\t0000000000000000'"},
-            {"CapBnd:\t0000000000000000\n", "'CapBnd:\\t0000000000000000'"},
-            {"Seccomp:\t2\n", "'Seccomp:\\t2'"},
-        };
-        for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
-            if (i == 4 && !(P.flags & F_HOLDS_SETPCAP))
-                continue;
-            if (i == 5 && !(P.flags & F_SECCOMP))
-                continue;
-            if (!strstr(status, lines[i][0])) {
-                snprintf(d, sizeof d, "/proc/self/status lacks %s", lines[i][1]);
-                report(S_VERIFY, EPERM, d);
-            }
-        }
-    }
+    check_status(status, status_always, sizeof status_always / sizeof status_always[0]);
+    if (P.flags & F_HOLDS_SETPCAP)
+        check_status(status, status_setpcap, 1);
+    if (P.flags & F_SECCOMP)
+        check_status(status, status_seccomp, 1);
 }
 
 static void __attribute__((noreturn)) do_exec(void) {
@@ -1023,15 +1012,17 @@ static int command(void *arg) {
  * (the late rules, for the mounts that exist only here, then restrict), seccomp. A prepared
  * spare does it before the plan comes (the plan's rlimits follow: they only lower limits). */
 static void confine(void) {
-    TRY(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
-    TRY(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
+    STEP(S_NO_NEW_PRIVS, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), NULL);
+    STEP(S_DROP_CAPABILITIES, drop_capabilities(), NULL);
     if (P.flags & F_LANDLOCK) {
         add_late_rules();
+        if (failed())
+            return;
         if (ruleset_fd() >= 0)
-            TRY(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, ruleset_fd(), 0), NULL);
+            STEP(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, ruleset_fd(), 0), NULL);
     }
     if (P.flags & F_SECCOMP)
-        TRY(S_SECCOMP, install_seccomp(), NULL);
+        STEP(S_SECCOMP, install_seccomp(), NULL);
 }
 
 static void __attribute__((noreturn)) payload(int status_w) {
@@ -1111,37 +1102,32 @@ static void setup_stdio(void) {
 
 /* The monitor's steps: session, parent check, namespaces, uid/gid maps, private mounts. */
 static void monitor_steps(void) {
-    TRY(S_SETSID, setsid(), NULL);
-    TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+    STEP(S_SETSID, setsid(), NULL);
+    STEP(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
     if (getppid() != (pid_t)P.parent_pid)
         _exit(125);
     if (P.flags & F_USERNS) {
-        TRY(S_UNSHARE_USER, unshare(CLONE_NEWUSER), NULL);
+        STEP(S_UNSHARE_USER, unshare(CLONE_NEWUSER), NULL);
         /* setgroups must be denied before an unprivileged process may write its gid_map */
-        TRY(S_UID_MAP, write_id_maps(), NULL);
+        STEP(S_UID_MAP, write_id_maps(), NULL);
     }
     if (P.flags & F_MOUNTNS)
-        TRY(S_UNSHARE_MOUNT, unshare(CLONE_NEWNS), NULL);
+        STEP(S_UNSHARE_MOUNT, unshare(CLONE_NEWNS), NULL);
     if (P.flags & F_NETNS)
-        TRY(S_UNSHARE_NET, unshare(CLONE_NEWNET), NULL);
+        STEP(S_UNSHARE_NET, unshare(CLONE_NEWNET), NULL);
     if (P.flags & F_IPCNS)
-        TRY(S_UNSHARE_IPC, unshare(CLONE_NEWIPC), NULL);
+        STEP(S_UNSHARE_IPC, unshare(CLONE_NEWIPC), NULL);
     if (P.flags & F_PIDNS)
-        TRY(S_UNSHARE_PID, unshare(CLONE_NEWPID), NULL);
+        STEP(S_UNSHARE_PID, unshare(CLONE_NEWPID), NULL);
     if (P.flags & F_MOUNTNS) /* nothing we mount may propagate back to the host */
-        TRY(S_MOUNT_PRIVATE, mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), NULL);
+        STEP(S_MOUNT_PRIVATE, mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), NULL);
 }
 
 /* ---- a spare ------------------------------------------------------------------------------ */
 
 #define NS_FLAGS (F_USERNS | F_MOUNTNS | F_NETNS | F_IPCNS | F_PIDNS)
-#define M_RULESET 1u
-#define M_PROXY 2u
-#define M_DONE 4u
-#define M_INLINE 8u
-/* A plan up to this size comes in the message itself (no memfd to make, fill and read); a
- * larger one (a long argv or environment) in a memfd. As INLINE_MAX in __init__.py. */
-#define INLINE_MAX (60 * 1024)
+/* A plan up to INLINE_MAX bytes comes in the message itself (no memfd to make, fill and
+ * read); a larger one (a long argv or environment) in a memfd. */
 
 /* One message: a header (magic, bits), the plan when M_INLINE, and the fds [(plan memfd
  * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done)]. */
@@ -1202,8 +1188,8 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
         read_plan(fds[0]);
     }
     parse_plan();
-    if (pend_step >= 0) /* a step failed before the plan came: report it now */
-        report((enum step)pend_step, pend_err, pend_detail[0] ? pend_detail : NULL);
+    if (failed()) /* a step failed before the plan came: report it now */
+        report((enum step)pending.step, pending.err, pending.detail[0] ? pending.detail : NULL);
     if ((P.flags & NS_FLAGS) != (spare_flags & NS_FLAGS) || P.uid != uid || P.gid != gid
         || (confined_early && !(P.flags & F_CONFINED))
         || (view_template && (P.view_len != view_template_len
@@ -1226,10 +1212,50 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
         umask((mode_t)P.umask);
 }
 
+/* What a spare does before the plan comes: the monitor's steps, pid 1 (the monitor itself
+ * goes on to mirror it), lo, and given a template, the mount view and the confinement. The
+ * first step that fails ends them, kept for the plan's error pipe (fail()). */
+static void early_steps(int sock, uint32_t flags, int status_pipe[2]) {
+    pid_t pid;
+    monitor_steps();
+    if (failed())
+        return;
+    if (flags & F_PIDNS) {
+        STEP(S_FORK_PID1, pipe2(status_pipe, O_CLOEXEC), NULL);
+        pid = fork();
+        STEP(S_FORK_PID1, pid, NULL);
+        if (pid > 0) {
+            deferring = 0;
+            close(sock);
+            mirror(pid, status_pipe[0]);
+        }
+        close(status_pipe[0]);
+        status_pipe[0] = -1;
+        STEP(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+    }
+    if (flags & F_NETNS) {
+        STEP(S_LOOPBACK_UP, loopback_up(), NULL);
+        lo_done = 1;
+    }
+    if (view_template && (flags & F_MOUNTNS)) {
+        P.flags |= P.view_flags;
+        build_mount_view();
+        if (failed())
+            return;
+        view_done = 1;
+        /* The confinement that is the same for every run of this template, in force while
+         * the spare waits (lo is up, the view built: nothing left that needs a capability).
+         * The plan's rlimits come after it: they only lower limits. */
+        confine();
+        if (failed())
+            return;
+        confined_early = 1;
+    }
+}
+
 static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t uid, int64_t gid,
                                              int64_t ppid, int view_fd) {
-    static int status_pipe[2] = {-1, -1};
-    static pid_t pid;
+    int status_pipe[2] = {-1, -1};
     /* Hold nothing of the runtime's while idle: fds it let us inherit (a pipe whose reader
      * waits for EOF, say) would stay open for as long as we wait. */
     {
@@ -1257,37 +1283,8 @@ static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t ui
     if (chdir("/") < 0) { /* pin no directory of the runtime's while idle; harmless if not */
     }
     deferring = 1;
-    if (setjmp(defer_jmp) == 0) {
-        monitor_steps();
-        if (flags & F_PIDNS) {
-            TRY(S_FORK_PID1, pipe2(status_pipe, O_CLOEXEC), NULL);
-            pid = fork();
-            TRY(S_FORK_PID1, pid, NULL);
-            if (pid > 0) {
-                deferring = 0;
-                close(sock);
-                mirror(pid, status_pipe[0]);
-            }
-            close(status_pipe[0]);
-            status_pipe[0] = -1;
-            TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
-        }
-        if (flags & F_NETNS) {
-            TRY(S_LOOPBACK_UP, loopback_up(), NULL);
-            lo_done = 1;
-        }
-        if (view_template && (flags & F_MOUNTNS)) {
-            P.flags |= P.view_flags;
-            build_mount_view();
-            view_done = 1;
-            /* The confinement that is the same for every run of this template, in force while
-             * the spare waits (lo is up, the view built: nothing left that needs a capability).
-             * The plan's rlimits come after it: they only lower limits. */
-            confine();
-            confined_early = 1;
-        }
-        deferring = 0;
-    }
+    early_steps(sock, flags, status_pipe);
+    deferring = 0;
     receive(sock, flags, uid, gid);
     setup_stdio();
     payload((P.flags & F_PIDNS) ? status_pipe[1] : -1);
@@ -1310,9 +1307,25 @@ static void __attribute__((noreturn)) usage(void) {
     _exit(2);
 }
 
+/* The values this binary was built with, as protocol.table() prints them (for a test). */
+static void __attribute__((noreturn)) print_protocol(void) {
+    size_t i;
+    printf("version %d magic %#x\ninline_max %d\ndetail_max %d\n", PLAN_VERSION, PLAN_MAGIC,
+           INLINE_MAX, DETAIL_MAX);
+    for (i = 0; i < N_STEPS; i++)
+        printf("step %zu %s\n", i, step_names[i]);
+    for (i = 0; i < sizeof flag_names / sizeof flag_names[0]; i++)
+        printf("flag %s %u\n", flag_names[i].name, flag_names[i].bit);
+    for (i = 0; i < sizeof message_names / sizeof message_names[0]; i++)
+        printf("message %s %u\n", message_names[i].name, message_names[i].bit);
+    exit(fflush(stdout) == 0 ? 0 : 1);
+}
+
 int main(int argc, char **argv) {
     int plan_fd, status_pipe[2];
     pid_t pid;
+    if (argc == 2 && strcmp(argv[1], "--protocol") == 0)
+        print_protocol();
     if ((argc == 7 || argc == 8) && strcmp(argv[1], "--spare") == 0) {
         int sock = parse_fd(argv[2]), view_fd = argc == 8 ? parse_fd(argv[7]) : -1;
         if (sock < 3 || (argc == 8 && view_fd < 3))
