@@ -167,15 +167,7 @@ def _parse_rule(raw: dict[str, Any], path: str, i: int, default_action: str) -> 
         raise ProfileFormatError(path, "must be an array of tables", i, "args")
     args = tuple(_parse_arg(a, path, i, j) for j, a in enumerate(raw_args))
     nr = _parse_nr(raw.get("nr"), path, i, syscalls)
-    rule = Rule(tuple(syscalls), action, args, why.strip(), nr)
-    from .conditions import ConditionError, expand  # local: keeps import order trivial
-
-    for machine in MACHINES:
-        try:
-            expand(rule.args, machine)
-        except ConditionError as exc:
-            raise ProfileFormatError(path, f"{exc} (on {machine})", i, "args") from None
-    return rule
+    return Rule(tuple(syscalls), action, args, why.strip(), nr)
 
 
 def _parse_arg(raw: Any, path: str, i: int, j: int) -> ArgCondition:

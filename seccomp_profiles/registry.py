@@ -10,7 +10,8 @@ import os
 from typing import Optional, Union
 
 from .errors import ProfileFormatError, ProfileNotFoundError, SeccompProfileError, UnknownSyscallError
-from .machines import native_machine
+from .conditions import ConditionError, expand
+from .machines import MACHINES, native_machine
 from .model import Profile, is_profile_name, parse_profile
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
@@ -57,13 +58,20 @@ def load_profile(ref: ProfileRef) -> Profile:
 
 
 def build_profile(data: bytes, path: str, expected: Optional[str] = None) -> Profile:
-    """parse_profile + syscall-name check; records names absent on this machine."""
+    """parse_profile + the checks that need more than the file's structure: each rule's
+    argument conditions on every architecture, and every syscall name; records the names
+    absent on this machine."""
     from .syscalls import numbers
 
     profile = parse_profile(data, path, expected)
     machine = native_machine()
     unavailable: dict[str, None] = {}
     for i, rule in enumerate(profile.rules):
+        for arch in MACHINES:  # each rule's conditions must compile on every architecture
+            try:
+                expand(rule.args, arch)
+            except ConditionError as exc:
+                raise ProfileFormatError(path, f"{exc} (on {arch})", i, "args") from None
         for name in rule.syscalls:
             try:
                 table = numbers(name, rule.nr)

@@ -58,7 +58,7 @@ def _landlock_bytes(plan: "Plan") -> list[bytes]:
     """The Landlock part of the prepared section: handled rights, the dir-only rights (taken
     from a rule on a non-directory) and the late rules (for mounts that exist only inside),
     each masked as CreatedRuleset.add_path_fd would."""
-    from hcp_linux import landlock
+    import hcp_linux.landlock as landlock
     ruleset = plan.landlock
     assert ruleset is not None
     requested, handled = int(ruleset.requested_fs), int(ruleset.handled_fs)
