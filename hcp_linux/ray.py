@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import errno
 import os
-import stat
 import subprocess
 import tempfile
 import threading
@@ -51,6 +49,7 @@ from ray.util.scheduling_strategies import (  # type: ignore[import-not-found, u
 
 from . import Policy, Sandbox
 from . import SandboxError as HcpError
+from .jailfiles import open_jail, read_in, write_in
 from .workspace import remove_tree
 
 __all__ = ["HOST_IMAGE", "HcpSandboxBackend", "HcpSandboxRuntime", "HcpSandbox",
@@ -62,8 +61,6 @@ HOST_IMAGE = "host"
 
 #: How long :meth:`HcpSandboxBackend.delete_sandbox` waits for a killed command to be reaped.
 KILL_WAIT = 10.0
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SandboxLostError(SandboxNotFoundError):
@@ -165,97 +162,6 @@ class HostImageManager(BaseImageManager):
         raise SandboxCreationError("hcp-linux builds no OCI bundle")
 
 
-# --- files in a jail, by descriptor ----------------------------------------------------------
-
-def _parts(path: str) -> List[str]:
-    """The components of a path inside the jail: relative, no ``..``, no NUL."""
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise SandboxError(f"path {path!r}: expected a non-empty relative path")
-    if path.startswith("/"):
-        raise SandboxError(f"path {path!r}: absolute; paths are relative to the sandbox's jail")
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise SandboxError(f"path {path!r}: '..' would leave the jail")
-    if not parts:
-        raise SandboxError(f"path {path!r}: names the jail itself, not a file")
-    return parts
-
-
-def _walk(jail_fd: int, parts: List[str], create: bool) -> int:
-    """Open the directory holding ``parts[-1]``, one component at a time from the jail's
-    descriptor, never following a symlink (``O_NOFOLLOW``): the command in the jail may swap
-    any component for a symlink at any moment, and a path checked first and opened later
-    would follow it."""
-    fd = os.dup(jail_fd)
-    try:
-        for name in parts[:-1]:
-            try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)  # mkdirat never follows a symlink
-                except FileExistsError:
-                    pass
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _open_regular(jail_fd: int, path: str, flags: int, create: bool) -> int:
-    """A descriptor of the regular file at ``path`` in the jail, or :class:`SandboxError`."""
-    parts = _parts(path)
-    try:
-        dfd = _walk(jail_fd, parts, create)
-        try:
-            # O_NONBLOCK: a FIFO planted under the name opens at once (and is refused below)
-            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                         0o644, dir_fd=dfd)
-        finally:
-            os.close(dfd)
-    except OSError as e:
-        why = "a symlink (or not a directory) on the way" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
-        raise SandboxError(f"path {path!r}: {why}") from e
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
-        os.close(fd)
-        raise SandboxError(f"path {path!r}: not a regular file with one link (a hard link may "
-                           "be shared with a file outside the jail)")
-    os.set_blocking(fd, True)
-    return fd
-
-
-def write_in(jail_fd: int, path: str, data: bytes, append: bool = False) -> None:
-    """Write ``data`` to ``path`` inside the jail, making missing parent directories."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)
-    fd = _open_regular(jail_fd, path, flags, create=True)
-    try:
-        if not append:
-            os.ftruncate(fd, 0)  # after the checks: O_TRUNC would cut a file before them
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-
-
-def read_in(jail_fd: int, path: str) -> bytes:
-    """The bytes of the regular file at ``path`` inside the jail."""
-    fd = _open_regular(jail_fd, path, os.O_RDONLY, create=False)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 # --- the backend -----------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -299,7 +205,7 @@ class HcpSandboxBackend(BaseSandboxBackend):
         try:
             env = {**self.policy.env, **config.env}
             policy = dataclasses.replace(self.policy, jail=jail, env=env)
-            jail_fd = os.open(jail, _DIR_FLAGS)
+            jail_fd = open_jail(jail)
         except Exception as e:
             remove_tree(jail)
             raise SandboxCreationError(f"hcp-linux sandbox: {e}") from e
@@ -375,11 +281,17 @@ class HcpSandboxBackend(BaseSandboxBackend):
         """Write into the jail (``path`` relative to it; parents made). Refused: absolute
         paths, ``..``, a symlink anywhere on the way, a non-regular or hard-linked file."""
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
-        write_in(self._box(sandbox_id).jail_fd, path, data, append)
+        try:
+            write_in(self._box(sandbox_id).jail_fd, path, data, append)
+        except HcpError as e:
+            raise SandboxError(str(e)) from e
 
     def read_file(self, sandbox_id: str, path: str) -> bytes:
         """Read from the jail, under :meth:`write_file`'s rules."""
-        return read_in(self._box(sandbox_id).jail_fd, path)
+        try:
+            return read_in(self._box(sandbox_id).jail_fd, path)
+        except HcpError as e:
+            raise SandboxError(str(e)) from e
 
     def get_status(self, sandbox_id: str) -> SandboxStatus:
         """RUNNING while the jail is there; ERROR if it vanished under us; TERMINATED once
