@@ -23,7 +23,7 @@ from .protocol import CANARY
 from .rulesets import POLICY_ABI, GrantedRuleset, landlock_ruleset
 
 __all__ = ["Bind", "Confinement", "DEVICES", "MASKED_PATHS", "cache_stats", "clear_cache",
-           "covered", "search_path", "shared_confinement"]
+           "carved_read_only", "covered", "pinned_ancestors", "search_path", "shared_confinement"]
 
 #: Device files every tool expects; each is bound read-write from the host.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -127,7 +127,7 @@ def shared_confinement(policy: Policy, candidates: tuple[str, ...], layers: froz
     # the jail is in one of the two root lists (readable_roots when read-only): the key
     # tells a read-only jail from a writable one
     key = (policy.system_roots, policy.readable_roots, policy.writable_roots, policy.network,
-           layers, terminals, candidates)
+           layers, terminals, candidates, policy.read_only_paths, policy.hidden_paths)
     with _confinements_lock:
         conf = _confinements.get(key)
     if conf is not None:
@@ -185,7 +185,8 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
     view = "mountns" in layers
     bins = [os.path.join(p, "bin") for p in prefixes]
     grant_paths = (*policy.readable_roots, *prefixes, *policy.writable_roots, *DEVICES,
-                   *terminals, "/proc")
+                   *terminals, "/proc", *policy.read_only_paths, *policy.hidden_paths,
+                   *pinned_ancestors(policy))
     conf.watched = (tuple(dict.fromkeys((*grant_paths, *bins))), tuple(policy.system_roots),
                     _MASK_DIRS if view else ())
     before = _stamp(conf.watched)  # before looking: a change while we look shows as a miss
@@ -235,6 +236,15 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
         # Only the terminal the command was given, so ttyname() works; never all of
         # /dev/pts, which holds the user's other terminals.
         grants.append((tty, _DEV_ACCESS | _FS.IOCTL_DEV, L.MOUNT_ATTR_NOSUID, True))
+    if view:
+        # carve-outs: a read-only bind of the path over itself, attached after its root
+        # (binds go by depth); none where the path is read-only already
+        for path in carved_read_only(policy):
+            grants.append((path, _RO_ACCESS, ro_attrs, False))
+        # and each writable directory between a carve-out and its root bound over itself:
+        # a mount point cannot be renamed (EBUSY), so no parent moves a carve-out away
+        for path in pinned_ancestors(policy):
+            grants.append((path, full, rw_attrs, True))
     if view and not proc_fresh:
         grants.append(("/proc", _PROC_ACCESS,
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
@@ -266,7 +276,8 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
     conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
     if view:
-        conf.masks = tuple(_masks(policy, [p for p, _, _, _, _, w in opened if not w]))
+        conf.masks = tuple(_masks(policy, [p for p, _, _, _, _, w in opened if not w])
+                           + _hidden(policy))
     if template is not None:
         if view:
             conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
@@ -289,5 +300,56 @@ def _masks(policy: Policy, granted: Sequence[str]) -> list[tuple[bytes, bool]]:
                 continue
             if not any(_is_within(path, r) for r in granted):
                 continue
+            out.append((os.fsencode(path), os.path.isdir(path)))
+    return out
+
+
+def _deepest(path: str, trees: Sequence[tuple[str, bool]]) -> bool | None:
+    """The flag of the deepest tree strictly holding or equal to ``path`` (None: none)."""
+    best: tuple[str, bool] | None = None
+    for tree, flag in trees:
+        if tree != path and _is_within(path, tree) and (best is None or len(tree) > len(best[0])):
+            best = (tree, flag)
+    return None if best is None else best[1]
+
+
+def carved_read_only(policy: Policy) -> list[str]:
+    """The ``read_only_paths`` that need a read-only bind: those whose nearest enclosing
+    tree (a root or another read-only path) is writable; none inside a hidden path."""
+    trees = [(r, True) for r in policy.writable_roots] \
+        + [(r, False) for r in policy.readable_roots] \
+        + [(p, False) for p in policy.read_only_paths]
+    return [p for p in policy.read_only_paths
+            if _deepest(p, trees) and not _deepest(p, [(h, True) for h in policy.hidden_paths])]
+
+
+def pinned_ancestors(policy: Policy) -> list[str]:
+    """The writable directories strictly between each carve-out (bound or masked) and the
+    root holding it: pinned in the view as mount points of their own, so that renaming one
+    cannot carry a carve-out out of the path the policy names (the next run would protect
+    whatever was put there instead)."""
+    trees = [(r, True) for r in policy.writable_roots] \
+        + [(r, False) for r in policy.readable_roots] \
+        + [(p, False) for p in policy.read_only_paths]
+    roots = set(policy.writable_roots + policy.readable_roots)
+    carved = carved_read_only(policy) + [os.fsdecode(p) for p, _ in _hidden(policy)]
+    out: set[str] = set()
+    for path in carved:
+        parent = os.path.dirname(path)
+        while parent not in roots and parent != "/" and parent not in out:
+            if not _deepest(parent, trees) or parent in policy.read_only_paths \
+                    or parent in policy.hidden_paths:
+                break  # read-only already (cannot be renamed), or a carve-out (a mount)
+            out.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(out)
+
+
+def _hidden(policy: Policy) -> list[tuple[bytes, bool]]:
+    """Each hidden path covered by an empty node of its kind; one inside another hidden
+    directory is covered already (and could not be mounted on: the mask is empty)."""
+    out = []
+    for path in sorted(policy.hidden_paths):
+        if not _deepest(path, [(h, True) for h in policy.hidden_paths]):
             out.append((os.fsencode(path), os.path.isdir(path)))
     return out

@@ -129,6 +129,13 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     if native:
         layers = frozenset()
     view = "mountns" in layers
+    if not view and not native and (policy.read_only_paths or policy.hidden_paths):
+        # Landlock only adds rights: without a mount view nothing can take a carve-out back
+        # from its writable root. Refused even when mountns may degrade: fail closed.
+        field_ = "read_only_paths" if policy.read_only_paths else "hidden_paths"
+        raise PolicyError(f"{field_}: carve-outs need the mount view, and no mount namespace "
+                          f"can be made here ({REMEDIES['mountns']}); drop the carve-outs "
+                          f"to run without one")
     shared = None
     if native:
         prefixes = [p for p in install_prefixes(exe) if not covered(p, policy)]

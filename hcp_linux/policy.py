@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
@@ -133,8 +134,10 @@ class Policy:
     ``jail`` is the working directory and first writable root (default: the current
     directory); with ``read_only_jail`` it is the working directory only, shown and granted
     read-only like a ``read_only_roots`` entry (the command reads its project and writes
-    its private /tmp and the ``write_roots``). Paths must be absolute; they are
-    canonicalised once, here, so the plan opens exactly what was validated.
+    its private /tmp and the ``write_roots``). ``read_only_paths`` and ``hidden_paths`` are
+    carve-outs: existing paths inside a granted root, shown read-only or masked by the mount
+    view (docs/policy.md, "Carve-outs"). Paths must be absolute; they are canonicalised
+    once, here, so the plan opens exactly what was validated.
     """
 
     jail: str | None = None
@@ -155,6 +158,8 @@ class Policy:
     proxy_log: str | None = None
     limits: Limits = field(default_factory=Limits)
     on_exit: str = "kill"
+    read_only_paths: tuple[str, ...] = ()
+    hidden_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Check every field, in one pass, before anything is opened, spawned or written;
@@ -201,7 +206,9 @@ class Policy:
         set_("on_exit", _choice(self.on_exit, "on_exit", ON_EXIT))
         system = tuple(os.path.realpath(p) for p in self.system_roots)  # resolved once
         self._check_overlaps(system)
-        self._check_grantable(system)
+        mounts = values.mount_table()  # read once for every root and carve-out
+        self._check_grantable(system, mounts)
+        self._check_carve_outs(set_, mounts)
 
     def _check_roots(self, set_) -> None:  # type: ignore[no-untyped-def]
         """Jail, write and read-only roots: absolute paths of existing directories, made
@@ -226,12 +233,11 @@ class Policy:
                              for p in _path_tuple(getattr(self, name), name)))
         set_("system_roots", _path_tuple(self.system_roots, "system_roots"))
 
-    def _check_grantable(self, system: tuple[str, ...]) -> None:
+    def _check_grantable(self, system: tuple[str, ...], mounts: list[tuple[str, str]]) -> None:
         """No root is, holds or lies on a kernel pseudo file system (/proc, /sys, /dev, a
         sysfs or cgroupfs mounted anywhere...): granting one hands the command a kernel
         interface, writable as root. Checked last, so that a plainer error (a read-only root
         inside the jail, as with ``jail = "/"``) is the one reported."""
-        mounts = values.mount_table()  # read once for every root
         assert self.jail is not None  # _check_roots set it (the cwd when not given)
         roots = [("jail", self.jail)] + [("write_roots", p) for p in self.write_roots] \
             + [("read_only_roots", p) for p in self.read_only_roots]
@@ -240,6 +246,49 @@ class Policy:
                 roots.append(("system_roots", real))
         for what, real in roots:
             values.check_grantable(real, what, mounts)
+
+    def _check_carve_outs(self, set_, mounts) -> None:  # type: ignore[no-untyped-def]
+        """``read_only_paths`` and ``hidden_paths``: existing files or directories strictly
+        inside a granted root (the jail, a write or read-only root), made canonical. A path
+        that does not exist yet is refused: the view binds or masks an existing inode, and
+        creating one would write into the user's tree (docs/policy.md, "Carve-outs")."""
+        assert self.jail is not None
+        roots = (self.jail,) + self.write_roots + self.read_only_roots
+        seen: dict[str, str] = {}
+        for name in ("read_only_paths", "hidden_paths"):
+            out: list[str] = []
+            for given in _path_tuple(getattr(self, name), name):
+                real = os.path.realpath(given)
+                shown = printable(given) if given == real \
+                    else f"{printable(given)} ({printable(real)})"
+                try:
+                    st = os.stat(real)
+                except OSError as e:
+                    raise PolicyError(
+                        f"{name}: {shown}: {e.strerror}; a carve-out must exist when the "
+                        f"policy is made (create it first: it is never created for you)"
+                    ) from None
+                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                    raise PolicyError(f"{name}: {shown} is neither a file nor a directory")
+                if real in roots:
+                    raise PolicyError(f"{name}: {shown} is a granted root itself; a carve-out "
+                                      f"lies inside one (for a read-only jail: "
+                                      f"--read-only-jail; else drop the root)")
+                if not any(_is_within(real, r) for r in roots):
+                    raise PolicyError(f"{name}: {shown} is not inside a granted root (the "
+                                      f"jail, write_roots, read_only_roots)")
+                values.check_grantable(real, name, mounts, given)
+                if real in seen:
+                    if seen[real] != name:
+                        raise PolicyError(f"{name}: {shown} is in {seen[real]} too; give it "
+                                          f"once")
+                    continue  # the same path twice in one list: once
+                seen[real] = name
+                out.append(real)
+            set_(name, tuple(out))
+        if seen and self.native_local:
+            raise PolicyError("read_only_paths/hidden_paths: carve-outs are enforced by the "
+                              "sandbox's mount view; native-local has none")
 
     def _check_egress(self, set_) -> None:  # type: ignore[no-untyped-def]
         allow = _str_tuple(self.allow_hosts, "allow_hosts")

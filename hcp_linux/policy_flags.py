@@ -184,6 +184,18 @@ FIELDS: tuple[Field, ...] = (
     Field("read_only_roots", "--read-only-root", APPEND, _add("read_only_root"),
           _repeated("--read-only-root"), _ROOTS, "`[]`", "extra read-only roots",
           metavar="DIR"),
+    Field("read_only_paths", "--read-only-path", APPEND, _add("read_only_path"),
+          _repeated("--read-only-path"), _ROOTS, "`[]`",
+          "carve-outs: existing files or directories inside a granted root, bound read-only "
+          "over themselves in the view (see Carve-outs)", metavar="PATH",
+          help="an existing file or directory inside a granted root, shown read-only "
+               "(repeatable)"),
+    Field("hidden_paths", "--hide-path", APPEND, _add("hide_path"),
+          _repeated("--hide-path"), _ROOTS, "`[]`",
+          "carve-outs: existing files or directories inside a granted root, covered by an "
+          "empty mode-000 mask in the view (see Carve-outs)", metavar="PATH",
+          help="an existing file or directory inside a granted root, hidden (masked by an "
+               "empty, unreadable node) (repeatable)"),
     Field("system_roots", "--system-root", APPEND, _replace_set("system_root"),
           _replacing("--system-root", DEFAULT_SYSTEM_ROOTS, "system_roots"),
           _ROOTS, f"`{' '.join(DEFAULT_SYSTEM_ROOTS)}`",

@@ -12,6 +12,7 @@ import os
 import stat
 from typing import IO, Any, Mapping
 
+from . import values
 from .errors import PolicyError, printable
 from .limits import cgroup_v2_status
 from .policy import LAYERS, NAMESPACE_LAYERS
@@ -103,7 +104,32 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         "fds": {"kept": [0, 1, 2], "closed": "every fd above 2 (close_range CLOEXEC)"}
         if confined else {"kept": [0, 1, 2]},
         "verified": _verified(plan),
+        **_carve_outs(plan),
     }
+
+
+def _carve_outs(plan) -> dict[str, Any]:
+    """The policy's carve-outs and what keeps each (present only when it has some): a
+    read-only bind of the path over itself, or the read-only tree it lies in already; a
+    mask (an empty, read-only, mode-000 node of its kind) for a hidden path; and the
+    directories between a carve-out and its root pinned as mount points (not renamable)."""
+    policy = plan.policy
+    if not (policy.read_only_paths or policy.hidden_paths):
+        return {}
+    from .confinement import carved_read_only, pinned_ancestors
+    bound = set(carved_read_only(policy))
+    masked = {m.decode() for m, _ in plan.masks}
+
+    def hidden_by(p: str) -> str | None:
+        return next((h for h in policy.hidden_paths if h != p and values.is_within(p, h)), None)
+
+    ro = {p: "read-only bind over itself (mount view)" if p in bound
+          else f"inside hidden path {hidden_by(p)}" if hidden_by(p)
+          else "inside a read-only tree of the mount view" for p in policy.read_only_paths}
+    hidden = {p: "mask: an empty read-only mode-000 node (mount view)" if p in masked
+              else f"inside hidden path {hidden_by(p)}" for p in policy.hidden_paths}
+    return {"carve_outs": {"read_only_paths": ro, "hidden_paths": hidden,
+                           "pinned": pinned_ancestors(policy)}}
 
 
 def _jail(plan) -> dict[str, Any]:

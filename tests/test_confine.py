@@ -35,6 +35,11 @@ def _dirs(tmp: Path, *names: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _file(tmp: Path, name: str) -> str:
+    (tmp / name).write_text("x\n")
+    return str(tmp / name)
+
+
 def _allow(**kw: Any) -> dict[str, Any]:
     return {"network": "allow", "allow_hosts": ("example.com",), **kw}
 
@@ -70,6 +75,10 @@ SAMPLES: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
                          {"limits": {"output": 1000, "nofile": "unlimited"}}]
     + [{"limits": {k: v}} for k, v in _CGROUP_LIMITS.items()],
     "on_exit": lambda t: [{"on_exit": "wait"}],
+    "read_only_paths": lambda t: [{"read_only_paths": _dirs(t, "jail/.git", "jail/-ci dir")},
+                                  {"read_only_paths": (_file(t, "jail/a=b.toml"),)}],
+    "hidden_paths": lambda t: [{"hidden_paths": (_file(t, "jail/.env"),
+                                                 *_dirs(t, "jail/secrets"))}],
 }
 
 
