@@ -70,6 +70,7 @@ SAMPLES: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
                          {"limits": {"output": 1000, "nofile": "unlimited"}}]
     + [{"limits": {k: v}} for k, v in _CGROUP_LIMITS.items()],
     "on_exit": lambda t: [{"on_exit": "wait"}],
+    "pty": lambda t: [{"pty": True}],
 }
 
 
