@@ -7,10 +7,15 @@ host's terminal bound into /dev/pts, SIGWINCH not passed on) and TIOCSTI outside
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import select
 import shutil
+import signal
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -185,6 +190,59 @@ def test_receipt(user: str, nobody_jail: Path) -> None:
         r = read_receipt(receipt)
         assert r["pty"] is tty
         assert ("devpts" in r["pty_by"]) if tty else "pty_by" not in r, r
+
+
+#: Waits for one SIGWINCH (30 s at most), then prints stdin's window size.
+WINCH = """import fcntl, signal, struct, sys, termios
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGWINCH])
+print("ready", flush=True)
+got = signal.sigtimedwait([signal.SIGWINCH], float(sys.argv[1]))
+rows, cols = struct.unpack("HHHH", fcntl.ioctl(0, termios.TIOCGWINSZ, bytes(8)))[:2]
+print("winch" if got else "none", rows, cols, flush=True)
+"""
+
+
+def _winch(user: str, jail: Path, tty: bool, wait: str) -> str:
+    master, slave = os.openpty()
+    try:
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        argv = _prefix(user) + hcp_argv(jail, sys.executable, "-I", "-c", WINCH, wait,
+                                        extra=["--tty"] if tty else [])
+        proc = subprocess.Popen(argv, stdin=slave, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd="/", env=caller_env())
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line == b"ready\n", (line, proc.stderr.read() if proc.stderr else b"")
+            # the terminal is resized; its foreground group (the CLI's, in a shell) gets SIGWINCH
+            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 99, 0, 0))
+            os.kill(proc.pid if not _prefix(user) else _cli_pid(proc.pid), signal.SIGWINCH)
+            stdout, stderr = proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, (stdout, stderr)
+        return stdout.decode()
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def _cli_pid(runuser_pid: int) -> int:
+    """The CLI's pid under runuser (its only child)."""
+    children = Path(f"/proc/{runuser_pid}/task/{runuser_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_sigwinch_forwarded(user: str, nobody_jail: Path) -> None:
+    assert _winch(user, nobody_jail, True, "30") == "winch 33 99\n"
+    # control: without --tty the CLI ignores SIGWINCH (its default), the command never sees it
+    # (it stops waiting after 2 s; the new size is there to read, the signal is not)
+    assert _winch(user, nobody_jail, False, "2") == "none 33 99\n"
+
 
 
 def test_devpts_step_between_dev_and_proc() -> None:
