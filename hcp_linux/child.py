@@ -334,6 +334,8 @@ def _build_mount_view(plan: "Plan") -> None:
     for link, dest in plan.symlinks:
         _step("symlink", os.symlink, dest, NEWROOT + link, detail=link.decode(errors="replace"))
     _step("dev", _dev_links)
+    if plan.pty:
+        _step("devpts", _mount_devpts)
     _step("proc", _mount_proc, plan.proc_fresh)
     if plan.pid_max is not None:
         # A fork bomb runs out of pids in this namespace, even when launched as root.
@@ -386,6 +388,19 @@ def _dev_links() -> None:
     for name, dest in ((b"fd", b"/proc/self/fd"), (b"stdin", b"/proc/self/fd/0"),
                        (b"stdout", b"/proc/self/fd/1"), (b"stderr", b"/proc/self/fd/2")):
         os.symlink(dest, dev + b"/" + name)
+
+
+#: The private devpts instance of ``pty = true``: only its own ptys are visible in /dev/pts.
+DEVPTS_OPTIONS = b"newinstance,ptmxmode=0666,mode=0620"
+
+
+def _mount_devpts() -> None:
+    """A devpts instance of the sandbox's own on /dev/pts (over the caller's terminal bind,
+    if any) and /dev/ptmx pointing into it, so openpty() works inside."""
+    target = NEWROOT + b"/dev/pts"
+    os.makedirs(target, 0o755, exist_ok=True)
+    L.mount(b"devpts", target, b"devpts", L.MS_NOSUID | L.MS_NOEXEC, DEVPTS_OPTIONS)
+    os.symlink(b"pts/ptmx", NEWROOT + b"/dev/ptmx")
 
 
 def _mount_proc(fresh: bool) -> None:

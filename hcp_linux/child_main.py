@@ -197,7 +197,7 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         "rlimits": tuple(plan.rlimits), "tmp_options": plan.tmp_options,
         "shm_options": plan.shm_options, "wait_for_tree": plan.wait_for_tree,
         "pid_max": plan.pid_max, "proxy": plan.proxy, "proc_fresh": plan.proc_fresh,
-        "late_rules": tuple(plan.late_rules), "canary": plan.canary,
+        "pty": plan.pty, "late_rules": tuple(plan.late_rules), "canary": plan.canary,
     }
 
 

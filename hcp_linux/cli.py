@@ -42,10 +42,13 @@ def _run(a: argparse.Namespace) -> int:
     proc = None
     timed_out = False
     status = None
+    winch = _WinchForwarder() if policy.pty and os.isatty(0) else None
     with end:
         try:
             with end.deferred(then_raise=True):
                 proc = Sandbox(policy).spawn(argv)
+            if winch is not None:
+                winch.attach(proc.pid)
             status = proc.wait(policy.timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -55,11 +58,39 @@ def _run(a: argparse.Namespace) -> int:
                     if proc.returncode is None:
                         proc.kill()
                     status = proc.wait()
+    if winch is not None:
+        signal.signal(signal.SIGWINCH, signal.SIG_DFL)  # reaped: its pid may be reused
     receipt = dict(proc.receipt) if proc is not None else None
     if end.signum is not None:
         end_by_signal(end.signum, receipt, a.receipt, status)
     assert receipt is not None and status is not None
     return end_of_run(receipt, a.receipt, status, timed_out, policy.timeout)
+
+
+class _WinchForwarder:
+    """--tty on a terminal: the command runs in a session of its own, so the terminal's
+    SIGWINCH reaches only this process; pass it on to the command's process group (the
+    sandbox's session leader's, which the command and its children inherit). Installed before
+    the spawn: a resize meanwhile is passed on once the group is known."""
+
+    def __init__(self) -> None:
+        self.pgid: int | None = None
+        self.pending = False
+        signal.signal(signal.SIGWINCH, self._on_winch)
+
+    def attach(self, pgid: int) -> None:
+        self.pgid = pgid
+        if self.pending:
+            self._on_winch(signal.SIGWINCH, None)
+
+    def _on_winch(self, signum: int, frame: object) -> None:
+        if self.pgid is None:
+            self.pending = True
+            return
+        try:
+            os.killpg(self.pgid, signal.SIGWINCH)
+        except OSError:
+            pass  # the sandbox is gone (not yet reaped: the group is still its own)
 
 
 def _probe(a: argparse.Namespace) -> int:

@@ -127,7 +127,8 @@ def shared_confinement(policy: Policy, candidates: tuple[str, ...], layers: froz
     # the jail is in one of the two root lists (readable_roots when read-only): the key
     # tells a read-only jail from a writable one
     key = (policy.system_roots, policy.readable_roots, policy.writable_roots, policy.network,
-           layers, terminals, candidates, policy.read_only_paths, policy.hidden_paths)
+           layers, terminals, candidates, policy.read_only_paths, policy.hidden_paths,
+           policy.pty)
     with _confinements_lock:
         conf = _confinements.get(key)
     if conf is not None:
@@ -282,6 +283,9 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
         if view:
             conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
                                (b"/tmp", full), (b"/dev/shm", full))
+            if policy.pty:  # the private devpts instance (child.py _mount_devpts)
+                conf.late_rules += ((b"/dev/pts", int(_DEV_ACCESS | _FS.IOCTL_DEV
+                                                      | _FS.READ_DIR)),)
             conf.canary = CANARY
         else:
             conf.late_rules = ((b"/proc", int(_PROC_ACCESS)),)

@@ -21,7 +21,7 @@ from . import _libc as L
 from .allowlist import install_prefixes, resolve_bin
 from .confinement import Bind, Confinement, clear_cache, covered, search_path, shared_confinement
 from .environment import build_env
-from .errors import LayerUnavailableError, PolicyError, printable
+from .errors import LayerUnavailableError, PolicyError, SandboxError, printable
 from .limits import pid_fence
 from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
 from .protocol import PROXY_ADDRESS
@@ -59,6 +59,7 @@ class Plan:
     proxy: bool = False  # network = "allow": listen for the egress proxy inside the netns
     holds_setpcap: bool = True  # the child may drop the bounding set and lock securebits
     proc_fresh: bool = False
+    pty: bool = False  # a private devpts instance at /dev/pts, /dev/ptmx -> pts/ptmx
     landlock: "landlock.Ruleset | None" = None
     late_rules: Sequence[tuple[bytes, int]] = ()
     canary: str | None = None
@@ -149,6 +150,9 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         home = tmpdir = "/tmp"
     else:
         home = tmpdir = _private_tmp_in_jail(_tmp_root(policy))
+    if policy.pty and not view and not native:
+        raise SandboxError("pty = true mounts a private devpts in the mount view, and this "
+                           "run has none (mountns degraded)")
     explicit = dict(policy.env)
     explicit.update(env or {})
     if policy.network == "allow":
@@ -166,7 +170,8 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         cwd=os.fsencode(workdir), layers=layers, parent_pid=os.getpid(),
         uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
         env_replaced=replaced,
-        proc_fresh="pidns" in layers, rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
+        proc_fresh="pidns" in layers, pty=policy.pty and view,
+        rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
         tmp_options=b"mode=1777,size=%d" % policy.limits.tmp_size,
         shm_options=b"mode=1777,size=%d" % policy.limits.shm_size,
         wait_for_tree=policy.on_exit == "wait",

@@ -160,6 +160,7 @@ class Policy:
     on_exit: str = "kill"
     read_only_paths: tuple[str, ...] = ()
     hidden_paths: tuple[str, ...] = ()
+    pty: bool = False
 
     def __post_init__(self) -> None:
         """Check every field, in one pass, before anything is opened, spawned or written;
@@ -172,6 +173,8 @@ class Policy:
             # HCP §10.1/10.5: native-local only by an explicit, positive action on both switches.
             raise PolicyError("native-local needs both sandbox=false and native_local=true "
                               "(--no-sandbox --native-local); give both or neither")
+        if not isinstance(self.pty, bool):
+            raise PolicyError(f"pty: expected true or false, got {values.show(self.pty)}")
         if not isinstance(self.read_only_jail, bool):
             raise PolicyError(f"read_only_jail: expected true or false, got "
                               f"{values.show(self.read_only_jail)}")

@@ -179,6 +179,10 @@ FIELDS: tuple[Field, ...] = (
           "(a write root inside it is a carve-in; the jail inside a write root is refused)",
           help="the jail is the working directory only, read-only (writes go to "
                "the private /tmp and the write roots)"),
+    Field("pty", "--tty", SWITCH, _switch_on("tty"), lambda on: ["--tty"] if on else [],
+          "boolean", "`false`", "a private devpts instance at /dev/pts: the command can open "
+          "pseudo-terminals (`script`, `ssh -t`, Python's `pty`); needs the mount view",
+          help="give the sandbox its own /dev/pts so it can open pseudo-terminals"),
     Field("write_roots", "--write-root", APPEND, _add("write_root"),
           _repeated("--write-root"), _ROOTS, "`[]`", "extra writable roots", metavar="DIR"),
     Field("read_only_roots", "--read-only-root", APPEND, _add("read_only_root"),

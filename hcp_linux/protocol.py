@@ -19,7 +19,7 @@ import struct
 STEPS = (
     "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
-    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "proc", "pid-max", "tmp", "canary",
+    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "devpts", "proc", "pid-max", "tmp", "canary",
     "pivot-root", "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits",
     "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
     "close-fds", "fork-command", "verify", "execve", "helper",
@@ -31,7 +31,7 @@ FLAGS = {
     "USERNS": 1 << 0, "MOUNTNS": 1 << 1, "NETNS": 1 << 2, "IPCNS": 1 << 3, "PIDNS": 1 << 4,
     "CONFINED": 1 << 5, "PROXY": 1 << 6, "HOLDS_SETPCAP": 1 << 7, "PROC_FRESH": 1 << 8,
     "WAIT_FOR_TREE": 1 << 9, "LANDLOCK": 1 << 10, "CANARY": 1 << 11, "SECCOMP": 1 << 12,
-    "PID_MAX": 1 << 13,
+    "PID_MAX": 1 << 13, "PTY": 1 << 14,
 }
 #: The namespace layers of a Plan and their flags.
 LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),

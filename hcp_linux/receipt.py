@@ -105,6 +105,10 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         if confined else {"kept": [0, 1, 2]},
         "verified": _verified(plan),
         **_carve_outs(plan),
+        "pty": plan.pty,
+        **({"pty_by": "a private devpts instance on /dev/pts (newinstance, ptmxmode=0666, "
+                      "mode=0620) and /dev/ptmx -> pts/ptmx: only its own ptys are visible"}
+           if plan.pty else {}),
     }
 
 

@@ -79,6 +79,7 @@ SAMPLES: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
                                   {"read_only_paths": (_file(t, "jail/a=b.toml"),)}],
     "hidden_paths": lambda t: [{"hidden_paths": (_file(t, "jail/.env"),
                                                  *_dirs(t, "jail/secrets"))}],
+    "pty": lambda t: [{"pty": True}],
 }
 
 

@@ -68,7 +68,8 @@
  * build (hcp_linux/native/build.py), so both executors share one description. */
 #include "hcp_exec_protocol.h"
 
-#define VIEW_FLAGS (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK)
+#define VIEW_FLAGS \
+    (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK | F_PTY)
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -651,6 +652,12 @@ static void build_mount_view(void) {
             t = join(0, NEWROOT "/dev", links[i][0]);
             STEP(S_DEV, symlink(links[i][1], t), NULL);
         }
+    }
+    if (P.flags & F_PTY) { /* child.py _mount_devpts: the sandbox's own devpts instance */
+        STEP(S_DEVPTS, makedirs(NEWROOT "/dev/pts", 0755), NULL);
+        STEP(S_DEVPTS, mount("devpts", NEWROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                             "newinstance,ptmxmode=0666,mode=0620"), NULL);
+        STEP(S_DEVPTS, symlink("pts/ptmx", NEWROOT "/dev/ptmx"), NULL);
     }
     if (P.flags & F_PROC_FRESH) {
         STEP(S_PROC, makedirs(NEWROOT "/proc", 0555), NULL);

@@ -42,7 +42,7 @@ def view_bytes(plan: "Plan") -> bytes:
     vf = (F["MOUNTNS"] * ("mountns" in plan.layers) | F["PROC_FRESH"] * plan.proc_fresh
           | F["PID_MAX"] * (plan.pid_max is not None) | F["HOLDS_SETPCAP"] * plan.holds_setpcap
           | F["SECCOMP"] * (plan.seccomp is not None)
-          | F["LANDLOCK"] * (plan.landlock is not None))
+          | F["LANDLOCK"] * (plan.landlock is not None) | F["PTY"] * plan.pty)
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
                          plan.cap_last_cap, bpf), lambda: _view_bytes(plan, vf, bpf))
@@ -127,7 +127,7 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
               | F["LANDLOCK"] * (plan.landlock is not None)
               | F["CANARY"] * (plan.canary is not None)
               | F["SECCOMP"] * (plan.seccomp is not None)
-              | F["PID_MAX"] * (plan.pid_max is not None))
+              | F["PID_MAX"] * (plan.pid_max is not None) | F["PTY"] * plan.pty)
     host, port = PROXY_ADDRESS
     a, b, c, d = (int(x) for x in host.split("."))
     if (ruleset is not None) == makes_ruleset(plan) and plan.landlock is not None:
