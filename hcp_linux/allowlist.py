@@ -23,7 +23,7 @@ reading this module refuses.)
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .errors import (BinNotExecutableError, BinNotFoundError, NotAllowlistedError, PolicyError,
                      printable)
@@ -37,18 +37,17 @@ def _within(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _candidates(name: str, search: Sequence[str], writable: Sequence[str]) -> list[str]:
+def _candidates(name: str, search: Sequence[str], writable: Sequence[str]) -> Iterator[str]:
     """Every file ``name`` in the ``search`` directories, in order, except those that are
-    (as written or as they resolve) inside a writable root."""
-    out = []
+    (as written or as they resolve) inside a writable root. Lazy: resolving a bare name
+    stops at the first (this runs on every spawn)."""
     for d in search:
         candidate = os.path.join(d, name)
         if not os.path.isfile(candidate):
             continue
         if _within(candidate, writable) or _within(os.path.realpath(candidate), writable):
             continue
-        out.append(candidate)
-    return out
+        yield candidate
 
 
 def is_allowlisted(bin_: str, allow: Sequence[str], *, search: Sequence[str] = SANDBOX_PATH,
@@ -93,11 +92,11 @@ def resolve_bin(bin_: str, allow: Sequence[str], *, cwd: str, native_local: bool
             raise BinNotFoundError(f'bin "{shown}" not found')  # no file to judge
         raise NotAllowlistedError(bin_)
     if "/" not in bin_:
-        found = _candidates(bin_, search, writable)
-        if not found:
+        found = next(_candidates(bin_, search, writable), None)
+        if found is None:
             raise BinNotFoundError(f'bin "{shown}" not found on the sandbox PATH '
                                    f'({printable(":".join(search))})')
-        path = found[0]
+        path = found
     if not os.path.exists(path):
         raise BinNotFoundError(f'bin "{shown}" not found')
     if os.path.isdir(path) or not os.access(path, os.X_OK):
