@@ -16,6 +16,8 @@ import uuid
 
 import pytest
 
+from hcp_linux.conformance.observers import processes_with
+
 # Ray on loopback only: without this it binds the host's interface address.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
@@ -73,20 +75,6 @@ def _alive(pids: set[int]) -> set[int]:
 
 def _node_pids(node) -> list[int]:
     return [p.process.pid for procs in node.all_processes.values() for p in procs]
-
-
-def _with_marker(marker: str) -> list[int]:
-    """Pids whose command line holds ``marker`` (this test's sleeping command)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
 
 
 def _wait_for(pred, what: str, bound: float = BOUND):
@@ -293,14 +281,14 @@ def test_delete_kills_what_runs_and_removes_the_jail(cluster, hr):
     jail = hr.get(sb.get_mapping.remote())["workdir"]
     marker = f"3600.{random.randrange(10**6):06d}"
     running = sb.exec.remote(f"sleep {marker}; echo survived > after.txt")
-    pids = _wait_for(lambda: _with_marker(marker), "the sleeping command started")
+    pids = _wait_for(lambda: processes_with(marker, but=os.getpid()), "the sleeping command started")
     assert os.path.isdir(jail)
     t0 = time.monotonic()
     hr.get(sb.delete.remote())
     assert time.monotonic() - t0 < 15
     with pytest.raises(SandboxNotFoundError, match="deleted while the command ran"):
         hr.get(running)
-    _wait_for(lambda: not _alive(set(pids)) and not _with_marker(marker),
+    _wait_for(lambda: not _alive(set(pids)) and not processes_with(marker, but=os.getpid()),
               "no process of the deleted sandbox survives", bound=10)
     assert not os.path.exists(jail)
     with pytest.raises(SandboxNotFoundError):
@@ -352,7 +340,7 @@ def test_losing_the_node_loses_the_sandbox_with_a_clear_error(cluster, hr):
     jail = hr.get(sb.get_mapping.remote())["workdir"]
     marker = f"3600.{random.randrange(10**6):06d}"
     in_flight = sb.exec.remote(f"sleep {marker}")
-    _wait_for(lambda: _with_marker(marker), "the sleeping command started")
+    _wait_for(lambda: processes_with(marker, but=os.getpid()), "the sleeping command started")
     c.started |= _tree(_node_pids(doomed))
     t0 = time.monotonic()
     c.remove_node(doomed, allow_graceful=False)
@@ -363,7 +351,7 @@ def test_losing_the_node_loses_the_sandbox_with_a_clear_error(cluster, hr):
     took = time.monotonic() - t0
     assert took < BOUND
     print(f"node loss noticed in {took:.1f} s")
-    _wait_for(lambda: not _with_marker(marker), "the dead node's command is gone", bound=30)
+    _wait_for(lambda: not processes_with(marker, but=os.getpid()), "the dead node's command is gone", bound=30)
     # the jail stays on the dead node's disk (here: this machine's): nobody was left to
     # delete it; docs/ray.md says so
     if os.path.isdir(jail):
