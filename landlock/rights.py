@@ -13,7 +13,7 @@ from typing import TypeVar
 from .errors import RulesetError
 
 #: The newest ABI this binding knows the rights of.
-LATEST_ABI = 8
+LATEST_ABI = 9
 
 F = TypeVar("F", bound="_AbiFlag")
 
@@ -102,6 +102,7 @@ class AccessFs(_AbiFlag):
     REFER = 1 << 13
     TRUNCATE = 1 << 14
     IOCTL_DEV = 1 << 15
+    RESOLVE_UNIX = 1 << 16  # connect/sendmsg to a pathname unix socket (ABI 9)
 
 
 class AccessNet(_AbiFlag):
@@ -138,6 +139,7 @@ _INTRODUCED: dict[type, dict[int, int]] = {
         int(AccessFs.REFER): 2,
         int(AccessFs.TRUNCATE): 3,
         int(AccessFs.IOCTL_DEV): 5,
+        int(AccessFs.RESOLVE_UNIX): 9,
     },
     AccessNet: {int(AccessNet.BIND_TCP): 4, int(AccessNet.CONNECT_TCP): 4},
     Scope: {int(Scope.ABSTRACT_UNIX_SOCKET): 6, int(Scope.SIGNAL): 6},

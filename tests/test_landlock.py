@@ -27,14 +27,18 @@ pytestmark = needs_abi(1)
 ALL_FS = AccessFs.known()
 ALL_NET = AccessNet.known()
 ALL_SCOPE = Scope.known()
+#: The ABI that has every right above (the newest one's)
+FULL_AT = max(AccessFs.introduced_in(ALL_FS), AccessNet.introduced_in(ALL_NET),
+              Scope.introduced_in(ALL_SCOPE))
 
 
 # --- constants and ABI table -------------------------------------------------------------
 
 def test_values_match_uapi() -> None:
     """Pin every bit to include/uapi/linux/landlock.h."""
-    assert [int(r) for r in AccessFs] == [1 << i for i in range(16)]
+    assert [int(r) for r in AccessFs] == [1 << i for i in range(17)]
     assert AccessFs.IOCTL_DEV == 1 << 15 and AccessFs.REFER == 1 << 13
+    assert AccessFs.RESOLVE_UNIX == 1 << 16
     assert (AccessNet.BIND_TCP, AccessNet.CONNECT_TCP) == (1, 2)
     assert (Scope.ABSTRACT_UNIX_SOCKET, Scope.SIGNAL) == (1, 2)
     assert [int(f) for f in RestrictFlags] == [1, 2, 4, 8]
@@ -47,6 +51,7 @@ def test_introduced_in_each_right() -> None:
     # A list, not a dict: IntFlags of different types hash alike (BIND_TCP == EXECUTE == 1).
     expected: list[tuple[landlock.rights._AbiFlag, int]] = [
         (AccessFs.REFER, 2), (AccessFs.TRUNCATE, 3), (AccessFs.IOCTL_DEV, 5),
+        (AccessFs.RESOLVE_UNIX, 9),
         (AccessNet.BIND_TCP, 4), (AccessNet.CONNECT_TCP, 4), (Scope.SIGNAL, 6),
         (Scope.ABSTRACT_UNIX_SOCKET, 6), (RestrictFlags.LOG_SAME_EXEC_OFF, 7),
         (RestrictFlags.LOG_NEW_EXEC_ON, 7), (RestrictFlags.LOG_SUBDOMAINS_OFF, 7),
@@ -76,7 +81,7 @@ def test_groups() -> None:
     assert landlock.ACCESS_FS_READ_WRITE == AccessFs.known()
     assert landlock.ACCESS_FS_WRITE | landlock.ACCESS_FS_READ_EXECUTE == AccessFs.known()
     file_rights = (AccessFs.EXECUTE | AccessFs.WRITE_FILE | AccessFs.READ_FILE
-                   | AccessFs.TRUNCATE | AccessFs.IOCTL_DEV)
+                   | AccessFs.TRUNCATE | AccessFs.IOCTL_DEV | AccessFs.RESOLVE_UNIX)
     assert landlock.DIR_ONLY_RIGHTS == AccessFs.known() & ~file_rights
 
 
@@ -92,7 +97,7 @@ def test_abi_version_matches_kernel_and_cli() -> None:
 
 # --- ABI masking via Ruleset(abi=N) --------------------------------------------------------
 
-@pytest.mark.parametrize("n", range(1, 8))
+@pytest.mark.parametrize("n", range(1, landlock.LATEST_ABI + 1))
 def test_abi_masking_best_effort(n: int) -> None:
     if n > ABI:
         pytest.skip(f"kernel ABI {ABI} cannot build an ABI-{n} ruleset")
@@ -106,16 +111,17 @@ def test_abi_masking_best_effort(n: int) -> None:
                    "handled_net": ALL_NET & ~AccessNet.from_abi(n),
                    "scoped": ALL_SCOPE & ~Scope.from_abi(n)}
         assert created.dropped == {k: int(v) for k, v in lacking.items() if v}
-        expected = RulesetStatus.FULLY_ENFORCED if n >= 6 else RulesetStatus.PARTIALLY_ENFORCED
+        expected = RulesetStatus.FULLY_ENFORCED if n >= FULL_AT \
+            else RulesetStatus.PARTIALLY_ENFORCED
         assert created.status is expected
 
 
-@pytest.mark.parametrize("n", range(1, 8))
+@pytest.mark.parametrize("n", range(1, landlock.LATEST_ABI + 1))
 def test_abi_masking_hard_requirement(n: int) -> None:
     if n > ABI:
         pytest.skip(f"kernel ABI {ABI} cannot build an ABI-{n} ruleset")
     kwargs = dict(handled_fs=ALL_FS, handled_net=ALL_NET, scoped=ALL_SCOPE, abi=n)
-    if n >= 6:
+    if n >= FULL_AT:
         Ruleset(compat=CompatLevel.HARD_REQUIREMENT, **kwargs).close()  # type: ignore[arg-type]
         return
     with pytest.raises(landlock.IncompatibleError) as info:
@@ -123,7 +129,7 @@ def test_abi_masking_hard_requirement(n: int) -> None:
     assert info.value.abi == n
     missing = {type(m): m for m in info.value.missing}
     assert missing.get(AccessFs, 0) == ALL_FS & ~AccessFs.from_abi(n)
-    assert missing.get(Scope) == ALL_SCOPE
+    assert missing.get(Scope, 0) == ALL_SCOPE & ~Scope.from_abi(n)
     assert "ABI" in str(info.value)
 
 
