@@ -18,6 +18,7 @@ import hcp_linux.landlock as landlock
 
 from . import _libc as L
 from .allowlist import SANDBOX_PATH
+from .errors import PolicyError, printable
 from .policy import Policy, _is_within
 from .protocol import CANARY
 from .rulesets import POLICY_ABI, GrantedRuleset, landlock_ruleset
@@ -128,7 +129,7 @@ def shared_confinement(policy: Policy, candidates: tuple[str, ...], layers: froz
     # tells a read-only jail from a writable one
     key = (policy.system_roots, policy.readable_roots, policy.writable_roots, policy.network,
            layers, terminals, candidates, policy.read_only_paths, policy.hidden_paths,
-           policy.pty)
+           policy.unix_socket_binds, policy.pty)
     with _confinements_lock:
         conf = _confinements.get(key)
     if conf is not None:
@@ -187,7 +188,8 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
     bins = [os.path.join(p, "bin") for p in prefixes]
     grant_paths = (*policy.readable_roots, *prefixes, *policy.writable_roots, *DEVICES,
                    *terminals, "/proc", *policy.read_only_paths, *policy.hidden_paths,
-                   *pinned_ancestors(policy))
+                   *pinned_ancestors(policy), *(p for pair in policy.unix_socket_binds
+                                                for p in pair))
     conf.watched = (tuple(dict.fromkeys((*grant_paths, *bins))), tuple(policy.system_roots),
                     _MASK_DIRS if view else ())
     before = _stamp(conf.watched)  # before looking: a change while we look shows as a miss
@@ -251,6 +253,17 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
 
     template = landlock_ruleset(policy, layers) if "landlock" in layers else None
+    # Granted unix sockets: those outside every root get a bind of their inode (and a rule);
+    # those inside a root are in the view already and need only the rule, by path in the
+    # view. A rule only where Landlock handles RESOLVE_UNIX (ABI 9): before it, connect() is
+    # not mediated and the view alone decides which sockets exist.
+    resolve = int(_FS.RESOLVE_UNIX & template.handled_fs) if template is not None else 0
+    socket_binds = [(t, s) for t, s in policy.unix_socket_binds if not covered(t, policy)]
+    socket_rules = [t for t, _ in policy.unix_socket_binds if covered(t, policy)] \
+        if resolve else []
+    if resolve:
+        for _, source in socket_binds if not view else ():
+            grants.append((source, resolve, 0, False))  # no view: a rule on the host path
     # Each path is opened once, for its identity and (in a scratch copy of the ruleset, which
     # masks and strips as create() will) its effective rule, then closed: the confinement
     # keeps identities only. A plan's ruleset opens them again when it is made, and checks.
@@ -274,6 +287,8 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     binds = [Bind(os.fsencode(path), os.fsencode(path), stat.S_ISDIR(st.st_mode), st.st_dev,
                   st.st_ino, attrs, writable, int(rules.get(fd, 0)))
              for path, _, fd, st, attrs, writable in opened] if view else []
+    sockets = _socket_grants(socket_binds, resolve) if view else []
+    binds += sockets
     binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
     conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
     if view:
@@ -290,8 +305,32 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
         else:
             conf.late_rules = ((b"/proc", int(_PROC_ACCESS)),)
             conf.canary = "/"  # no rule grants the host root itself
+        # sockets inside a granted root: a rule by their path (in the view, or on the host)
+        conf.late_rules += tuple((os.fsencode(t), resolve) for t in socket_rules)
+        # bound sockets: the ctypes executor rules them by host path (hcp-exec by its clone)
+        bound = {b.source: b for b in sockets} if resolve else {}
         conf.ruleset = GrantedRuleset.of(template, tuple(
-            (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened))
+            (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened)
+            + tuple((b.source.decode(), b.dev, b.ino, resolve) for b in bound.values()))
+
+
+def _socket_grants(pairs: Sequence[tuple[str, str]], resolve: int) -> list[Bind]:
+    """A bind of each granted socket's inode at its path in the view: read-only, no exec;
+    connect() needs no write access to the mount (only to the socket's mode)."""
+    out = []
+    for target, source in pairs:
+        try:
+            st = os.stat(source)  # resolved and checked by Policy; its server may be gone
+        except OSError as e:
+            raise PolicyError(f"allow_unix_sockets: {printable(source)}: {e.strerror} (its "
+                              f"server stopped since the policy was made?)") from None
+        if not stat.S_ISSOCK(st.st_mode):
+            raise PolicyError(f"allow_unix_sockets: {printable(source)} is no longer a unix "
+                              f"socket")
+        out.append(Bind(os.fsencode(source), os.fsencode(target), False, st.st_dev, st.st_ino,
+                        L.MOUNT_ATTR_RDONLY | L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
+                        | L.MOUNT_ATTR_NOEXEC, False, resolve))
+    return out
 
 
 def _masks(policy: Policy, granted: Sequence[str]) -> list[tuple[bytes, bool]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from . import values
+from . import unix_sockets, values
 from .environment import check_explicit
 from .errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
@@ -160,6 +160,8 @@ class Policy:
     on_exit: str = "kill"
     read_only_paths: tuple[str, ...] = ()
     hidden_paths: tuple[str, ...] = ()
+    allow_unix_sockets: tuple[str, ...] = ()
+    allow_dangerous_sockets: tuple[str, ...] = ()
     pty: bool = False
 
     def __post_init__(self) -> None:
@@ -212,6 +214,7 @@ class Policy:
         mounts = values.mount_table()  # read once for every root and carve-out
         self._check_grantable(system, mounts)
         self._check_carve_outs(set_, mounts)
+        self._check_sockets(set_)
 
     def _check_roots(self, set_) -> None:  # type: ignore[no-untyped-def]
         """Jail, write and read-only roots: absolute paths of existing directories, made
@@ -292,6 +295,27 @@ class Policy:
         if seen and self.native_local:
             raise PolicyError("read_only_paths/hidden_paths: carve-outs are enforced by the "
                               "sandbox's mount view; native-local has none")
+
+    def _check_sockets(self, set_) -> None:  # type: ignore[no-untyped-def]
+        """``allow_unix_sockets`` and ``allow_dangerous_sockets`` (hcp_linux.unix_sockets):
+        kept as written; the canonical socket of each, resolved once here, is what the plan
+        binds (:attr:`unix_socket_binds`)."""
+        granted, acknowledged, pairs = unix_sockets.validate(
+            _path_tuple(self.allow_unix_sockets, "allow_unix_sockets"),
+            _path_tuple(self.allow_dangerous_sockets, "allow_dangerous_sockets"),
+            self.hidden_paths)
+        set_("allow_unix_sockets", granted)
+        set_("allow_dangerous_sockets", acknowledged)
+        if pairs and self.native_local:
+            raise PolicyError("allow_unix_sockets: sockets are granted through the sandbox's "
+                              "mount view; native-local has none (every socket is reachable)")
+        self.__dict__["_socket_binds"] = pairs
+
+    @property
+    def unix_socket_binds(self) -> tuple[tuple[str, str], ...]:
+        """(path in the view, canonical socket) for each granted socket: the canonical path,
+        and the path as written when it went through a symlink (/var/run -> /run)."""
+        return self.__dict__.get("_socket_binds", ())
 
     def _check_egress(self, set_) -> None:  # type: ignore[no-untyped-def]
         allow = _str_tuple(self.allow_hosts, "allow_hosts")

@@ -200,6 +200,18 @@ FIELDS: tuple[Field, ...] = (
           "empty mode-000 mask in the view (see Carve-outs)", metavar="PATH",
           help="an existing file or directory inside a granted root, hidden (masked by an "
                "empty, unreadable node) (repeatable)"),
+    Field("allow_unix_sockets", "--allow-unix-socket", APPEND, _add("allow_unix_socket"),
+          _repeated("--allow-unix-socket"), _ROOTS, "`[]`",
+          "existing unix sockets made connectable in the view, each alone (its inode bound "
+          "at its path); well-known dangerous ones need `allow_dangerous_sockets` "
+          "(see Unix sockets)", metavar="PATH",
+          help="an existing unix socket to make connectable inside (repeatable)"),
+    Field("allow_dangerous_sockets", "--allow-dangerous-socket", APPEND,
+          _add("allow_dangerous_socket"), _repeated("--allow-dangerous-socket"), _ROOTS, "`[]`",
+          "sockets granted although they give power outside the sandbox (docker.sock, the "
+          "system D-Bus...): the second yes; named in the receipt", metavar="PATH",
+          help="grant a socket known to give power outside the sandbox (docker.sock, "
+               "containerd, podman, D-Bus); you accept that power (repeatable)"),
     Field("system_roots", "--system-root", APPEND, _replace_set("system_root"),
           _replacing("--system-root", DEFAULT_SYSTEM_ROOTS, "system_roots"),
           _ROOTS, f"`{' '.join(DEFAULT_SYSTEM_ROOTS)}`",

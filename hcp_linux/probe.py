@@ -68,6 +68,10 @@ def host_facts() -> dict[str, Any]:
         "arch": platform.machine(),
         "euid": os.geteuid(),
         "landlock_abi": abi,
+        # connect() to a pathname unix socket: Landlock mediates it from ABI 9 (RESOLVE_UNIX)
+        "unix_sockets_by_path": "the mount view and Landlock RESOLVE_UNIX"
+        if isinstance(abi, int) and abi >= 9 else f"the mount view only (Landlock ABI {abi} "
+        "does not mediate connect())",
         "max_user_namespaces": _read("/proc/sys/user/max_user_namespaces"),
         "unprivileged_userns_clone": _read("/proc/sys/kernel/unprivileged_userns_clone"),
         "apparmor_restrict_unprivileged_userns":

@@ -105,6 +105,7 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         if confined else {"kept": [0, 1, 2]},
         "verified": _verified(plan),
         **_carve_outs(plan),
+        **_unix_sockets(plan),
         "pty": plan.pty,
         **({"pty_by": "a private devpts instance on /dev/pts (newinstance, ptmxmode=0666, "
                       "mode=0620) and /dev/ptmx -> pts/ptmx: only its own ptys are visible"}
@@ -134,6 +135,38 @@ def _carve_outs(plan) -> dict[str, Any]:
               else f"inside hidden path {hidden_by(p)}" for p in policy.hidden_paths}
     return {"carve_outs": {"read_only_paths": ro, "hidden_paths": hidden,
                            "pinned": pinned_ancestors(policy)}}
+
+
+def _unix_sockets(plan) -> dict[str, Any]:
+    """The granted unix sockets and what makes each connectable (present only when the policy
+    grants some): the bind of its inode, or the granted root it lies in; whether Landlock also
+    mediates connect() (ABI 9's RESOLVE_UNIX) or the view alone decides; and for each
+    dangerous one the power it gives (hcp_linux.unix_sockets)."""
+    from .unix_sockets import danger
+    policy = plan.policy
+    if not policy.unix_socket_binds:
+        return {}
+    import hcp_linux.landlock as landlock
+    resolve = plan.landlock is not None \
+        and bool(plan.landlock.handled_fs & landlock.AccessFs.RESOLVE_UNIX)
+    bound = {b.target.decode(errors="replace") for b in plan.binds if not b.is_dir}
+    view = "mountns" in plan.layers
+    out = []
+    for path in dict.fromkeys(policy.allow_unix_sockets + policy.allow_dangerous_sockets):
+        real = next(s for t, s in policy.unix_socket_binds if t == path)
+        at = [t for t, s in policy.unix_socket_binds if s == real and t in bound]
+        entry: dict[str, Any] = {
+            "path": path, "socket": real,
+            "by": (f"bind of its inode at {', '.join(at)} (mount view)" if at
+                   else "inside a granted root (in the view already)" if view
+                   else "no mount view: every socket the uid can reach is reachable"),
+            "landlock": "RESOLVE_UNIX rule (connect to other sockets by path is refused)"
+            if resolve else "does not mediate connect() (Landlock before ABI 9)"}
+        if path in policy.allow_dangerous_sockets:
+            entry["dangerous"] = danger(path) or danger(real) \
+                or "acknowledged by allow_dangerous_sockets"
+        out.append(entry)
+    return {"unix_sockets": out}
 
 
 def _jail(plan) -> dict[str, Any]:

@@ -22,7 +22,7 @@ __all__ = ["POLICY_ABI", "REMEDIES", "Grant", "GrantedRuleset", "landlock_rulese
 #: than the binding's LATEST_ABI (the moving target rust-landlock warns against): when the
 #: binding learns a newer ABI, what a command may do changes only when this is bumped, with
 #: tests/test_landlock_policy_abi.py, which lists the handled rights by name, updated with it.
-POLICY_ABI = 8
+POLICY_ABI = 9
 
 #: Landlock rights the default policy cannot do without: truncate (ABI 3) would otherwise be
 #: unmediated. Scopes (ABI 6) are required only where no namespace covers for them.

@@ -40,6 +40,14 @@ def _file(tmp: Path, name: str) -> str:
     return str(tmp / name)
 
 
+def _sock(tmp: Path, name: str) -> str:
+    """A socket inode (bound, then closed: the name stays a socket)."""
+    import socket
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp / name))
+    return str(tmp / name)
+
+
 def _allow(**kw: Any) -> dict[str, Any]:
     return {"network": "allow", "allow_hosts": ("example.com",), **kw}
 
@@ -79,6 +87,11 @@ SAMPLES: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
                                   {"read_only_paths": (_file(t, "jail/a=b.toml"),)}],
     "hidden_paths": lambda t: [{"hidden_paths": (_file(t, "jail/.env"),
                                                  *_dirs(t, "jail/secrets"))}],
+    "allow_unix_sockets": lambda t: [{"allow_unix_sockets": (_sock(t, "a.sock"),
+                                                             _sock(t, "b c=.sock"))}],
+    "allow_dangerous_sockets": lambda t: [{"allow_dangerous_sockets": (_sock(t, "docker.sock"),)},
+                                          {"allow_unix_sockets": (_sock(t, "x.sock"),),
+                                           "allow_dangerous_sockets": (_sock(t, "-podman.sock"),)}],
     "pty": lambda t: [{"pty": True}],
 }
 
