@@ -9,7 +9,9 @@ isolation), bubblewrap with isolation equivalent to our
 default policy (user/mount/net/ipc/pid namespaces, the same read-only roots, private /tmp,
 minimal /dev, fresh /proc, new session, die-with-parent, no capabilities, and our baseline
 seccomp program through --seccomp), and hcp-linux through the Python API (Sandbox.run, default
-policy) with each executor: native (hcp-exec, with its spares), native without spares, ctypes.
+policy) with each executor: native (hcp-exec, with its spares), native without spares, ctypes;
+for /bin/true also native with the default policy plus two carve-outs (a read-only `.git`, a
+hidden `.env`) and one granted unix socket (ratio `carve_outs_socket_over_default_native`).
 Then: the /bin/true rows again with 5 ms of idleness before each call (as between an agent's
 commands: the spare for the next run is made in the gap, not while the run runs); the CPU a
 /bin/true run costs the whole machine (every CPU, kernel threads included; on a small machine
@@ -27,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +54,9 @@ TRUE = "/bin/true"
 #: and a fresh /proc, then fork + exec: the kernel's cost of that isolation with no mount view,
 #: no lo, no Landlock, no seccomp: a floor for any sandbox that gives each run its namespaces
 NAMESPACES_ALONE = "unshare -Urnmpi --fork --mount-proc (namespaces alone)"
+#: The default policy plus two carve-outs (a read-only .git, a hidden .env) and one granted
+#: unix socket, in the same run as the default (issue #19: at most +5% median).
+CARVED = "hcp-linux native, + 2 carve-outs + 1 socket"
 PY = sys.executable  # this venv's interpreter (not the pyenv shim)
 COMMANDS = {"/bin/true": [TRUE], "git --version": ["git", "--version"],
             "python -c pass": [PY, "-c", "pass"]}
@@ -162,6 +169,7 @@ def main() -> int:
     runs = 40 if args.quick else args.runs
     commands = {"/bin/true": COMMANDS["/bin/true"]} if args.quick else COMMANDS
     jail = tempfile.mkdtemp(prefix="hcp-bench-")
+    sockets_dir = ""
     results: dict[str, dict[str, dict]] = {}
     extra: dict[str, object] = {"executor_default": native.selected(),
                                 "native_binary": native.binary()}
@@ -169,6 +177,18 @@ def main() -> int:
         policy = Policy(jail=jail)
         executors = {"native": Sandbox(policy, executor="native"),
                      "ctypes": Sandbox(policy, executor="ctypes")}
+        # the default policy plus two carve-outs and one granted socket (issue #19's row)
+        os.mkdir(os.path.join(jail, ".git"))
+        open(os.path.join(jail, ".env"), "w").close()
+        sockets_dir = tempfile.mkdtemp(prefix="hcp-bench-sock-")
+        agent = socket.socket(socket.AF_UNIX)
+        agent.bind(os.path.join(sockets_dir, "agent.sock"))
+        agent.listen(1)
+        carved = dataclasses.replace(
+            policy, read_only_paths=(os.path.join(jail, ".git"),),
+            hidden_paths=(os.path.join(jail, ".env"),),
+            allow_unix_sockets=(os.path.join(sockets_dir, "agent.sock"),))
+        extended = {name: Sandbox(carved, executor=name) for name in executors}
         if native.binary() is None:
             print("note: the native executor is not built (make setup): its rows are skipped",
                   file=sys.stderr)
@@ -178,7 +198,8 @@ def main() -> int:
             from hcp_linux import seccomp_profiles
             bpf = seccomp_profiles.compile_profiles(("baseline",))
 
-        def rows_for(argv: list[str], slow: bool) -> list[tuple[str, Callable[[], None], int]]:
+        def rows_for(argv: list[str], slow: bool, carve_outs: bool = False
+                     ) -> list[tuple[str, Callable[[], None], int]]:
             n = max(20, runs // 4) if slow else runs
             rows = [("subprocess.run", checked(argv), n),
                     ("os.posix_spawn", posix_spawn(argv), n)]
@@ -196,10 +217,13 @@ def main() -> int:
                              confined(executors["native"], argv, "never"), n))
             rows.append(("hcp-linux ctypes", confined(executors["ctypes"], argv),
                          max(20, n // 2)))
+            if carve_outs and "native" in executors:
+                rows.append((CARVED, confined(extended["native"], argv), n))
             return rows
 
         for label, argv in commands.items():
-            samples = measure_rows(rows_for(argv, slow=label == "python -c pass"))
+            samples = measure_rows(rows_for(argv, slow=label == "python -c pass",
+                                            carve_outs=label == "/bin/true"))
             results[label] = {name: summary(s) for name, s in samples.items()}
 
         # the same /bin/true rows with 5 ms of idleness before each call: commands as an
@@ -250,6 +274,9 @@ def main() -> int:
             results["CLI (fresh process)"] = {name: summary(s) for name, s in samples.items()}
     finally:
         shutil.rmtree(jail, ignore_errors=True)
+        if sockets_dir:
+            agent.close()
+            shutil.rmtree(sockets_dir, ignore_errors=True)
 
     extra["native_spawns"] = dict(native.stats)  # ready spare / started on the spot / direct
     ratios = _ratios(results)
@@ -284,6 +311,9 @@ def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
                 out[f"{ex}_minus_subprocess_ms{tag}"] = round(hcp - plain, 3)
             if hcp and floor and ex == "native":
                 out[f"native_over_namespaces_alone{tag}"] = round(hcp / floor, 3)
+    carved, native_ = med("/bin/true", CARVED), med("/bin/true", "hcp-linux native")
+    if carved and native_:
+        out["carve_outs_socket_over_default_native"] = round(carved / native_, 3)
     cli = med("CLI (fresh process)", "hcp-linux run -- /bin/true")
     served = med("CLI (fresh process)", "hcp-linux run -- /bin/true, served")
     py = med("CLI (fresh process)", "python -c pass (same venv)")
