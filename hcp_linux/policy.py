@@ -264,16 +264,9 @@ class Policy:
         for name in ("read_only_paths", "hidden_paths"):
             out: list[str] = []
             for given in _path_tuple(getattr(self, name), name):
-                real = os.path.realpath(given)
-                shown = printable(given) if given == real \
-                    else f"{printable(given)} ({printable(real)})"
-                try:
-                    st = os.stat(real)
-                except OSError as e:
-                    raise PolicyError(
-                        f"{name}: {shown}: {e.strerror}; a carve-out must exist when the "
-                        f"policy is made (create it first: it is never created for you)"
-                    ) from None
+                real, shown, st = values.resolved(
+                    given, name, "a carve-out must exist when the policy is made (create it "
+                    "first: it is never created for you)")
                 if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                     raise PolicyError(f"{name}: {shown} is neither a file nor a directory")
                 if real in roots:

@@ -22,7 +22,7 @@ import os
 import stat
 
 from .errors import PolicyError, printable
-from .values import is_within
+from .values import is_within, resolved
 
 __all__ = ["DANGEROUS", "danger", "validate"]
 
@@ -73,14 +73,8 @@ def validate(granted: tuple[str, ...], acknowledged: tuple[str, ...], hidden: tu
     pairs: list[tuple[str, str]] = []
     for name, paths in lists.items():
         for given in paths:
-            real = os.path.realpath(given)
-            shown = printable(given) if given == real \
-                else f"{printable(given)} ({printable(real)})"
-            try:
-                st = os.stat(real)
-            except OSError as e:
-                raise PolicyError(f"{name}: {shown}: {e.strerror}; a socket is granted once "
-                                  f"its server listens (start it first)") from None
+            real, shown, st = resolved(given, name, "a socket is granted once its server "
+                                       "listens (start it first)")
             if not stat.S_ISSOCK(st.st_mode):
                 raise PolicyError(f"{name}: {shown} is not a unix socket")
             why = danger(given) or danger(real)

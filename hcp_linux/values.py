@@ -350,6 +350,18 @@ def existing_dir(value: Any, field: str) -> str:
     return real
 
 
+def resolved(given: str, field: str, if_missing: str) -> tuple[str, str, os.stat_result]:
+    """``given`` (absolute, normalised) resolved once: its canonical path, how to show it in
+    a message (both names when a symlink was followed) and its stat. A path that does not
+    exist is refused naming the field, with ``if_missing`` as the remedy."""
+    real = os.path.realpath(given)
+    shown = printable(given) if given == real else f"{printable(given)} ({printable(real)})"
+    try:
+        return real, shown, os.stat(real)
+    except OSError as e:
+        raise PolicyError(f"{field}: {shown}: {e.strerror}; {if_missing}") from None
+
+
 def check_grantable(real: str, field: str, mounts: list[tuple[str, str]] | None = None,
                     given: str | None = None) -> None:
     """Refuse the canonical directory ``real`` as a root when it is, holds or lies on a

@@ -71,6 +71,18 @@ def _unconfined(*paths: Path) -> dict[str, str]:
     return _results(c.stdout.decode())
 
 
+def _connects_when_granted(jail: Path, sock: Path, lst: socket.socket, flag: str,
+                           receipt: Path) -> dict:
+    """Run a connect to ``sock`` granted by ``flag``: it connects, the listener sees it;
+    the receipt's entry for it."""
+    p = run_cli(jail, "python3", "-c", CONNECT, sock, extra=[flag, sock, "--receipt", receipt])
+    assert_ok(p)
+    assert _results(out(p)) == {str(sock): "0"}, show(p)
+    assert _accepted(lst, wait=2) == 1
+    entry, = read_receipt(receipt)["unix_sockets"]
+    return entry
+
+
 def test_granted_socket_alone_is_connectable(jail: Path, outside: Path, tmp_path: Path) -> None:
     a, b = outside / "agent.sock", outside / "other.sock"
     la, lb = _listen(a), _listen(b)
@@ -127,16 +139,11 @@ def test_a_socket_named_through_a_symlink_is_reachable_by_both_names(
 def test_a_socket_inside_the_jail_is_granted_as_it_lies(jail: Path, tmp_path: Path) -> None:
     sock = jail / "dev.sock"
     lst = _listen(sock)
-    receipt = tmp_path / "receipt.json"
     try:
-        p = run_cli(jail, "python3", "-c", CONNECT, sock,
-                    extra=["--allow-unix-socket", sock, "--receipt", receipt])
-        assert_ok(p)
-        assert _results(out(p)) == {str(sock): "0"}, show(p)
-        assert _accepted(lst, wait=2) == 1
+        entry = _connects_when_granted(jail, sock, lst, "--allow-unix-socket",
+                                       tmp_path / "receipt.json")
     finally:
         lst.close()
-    entry, = read_receipt(receipt)["unix_sockets"]
     assert entry["by"] == "inside a granted root (in the view already)"
 
 
@@ -153,14 +160,9 @@ def test_dangerous_socket_needs_the_second_yes(jail: Path, outside: Path,
         assert "Docker Engine API" in line and "--allow-dangerous-socket" in line, line
         assert not marker.exists(), "the command ran although the policy was refused"
         assert _accepted(lst) == 0
-        p = run_cli(jail, "python3", "-c", CONNECT, sock,
-                    extra=["--allow-dangerous-socket", sock, "--receipt", receipt])
-        assert_ok(p)
-        assert _results(out(p)) == {str(sock): "0"}, show(p)
-        assert _accepted(lst, wait=2) == 1
+        entry = _connects_when_granted(jail, sock, lst, "--allow-dangerous-socket", receipt)
     finally:
         lst.close()
-    entry, = read_receipt(receipt)["unix_sockets"]
     assert "Docker Engine API" in entry["dangerous"] and "root on the host" in entry["dangerous"]
 
 
@@ -216,26 +218,20 @@ def test_a_restarted_server_is_reached_through_the_same_policy(jail: Path,
     """An ssh-agent restarted between two runs makes a new socket inode at the same path: the
     cached confinement notices (its stamp) and binds the new one."""
     sock = outside / "agent.sock"
-    lst = _listen(sock)
-    policy = Policy(jail=str(jail), allow_unix_sockets=(str(sock),))
-    sandbox = Sandbox(policy)
-    try:
-        r = sandbox.run(["python3", "-c", CONNECT, str(sock)], capture_output=True)
-        assert r.returncode == 0 and _results(r.stdout.decode()) == {str(sock): "0"}, r
-        assert _accepted(lst, wait=2) == 1
-    finally:
-        lst.close()
-    sock.unlink()
-    lst = _listen(sock)  # the restarted server
-    try:
-        r = sandbox.run(["python3", "-c", CONNECT, str(sock)], capture_output=True)
-        assert r.returncode == 0 and _results(r.stdout.decode()) == {str(sock): "0"}, r
-        assert _accepted(lst, wait=2) == 1
-    finally:
-        lst.close()
+    sock_first = _listen(sock)
+    sandbox = Sandbox(Policy(jail=str(jail), allow_unix_sockets=(str(sock),)))
+    for server in ("first", "restarted"):
+        lst = sock_first if server == "first" else _listen(sock)
+        try:
+            r = sandbox.run(["python3", "-c", CONNECT, str(sock)], capture_output=True)
+            assert r.returncode == 0 and _results(r.stdout.decode()) == {str(sock): "0"}, \
+                (server, r)
+            assert _accepted(lst, wait=2) == 1, server
+        finally:
+            lst.close()
+        sock.unlink()  # the server stops (its socket file goes with it, as ssh-agent's)
     # the server gone: the run is refused (the bind needs the checked inode), not pointed
     # at whatever might take the name later
-    sock.unlink()
     with pytest.raises(PolicyError, match="allow_unix_sockets: .*No such file"):
         sandbox.run(["true"])
     sock.write_text("")  # a file took the name: refused as well
