@@ -1,0 +1,334 @@
+"""A session: one confinement that lasts, in which many commands run (as `docker exec` into a
+running container).
+
+A confined run pays for its namespaces, mount view and rulesets every time (~3.9 ms of CPU
+per /bin/true here, of which the kernel's namespaces alone are ~2.6). Where commands belong to
+one sandbox that lives on between them (a Ray sandbox, an agent's workspace), they need not
+each get new ones: a session starts one confined run of hcp_linux/zygote.py (the sandbox's
+own ``python3 -I -S``) and sends it each command to fork and exec. Each command is still
+planned here, by the same :func:`~hcp_linux.plan.compile_plan` as a run of its own: the
+allow-list, the environment scrub and marker, the working directory in the view; only the
+already-made confinement is shared.
+
+What sharing means, and what it does not change (docs/session.md): commands of one session
+see each other's processes, private /tmp and /dev/shm, and what runs on in the background
+(each command has a session and process group of its own; with ``on_exit = "kill"`` its
+group is killed when it exits, as a run's pid namespace would be; a process that left its
+group lives until the session ends). Every layer is the same for every command. The session
+ends when :meth:`Session.close` is called, its runtime dies (the run's parent-death signal),
+or the zygote is killed (by a command, say): then each command in flight fails with
+:class:`SessionEnded`, and a new session must be started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from . import popen
+from .errors import SandboxError
+from .plan import compile_plan
+from .policy import LAYERS
+from .sandbox import Sandbox
+
+__all__ = ["Session", "SessionEnded", "SessionResult"]
+
+#: The interpreter the zygote runs with: the sandbox's own (a system root), never the
+#: runtime's venv, which the view does not hold.
+PYTHON = "/usr/bin/python3"
+#: How long the zygote may take to say it is ready.
+START_TIMEOUT = 30.0
+_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+
+
+class SessionEnded(SandboxError):
+    """The session's confined run ended (closed, killed, or its zygote died)."""
+
+
+@dataclass
+class SessionResult:
+    """One command's end: like :class:`subprocess.CompletedProcess`."""
+
+    args: list[str]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    truncated: bool = False
+
+
+@dataclass
+class _Pending:
+    pid: int | None = None
+    status: int | None = None
+    error: int | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)
+
+
+class Session:
+    """One lasting confinement under ``sandbox``'s policy; :meth:`run` runs a command in it.
+
+    Thread-safe: commands run in parallel. Starting costs one confined run (plus the
+    interpreter's start, ~20 ms); each command then costs a plan, a fork and an exec.
+    """
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.policy = sandbox.policy
+        with open(_SOURCE_PATH, encoding="utf-8") as f:
+            source = f.read()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._ctl = ours
+        self._lock = threading.Lock()  # guards _pending, _next_id, _ended
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 1
+        self._ended: str | None = None
+        argv = [PYTHON, "-I", "-S", "-c", source]
+        if self.policy.on_exit == "kill":
+            argv.append("kill-rest")
+        # the zygote itself is ours, not the agent's: run whatever the allow-list says (every
+        # command it starts is checked against the allow-list here, in run())
+        zygote_box = Sandbox(_without_allow_list(self.policy), executor=sandbox.executor)
+        try:
+            self._proc = zygote_box.spawn(argv, stdin=theirs.fileno(),
+                                          stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        receipt = self._proc.receipt
+        self.receipt = receipt
+        self.layers = frozenset(name for name in LAYERS
+                                if receipt["layers"][name]["status"] == "enforced")
+        ours.settimeout(START_TIMEOUT)
+        try:
+            hello = json.loads(ours.recv(4096) or b"{}")
+        except (OSError, ValueError) as e:
+            self._kill()
+            raise SessionEnded(f"session: the zygote did not start ({e})") from None
+        finally:
+            ours.settimeout(None)
+        if "ready" not in hello:
+            self._kill()
+            raise SessionEnded(f"session: the zygote did not start: "
+                               f"{hello.get('fatal', 'it ended')}")
+        #: the zygote's pid here (outside the sandbox's pid namespace), for observers
+        self.zygote_pid = _host_pid(self._proc.pid, int(hello["ready"]))
+        self._reader = threading.Thread(target=self._read, name="hcp-session", daemon=True)
+        self._reader.start()
+
+    # --- the runtime's side of the channel ------------------------------------------------
+
+    def _read(self) -> None:
+        """Dispatch each message to the command it is about; at EOF, end every command."""
+        why = "the session's zygote ended"
+        try:
+            while True:
+                data = self._ctl.recv(65536)
+                if not data:
+                    break
+                msg = json.loads(data)
+                with self._lock:
+                    p = self._pending.get(msg.get("id"))
+                if p is None:
+                    continue
+                if "pid" in msg:
+                    p.pid = msg["pid"]
+                    p.started.set()
+                elif "error" in msg:
+                    p.error = int(msg["error"])
+                    p.started.set()
+                    p.done.set()
+                elif "status" in msg:
+                    p.status = int(msg["status"])
+                    p.started.set()
+                    p.done.set()
+        except (OSError, ValueError) as e:
+            why = f"the session's channel failed ({e})"
+        with self._lock:
+            self._ended = self._ended or why
+            pending = list(self._pending.values())
+        # whatever ended the channel, end the run: nothing may outlive its session (with
+        # on_exit = "wait" a run would otherwise wait for what its commands left behind)
+        try:
+            self._proc.kill()
+        except OSError:
+            pass
+        for p in pending:
+            p.started.set()
+            p.done.set()
+
+    def _send(self, obj: dict, fds: Sequence[int] = ()) -> None:
+        data = json.dumps(obj).encode()
+        with self._send_lock:
+            if fds:
+                socket.send_fds(self._ctl, [data], list(fds))
+            else:
+                self._ctl.send(data)
+
+    # --- commands -----------------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+            cwd: str | None = None, timeout: float | None = None,
+            output_cap: int | None = None) -> SessionResult:
+        """Run ``argv`` in the session: planned as :meth:`Sandbox.run` plans it (allow-list,
+        env, cwd; PolicyError when refused), stdin /dev/null, output captured (at most
+        ``output_cap`` bytes of each stream are kept; default the policy's output limit).
+        ``timeout`` (default the policy's) kills the command's process group; the result
+        says ``timed_out``. Raises :class:`SessionEnded` if the session ends first."""
+        # the same checks and plan as Sandbox.spawn's: env granted, cwd inside the view,
+        # the allow-list asked about argv[0]
+        plan = compile_plan(self.policy, list(argv), layers=self.layers,
+                            env=popen.granted_env(env), cwd=popen.working_dir(cwd))
+        try:
+            req = {"op": "run", "exe": os.fsdecode(plan.exe),
+                   "argv": [os.fsdecode(a) for a in plan.argv],
+                   "env": [[os.fsdecode(k), os.fsdecode(v)] for k, v in plan.env.items()],
+                   "cwd": os.fsdecode(plan.cwd)}
+        finally:
+            plan.close()
+        cap = output_cap if output_cap is not None else self.policy.limits.output
+        limit = timeout if timeout is not None else self.policy.timeout
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        pending = _Pending()
+        with self._lock:
+            if self._ended:
+                for fd in (out_r, out_w, err_r, err_w, null):
+                    os.close(fd)
+                raise SessionEnded(f"session: {self._ended}")
+            ident = self._next_id
+            self._next_id += 1
+            self._pending[ident] = pending
+        try:
+            try:
+                self._send({**req, "id": ident}, (null, out_w, err_w))
+            except OSError as e:
+                raise SessionEnded(f"session: cannot reach the zygote ({e.strerror})") from None
+            finally:
+                for fd in (null, out_w, err_w):
+                    os.close(fd)
+            if not pending.started.wait(limit):
+                # a zygote that does not even say it forked (stopped, starved): end the
+                # session, which kills every process in it; fail closed
+                self.close()
+                raise SessionEnded(f"session: the zygote did not start {argv[0]} within "
+                                   f"{limit} s; the session was ended")
+            if pending.error is not None:
+                raise OSError(pending.error, f"{os.strerror(pending.error)}: {argv[0]}")
+            if pending.pid is None:
+                raise SessionEnded(f"session: {self._ended}")
+            out, err, timed_out, truncated = self._collect(ident, out_r, err_r, limit, cap)
+            pending.done.wait()
+            if pending.status is None:
+                raise SessionEnded(f"session: {self._ended} while {argv[0]} ran")
+            return SessionResult(list(argv), pending.status, out, err, timed_out, truncated)
+        finally:
+            for fd in (out_r, err_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            with self._lock:
+                self._pending.pop(ident, None)
+
+    def _collect(self, ident: int, out_r: int, err_r: int, limit: float | None,
+                 cap: int | None) -> tuple[bytes, bytes, bool, bool]:
+        """Read both streams to EOF, keeping at most ``cap`` bytes of each; past ``limit``
+        seconds, kill the command's group and read on (the kill ends its writers)."""
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        truncated = timed_out = False
+        deadline = None if limit is None else time.monotonic() + limit
+        with selectors.DefaultSelector() as sel:
+            for fd in bufs:
+                sel.register(fd, selectors.EVENT_READ)
+            while sel.get_map():
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                events = sel.select(wait)
+                if not events and deadline is not None and not timed_out:
+                    timed_out = True
+                    self.kill(ident)
+                    deadline = None
+                    continue
+                for key, _ in events:
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        continue
+                    buf = bufs[key.fd]
+                    room = len(chunk) if cap is None else max(0, cap - len(buf))
+                    truncated = truncated or room < len(chunk)
+                    buf += chunk[:room]
+        return bytes(bufs[out_r]), bytes(bufs[err_r]), timed_out, truncated
+
+    def kill(self, ident: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one command's process group (by the zygote, inside)."""
+        try:
+            self._send({"op": "kill", "id": ident, "signal": int(sig)})
+        except OSError:
+            pass  # the session is gone: so is the command
+
+    @property
+    def alive(self) -> bool:
+        with self._lock:
+            return self._ended is None
+
+    def close(self) -> None:
+        """End the session: every command still running is killed with it (its pid namespace
+        ends), and the zygote is reaped."""
+        with self._lock:
+            self._ended = self._ended or "the session was closed"
+        try:
+            self._ctl.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._kill()
+        self._reader.join(timeout=5)
+        self._ctl.close()
+
+    def _kill(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _without_allow_list(policy):  # type: ignore[no-untyped-def]
+    """The policy the zygote runs under: the same in every field but the allow-list."""
+    import dataclasses
+    return dataclasses.replace(policy, allow_bins=())
+
+
+def _host_pid(root: int, inner: int) -> int | None:
+    """The pid, as this process sees it, of the descendant of ``root`` whose pid in its own
+    (innermost) pid namespace is ``inner``; None when there is none (it ended)."""
+    todo, seen = [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+            if pid != root and nspid and int(nspid[-1]) == inner:
+                return pid
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return None
