@@ -9,7 +9,10 @@ on both alike:
 - plain: N Ray tasks (``num_cpus=1``), each ``subprocess.run(["/bin/echo", i])``;
 - hcp: N ``exec`` calls on hcp-linux sandboxes (``hcp_linux.ray.create``), one sandbox per
   CPU of the cluster (``max_concurrency=1``: the same three commands in flight as the plain
-  tasks; ``num_cpus=0``, or the sandboxes would hold the CPUs the plain tasks need), each a confined run of the same argv under the default Policy.
+  tasks; ``num_cpus=0``, or the sandboxes would hold the CPUs the plain tasks need), the same
+  argv under the default Policy, in each sandbox's session (the default: one confinement per
+  sandbox, a fork and exec per command);
+- hcp-per-command: the same with ``session=False``: a confinement of its own per command.
 
 Reports per mode the median over rounds of: wall time for the N commands, throughput, wall
 time per command (the overhead a caller sees, amortised over the cluster), and the median
@@ -37,6 +40,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import hcp_linux.ray as hr  # noqa: E402
 
 OBJECT_STORE = 80 * 1024 * 1024
+#: plain Ray tasks; sandboxes with a session each (the default); a confinement per command
+MODES = ("plain", "hcp", "hcp-per-command")
 
 
 @ray.remote
@@ -91,17 +96,22 @@ def main() -> int:
         cluster.wait_for_nodes()
         head_id, worker_id = cluster.head_node.node_id, worker.node_id
         # num_cpus=0: an actor holding a CPU would starve the plain tasks of it
-        boxes += [hr.create(node_id=node, num_cpus=0, max_concurrency=args.per_cpu)
-                 for node in (head_id, worker_id, worker_id)]
-        # warm-up: the worker pools, the sandboxes' executors and spares
+        nodes = (head_id, worker_id, worker_id)
+        sets = {mode: [hr.create(node_id=node, num_cpus=0, max_concurrency=args.per_cpu,
+                                 session=mode == "hcp")
+                       for node in nodes] for mode in MODES[1:]}
+        boxes += [b for bs in sets.values() for b in bs]
+        # warm-up: the worker pools, the sandboxes' executors, sessions and spares
         run_plain(60, args.per_cpu)
-        run_hcp(boxes, 60)
-        walls: dict[str, list[float]] = {"plain": [], "hcp": []}
-        inner: dict[str, list[float]] = {"plain": [], "hcp": []}
+        for bs in sets.values():
+            run_hcp(bs, 60)
+        walls: dict[str, list[float]] = {m: [] for m in MODES}
+        inner: dict[str, list[float]] = {m: [] for m in MODES}
         for r in range(args.rounds):
-            for mode in (("plain", "hcp") if r % 2 == 0 else ("hcp", "plain")):
+            order = MODES if r % 2 == 0 else MODES[::-1]
+            for mode in order:
                 wall, durations = (run_plain(args.commands, args.per_cpu) if mode == "plain"
-                                   else run_hcp(boxes, args.commands))
+                                   else run_hcp(sets[mode], args.commands))
                 walls[mode].append(wall)
                 inner[mode].extend(durations)
                 print(f"round {r + 1} {mode:5s}: {wall:.2f} s", file=sys.stderr)
@@ -110,18 +120,21 @@ def main() -> int:
             ray.get([b.delete.remote() for b in boxes], timeout=60)
         ray.shutdown()
         cluster.shutdown()
-    result = {"commands": args.commands, "rounds": args.rounds, "cpus": 3, "per_cpu": args.per_cpu,
-              "plain": summary(walls["plain"], inner["plain"], args.commands),
-              "hcp": summary(walls["hcp"], inner["hcp"], args.commands)}
-    result["ratio_wall_hcp_over_plain"] = round(
-        result["hcp"]["wall_s"] / result["plain"]["wall_s"], 3)
-    print(f"{'':6s} {'wall s':>8s} {'cmd/s':>8s} {'ms/cmd':>8s} {'in-worker median ms':>20s}")
-    for mode in ("plain", "hcp"):
+    result: dict = {"commands": args.commands, "rounds": args.rounds, "cpus": 3,
+                    "per_cpu": args.per_cpu}
+    for mode in MODES:
+        result[mode] = summary(walls[mode], inner[mode], args.commands)
+    for mode in MODES[1:]:
+        result[f"ratio_wall_{mode.replace('-', '_')}_over_plain"] = round(
+            result[mode]["wall_s"] / result["plain"]["wall_s"], 3)
+    print(f"{'':16s} {'wall s':>8s} {'cmd/s':>8s} {'ms/cmd':>8s} {'in-worker median ms':>20s}")
+    for mode in MODES:
         s = result[mode]
-        print(f"{mode:6s} {s['wall_s']:8.2f} {s['commands_per_s']:8.1f} "
+        print(f"{mode:16s} {s['wall_s']:8.2f} {s['commands_per_s']:8.1f} "
               f"{s['wall_ms_per_command']:8.2f} {s['in_worker_median_ms']:20.2f}")
     print(f"ratio hcp/plain (wall, same run): {result['ratio_wall_hcp_over_plain']:.2f}x "
-          "(goal <= 1.5x)")
+          f"(goal <= 1.5x); a confinement per command: "
+          f"{result['ratio_wall_hcp_per_command_over_plain']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -50,6 +50,7 @@ from ray.util.scheduling_strategies import (  # type: ignore[import-not-found, u
 from . import Policy, Sandbox
 from . import SandboxError as HcpError
 from .jailfiles import open_jail, read_in, write_in
+from .session import Session, SessionEnded
 from .workspace import remove_tree
 
 __all__ = ["HOST_IMAGE", "HcpSandboxBackend", "HcpSandboxRuntime", "HcpSandbox",
@@ -61,6 +62,12 @@ HOST_IMAGE = "host"
 
 #: How long :meth:`HcpSandboxBackend.delete_sandbox` waits for a killed command to be reaped.
 KILL_WAIT = 10.0
+
+#: What ``get_mapping()["exec"]`` says of how commands run.
+IN_SESSION = ("in the sandbox's session: one lasting confinement (namespaces, mount view, "
+              "Landlock, seccomp) that each command is forked into; commands share its /tmp "
+              "and background processes")
+PER_COMMAND = "a confinement of its own per command (nothing shared but the jail)"
 
 
 class SandboxLostError(SandboxNotFoundError):
@@ -177,6 +184,7 @@ class _Box:
     # guards running/deleted; notified when a run leaves ``running``
     lock: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     deleted: bool = False
+    session: Optional[Session] = None  # the lasting confinement commands run in, if any
 
 
 class HcpSandboxBackend(BaseSandboxBackend):
@@ -187,14 +195,22 @@ class HcpSandboxBackend(BaseSandboxBackend):
     temp dir); ``executor`` is :class:`~hcp_linux.Sandbox`'s (None: the process default).
     Thread-safe: a Ray actor with ``max_concurrency`` > 1 runs commands in
     parallel, and ``delete_sandbox`` from one thread kills what another is running.
+
+    ``session=True`` (the default): each sandbox is one lasting confinement
+    (:class:`hcp_linux.session.Session`) that its commands run in, as ``docker exec`` runs in
+    a container: they share its namespaces, private /tmp and background processes, and each
+    costs a fork and an exec instead of a new confinement. ``session=False``: every command
+    is a confinement of its own (nothing shared but the jail). Either way every layer of the
+    policy is on every command; ``get_mapping()["exec"]`` says which applies.
     """
 
     def __init__(self, policy: Optional[Policy] = None, jail_root: Optional[str] = None,
                  image_manager: Optional[BaseImageManager] = None,
-                 executor: Optional[str] = None) -> None:
+                 executor: Optional[str] = None, session: bool = True) -> None:
         super().__init__(image_manager=image_manager or HostImageManager())
         self.policy = policy if policy is not None else Policy()
         self.executor = executor
+        self.use_session = session
         self.jail_root = jail_root or tempfile.gettempdir()
         self._boxes: Dict[str, _Box] = {}
         self._lock = threading.Lock()
@@ -210,10 +226,17 @@ class HcpSandboxBackend(BaseSandboxBackend):
             remove_tree(jail)
             raise SandboxCreationError(f"hcp-linux sandbox: {e}") from e
         mapping["workdir"] = jail
+        box = _Box(config, jail, jail_fd, Sandbox(policy, executor=self.executor), mapping)
+        mapping["exec"] = PER_COMMAND
+        if self.use_session:
+            try:
+                box.session = Session(box.sandbox)
+                mapping["exec"] = IN_SESSION
+            except (HcpError, OSError) as e:  # e.g. no /usr/bin/python3 in the view
+                mapping["exec"] = f"{PER_COMMAND} (no session: {e})"
         sandbox_id = f"hcp-{uuid.uuid4().hex[:16]}"
         with self._lock:
-            self._boxes[sandbox_id] = _Box(config, jail, jail_fd,
-                                          Sandbox(policy, executor=self.executor), mapping)
+            self._boxes[sandbox_id] = box
         return sandbox_id
 
     def _box(self, sandbox_id: str) -> _Box:
@@ -249,6 +272,8 @@ class HcpSandboxBackend(BaseSandboxBackend):
                                    f"strings, got {command!r}")
         limit = timeout if timeout is not None else box.sandbox.policy.timeout
         start = time.monotonic()
+        if box.session is not None:
+            return self._exec_in_session(box, sandbox_id, argv, limit, cwd, env, start)
         try:
             proc = box.sandbox.spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, cwd=cwd, env=env,
@@ -274,6 +299,39 @@ class HcpSandboxBackend(BaseSandboxBackend):
             raise SandboxNotFoundError(f"Sandbox ID '{sandbox_id}' was deleted while the "
                                        "command ran; the command was killed")
         return ExecResult(exit_code=proc.wait(), stdout=out, stderr=err,
+                          duration_seconds=time.monotonic() - start)
+
+    def _exec_in_session(self, box: _Box, sandbox_id: str, argv: List[str],
+                         limit: Optional[float], cwd: Optional[str],
+                         env: Optional[Dict[str, str]], start: float) -> ExecResult:
+        """:meth:`exec_command` in the sandbox's session. A session that ended (its zygote
+        killed by a command, say) is replaced by a new one first: new namespaces, an empty
+        /tmp (``get_mapping()["session_restarts"]`` counts them); the jail is the same."""
+        with box.lock:
+            session = box.session
+            assert session is not None
+            if not session.alive and not box.deleted:
+                session = box.session = Session(box.sandbox)
+                box.mapping["session_restarts"] = str(
+                    int(box.mapping.get("session_restarts", "0")) + 1)
+        try:
+            r = session.run(argv, env=env, cwd=cwd, timeout=limit)
+        except SessionEnded as e:
+            if box.deleted:
+                raise SandboxNotFoundError(f"Sandbox ID '{sandbox_id}' was deleted while the "
+                                           "command ran; the command was killed") from e
+            raise SandboxExecError(f"hcp-linux: {e}") from e
+        except HcpError as e:
+            raise SandboxExecError(f"hcp-linux refused {argv[0]!r}: {e}") from e
+        except OSError as e:
+            raise SandboxExecError(f"hcp-linux could not start {argv[0]!r}: "
+                                   f"{e.strerror}") from e
+        if r.timed_out:
+            raise SandboxTimeoutError(f"command timed out after {limit} seconds "
+                                      "(its process group was killed)")
+        return ExecResult(exit_code=r.returncode,
+                          stdout=r.stdout.decode("utf-8", "replace"),
+                          stderr=r.stderr.decode("utf-8", "replace"),
                           duration_seconds=time.monotonic() - start)
 
     def write_file(self, sandbox_id: str, path: str, content: Union[str, bytes],
@@ -315,6 +373,8 @@ class HcpSandboxBackend(BaseSandboxBackend):
             return
         with box.lock:
             box.deleted = True
+            if box.session is not None:
+                box.session.close()  # its pid namespace ends: every command in it is killed
             for proc in box.running:
                 proc.kill()
             # each run is reaped by the thread running it (a SandboxProcess is waited on by
@@ -339,11 +399,11 @@ class HcpSandboxRuntime(SandboxRuntime):
     """
 
     def __init__(self, policy: Optional[Policy] = None, jail_root: Optional[str] = None,
-                 executor: Optional[str] = None) -> None:
+                 executor: Optional[str] = None, session: bool = True) -> None:
         # Ray types these two as gVisor's classes; any backend and image manager do
         self._image_manager = HostImageManager()  # type: ignore[assignment, unused-ignore]
         self._backend = HcpSandboxBackend(  # type: ignore[assignment, unused-ignore]
-            policy, jail_root, self._image_manager, executor)
+            policy, jail_root, self._image_manager, executor, session)
         self._ttl_timers: Dict[str, threading.Timer] = {}
 
     @property
@@ -364,8 +424,8 @@ class HcpSandbox:
 
     def __init__(self, image: str = HOST_IMAGE, policy: Optional[Policy] = None,
                  jail_root: Optional[str] = None, executor: Optional[str] = None,
-                 **config: Any) -> None:
-        self.runtime = HcpSandboxRuntime(policy, jail_root, executor)
+                 session: bool = True, **config: Any) -> None:
+        self.runtime = HcpSandboxRuntime(policy, jail_root, executor, session)
         self.instance_id = self.runtime.create(image=image, **config)
         # an actor that exits (its last handle dropped) removes its jail; a worker killed
         # outright (its node lost, ray.kill, the cluster shut down) cannot: docs/ray.md
@@ -422,7 +482,7 @@ def create(image: str = HOST_IMAGE, policy: Optional[Policy] = None, *,
            node_id: Optional[str] = None, num_cpus: float = 0,
            resources: Optional[Dict[str, float]] = None, max_concurrency: int = 64,
            jail_root: Optional[str] = None, executor: Optional[str] = None,
-           **config: Any) -> Any:
+           session: bool = True, **config: Any) -> Any:
     """Place an :class:`HcpSandbox` actor and return its handle: the counterpart of
     ``ray.experimental.sandbox.create``, with the same ``SandboxConfig`` keywords.
 
@@ -438,7 +498,7 @@ def create(image: str = HOST_IMAGE, policy: Optional[Policy] = None, *,
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
     actor = HcpSandbox.options(**options)  # type: ignore[attr-defined, unused-ignore]
-    return actor.remote(image, policy, jail_root, executor, **config)
+    return actor.remote(image, policy, jail_root, executor, session, **config)
 
 
 def get(ref: Any, timeout: float = 60.0) -> Any:

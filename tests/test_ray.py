@@ -24,7 +24,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 try:
     import ray
     from ray.cluster_utils import Cluster
-    from ray.experimental.sandbox import (SandboxCreationError, SandboxError,
+    from ray.experimental.sandbox import (SandboxCreationError, SandboxError, SandboxExecError,
                                           SandboxNotFoundError, SandboxRuntime, SandboxStatus,
                                           SandboxTimeoutError)
     HAVE_RAY = True
@@ -357,3 +357,27 @@ def test_losing_the_node_loses_the_sandbox_with_a_clear_error(cluster, hr):
     if os.path.isdir(jail):
         from hcp_linux.workspace import remove_tree
         remove_tree(jail)
+
+
+@needs_ray
+@pytest.mark.parametrize("session", [True, False])
+def test_a_sandbox_says_how_its_commands_run(cluster, hr, session):
+    """In a session (the default) commands share the sandbox's /tmp, as in a container; with
+    session=False each has a confinement of its own. A command that kills the session's
+    zygote fails; the next one runs in a new session, counted in the mapping."""
+    _, _, worker = cluster
+    sb = hr.create(node_id=worker, session=session)
+    try:
+        mapping = hr.get(sb.get_mapping.remote())
+        assert mapping["exec"].startswith("in the sandbox's session" if session
+                                          else "a confinement of its own"), mapping
+        assert hr.get(sb.exec.remote("echo kept > /tmp/x")).exit_code == 0
+        r = hr.get(sb.exec.remote("cat /tmp/x"))
+        assert (r.stdout == "kept\n") == session, r
+        if session:
+            with pytest.raises(SandboxExecError, match="session"):
+                hr.get(sb.exec.remote("kill -9 $PPID; sleep 30"))
+            assert hr.get(sb.exec.remote("echo again")).stdout == "again\n"
+            assert hr.get(sb.get_mapping.remote())["session_restarts"] == "1"
+    finally:
+        hr.get(sb.delete.remote())
