@@ -156,7 +156,7 @@ def _conformance(a: argparse.Namespace) -> int:
         from .receipt import check_output_path
         check_output_path(a.junit, "--junit")
     default_tmp_dir()
-    return conformance(a.allow_degraded, json_out=a.json, junit=a.junit)
+    return conformance(a.allow_degraded, json_out=a.json, junit=a.junit, rung=a.rung)
 
 
 def bare_usage(parser: argparse.ArgumentParser) -> int:

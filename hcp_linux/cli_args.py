@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from . import __version__, policy_flags
+from . import __version__, ladder, policy_flags
 from .errors import EXIT_USAGE, PolicyError, SandboxError, printable
 from .policy import Policy
 from .policy_flags import FIELDS
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write a JUnit XML report to FILE")
     c.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER",
                    help="let LAYER degrade in every run the checks make (repeatable)")
+    c.add_argument("--rung", action=_Once, default="full", choices=ladder.NAMES,
+                   help="the weakest fallback rung the checks' runs may fall to "
+                        "(default full: strict)")
     r = sub.add_parser("run", help="run one command confined",
                        usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
     for f in FIELDS:  # the Policy fields' options (hcp_linux.policy_flags)
