@@ -96,6 +96,9 @@ class _WinchForwarder:
 def _probe(a: argparse.Namespace) -> int:
     from .probe import format_table, probe
 
+    if a.executor is not None:  # hidden: the test suite runs once per executor
+        from .native import set_default
+        set_default(a.executor)
     report = probe()
     if a.json:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))

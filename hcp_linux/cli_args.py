@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                    help=argparse.SUPPRESS)
     c = sub.add_parser("conformance", help="check the HCP §10 rules on this host, with evidence")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--junit", action=_Once, metavar="FILE",
