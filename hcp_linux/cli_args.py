@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from . import __version__, policy_flags
+from . import __version__, ladder, policy_flags
 from .errors import EXIT_USAGE, PolicyError, SandboxError, printable
 from .policy import Policy
 from .policy_flags import FIELDS
@@ -78,12 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                    help=argparse.SUPPRESS)
     c = sub.add_parser("conformance", help="check the HCP §10 rules on this host, with evidence")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--junit", action=_Once, metavar="FILE",
                    help="also write a JUnit XML report to FILE")
     c.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER",
                    help="let LAYER degrade in every run the checks make (repeatable)")
+    c.add_argument("--rung", action=_Once, default="full", choices=ladder.NAMES,
+                   help="the weakest fallback rung the checks' runs may fall to "
+                        "(default full: strict)")
     r = sub.add_parser("run", help="run one command confined",
                        usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
     for f in FIELDS:  # the Policy fields' options (hcp_linux.policy_flags)

@@ -25,7 +25,8 @@ from .errors import LayerUnavailableError, PolicyError, SandboxError, printable
 from .limits import pid_fence
 from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
 from .protocol import PROXY_ADDRESS
-from .rulesets import REMEDIES, seccomp_filter
+from .remedies import REMEDIES, remedy
+from .rulesets import seccomp_filter
 
 _T = TypeVar("_T")
 
@@ -135,7 +136,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         # from its writable root. Refused even when mountns may degrade: fail closed.
         field_ = "read_only_paths" if policy.read_only_paths else "hidden_paths"
         raise PolicyError(f"{field_}: carve-outs need the mount view, and no mount namespace "
-                          f"can be made here ({REMEDIES['mountns']}); drop the carve-outs "
+                          f"can be made here ({remedy('mountns')}); drop the carve-outs "
                           f"to run without one")
     shared = None
     if native:
@@ -159,7 +160,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         if "netns" not in layers and not native:
             raise LayerUnavailableError("netns", "network = \"allow\" fences egress with a "
                                         "network namespace, and none can be made here",
-                                        REMEDIES["netns"])
+                                        remedy("netns"))
         explicit.update(proxy_env())
     child_env, removed, replaced = _child_env(caller_env, explicit, marker=policy.mode,
                                               path=path, home=home, tmpdir=tmpdir)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from . import unix_sockets, values
+from . import ladder, unix_sockets, values
 from .environment import check_explicit
 from .errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
@@ -163,6 +163,7 @@ class Policy:
     allow_unix_sockets: tuple[str, ...] = ()
     allow_dangerous_sockets: tuple[str, ...] = ()
     pty: bool = False
+    rung: str = ladder.DEFAULT
 
     def __post_init__(self) -> None:
         """Check every field, in one pass, before anything is opened, spawned or written;
@@ -197,7 +198,11 @@ class Policy:
                 check_explicit({k: v})
             check_env_text(k, v)
         set_("env", MappingProxyType(dict(self.env)))
-        set_("allow_degraded", expand_layers(_str_tuple(self.allow_degraded, "allow_degraded")))
+        # a rung is a name for a set of layers that may degrade (hcp_linux.ladder): the same
+        # machinery as layers named one by one, so there is one way to degrade
+        set_("rung", _choice(self.rung, "rung", ladder.NAMES))
+        set_("allow_degraded", expand_layers(_str_tuple(self.allow_degraded, "allow_degraded"))
+             | ladder.BY_NAME[self.rung].loses)
         set_("seccomp_profiles", _str_tuple(self.seccomp_profiles, "seccomp_profiles"))
         if self.timeout is not None:
             set_("timeout", values.duration(self.timeout, "timeout", MAX_TIMEOUT))

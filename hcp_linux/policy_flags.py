@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from . import ladder
 from .environment import is_injection_key
 from .errors import PolicyError, SandboxError
 from .limits import Limits
@@ -251,6 +252,13 @@ FIELDS: tuple[Field, ...] = (
     Field("allow_degraded", "--allow-degraded", APPEND, _add("allow_degraded"),
           lambda layers: [f"--allow-degraded={x}" for x in sorted(layers)],
           "list of layers", "`[]`", "layers the run may go without", metavar="LAYER"),
+    Field("rung", "--rung", ONCE, _replace("rung"),
+          lambda rung: [] if rung == ladder.DEFAULT else [f"--rung={rung}"],
+          r" \| ".join(f'`"{r}"`' for r in ladder.NAMES), f'`"{ladder.DEFAULT}"`',
+          "the weakest rung of the fallback ladder the run may fall to; its layers join "
+          "`allow_degraded` ([deploying.md](deploying.md))",
+          help=f"weakest fallback rung allowed: {', '.join(ladder.NAMES)} (default "
+               f"{ladder.DEFAULT}: strict)", choices=ladder.NAMES),
     Field("seccomp_profiles", "--seccomp-profile", APPEND, _replace_set("seccomp_profile"),
           _replacing("--seccomp-profile", DEFAULT_SECCOMP_PROFILES, "seccomp_profiles"),
           "list", "`[" + ", ".join(f'"{p}"' for p in DEFAULT_SECCOMP_PROFILES) + "]`",

@@ -15,8 +15,10 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import hostenv, ladder
 from .policy import LAYERS
-from .rulesets import REMEDIES
+from .receipt import lost_text
+from .remedies import remedy
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class ProbeReport:
     #: The executor runs use here: {"name": "native", "detail": its path} or
     #: {"name": "ctypes", "detail": why (no binary for this source, or asked for)}.
     executor: dict[str, str] = field(default_factory=dict)
+    #: Where this runs (hostenv.Where.as_dict()).
+    where: dict[str, Any] = field(default_factory=dict)
+    #: The rung reached ({"name", "keeps", "loses"}) and the one above with what it needs.
+    rung: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fully_enforceable(self) -> bool:
@@ -43,7 +49,7 @@ class ProbeReport:
     def as_dict(self) -> dict[str, Any]:
         return {"fully_enforceable": self.fully_enforceable, "error": self.error,
                 "layers": {k: asdict(v) for k, v in self.layers.items()}, "facts": self.facts,
-                "executor": self.executor}
+                "executor": self.executor, "where": self.where, "rung": self.rung}
 
 
 def _read(path: str) -> str | None:
@@ -95,6 +101,12 @@ def _userns_hint(facts: dict[str, Any]) -> str:
     return "refused by the kernel or a seccomp filter on this process"
 
 
+def _exec_dir() -> str:
+    """The native executor's build directory (the shipped AppArmor profile attaches there)."""
+    from .native import BUILD_DIR
+    return BUILD_DIR
+
+
 def executor_verdict(ran: str | None = None) -> dict[str, str]:
     """Which executor runs use (``ran``: the one a run just used, as its receipt says) and
     why: the binary's path, or why there is none."""
@@ -117,14 +129,16 @@ def probe() -> ProbeReport:
     from .sandbox import Sandbox
 
     facts = host_facts()
+    where = hostenv.detect()
     with tempfile.TemporaryDirectory(prefix="hcp-linux-probe-") as jail:
         policy = Policy(jail=jail, allow_degraded=frozenset(LAYERS))
         try:
             run = Sandbox(policy).run(["true"], capture_output=True)
         except SandboxError as e:
-            failed = {n: LayerVerdict(n, False, f"probe run failed: {e}", REMEDIES[n])
-                      for n in LAYERS}
-            return ProbeReport(failed, facts, error=str(e), executor=executor_verdict())
+            failed = {n: LayerVerdict(n, False, f"probe run failed: {e}",
+                                      remedy(n, where, _exec_dir())) for n in LAYERS}
+            return ProbeReport(failed, facts, error=str(e), executor=executor_verdict(),
+                               where=where.as_dict(), rung=rung_verdict(LAYERS, where))
     layers = run.receipt["layers"]
     verdicts: dict[str, LayerVerdict] = {}
     for name in LAYERS:
@@ -140,8 +154,28 @@ def probe() -> ProbeReport:
             detail = entry.get("reason", f"probe command exited {run.returncode}")
             if name == "userns" and entry["status"] == "degraded":
                 detail += f" ({_userns_hint(facts)})"
-        verdicts[name] = LayerVerdict(name, ok, detail, None if ok else REMEDIES[name])
-    return ProbeReport(verdicts, facts, executor=executor_verdict(run.receipt.get("executor")))
+        verdicts[name] = LayerVerdict(name, ok, detail, None if ok else remedy(name, where, _exec_dir()))
+    missing = [n for n, v in verdicts.items() if not v.available]
+    return ProbeReport(verdicts, facts, executor=executor_verdict(run.receipt.get("executor")),
+                       where=where.as_dict(), rung=rung_verdict(missing, where))
+
+
+def rung_verdict(missing: Any, where: hostenv.Where) -> dict[str, Any]:
+    """The rung a run reaches with ``missing`` layers gone, the policy setting that opts
+    into it, and the rung above it with the layers it needs and their remedies here."""
+    rung = ladder.reached(missing)
+    out: dict[str, Any] = {"name": rung.name if rung else "below-ladder",
+                           "missing": sorted(missing)}
+    if rung is not None:
+        out.update(keeps=rung.keeps_text, loses=lost_text(rung, missing),
+                   opt_in="none: the default policy runs" if rung.name == ladder.DEFAULT
+                   else f"--rung {rung.name} (policy: rung = \"{rung.name}\")")
+    up = ladder.next_up(rung)
+    if up is not None:
+        needs = sorted(set(missing) - up.loses)
+        out["next_up"] = {"name": up.name, "needs": needs,
+                          "change": sorted({remedy(n, where, _exec_dir()) for n in needs})}
+    return out
 
 
 def format_table(report: ProbeReport) -> str:
@@ -153,9 +187,30 @@ def format_table(report: ProbeReport) -> str:
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     lines = [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+    remedies: dict[str, list[str]] = {}  # one line a remedy, naming every layer it serves
     for v in report.layers.values():
         if v.remedy:
-            lines.append(f"  remedy for {v.name}: {v.remedy}")
+            remedies.setdefault(v.remedy, []).append(v.name)
+    for text, names in remedies.items():
+        lines.append(f"  remedy for {', '.join(names)}: {text}")
+    if report.where:
+        w = report.where
+        lines.append("")
+        lines.append(f"environment: {w['kind']}" + (
+            f" ({', '.join(k for k in w['kinds'][1:])} too)" if len(w["kinds"]) > 1 else ""))
+        for k, why in w["evidence"].items():
+            lines.append(f"  {k}: {why}")
+    if report.rung:
+        r = report.rung
+        lines.append(f"rung: {r['name']}" + (f"; opt in: {r['opt_in']}" if "opt_in" in r else
+                                             ": no rung of the ladder runs here"))
+        if "loses" in r and r["name"] != ladder.DEFAULT:
+            lines.append(f"  loses: {r['loses']}")
+        up = r.get("next_up")
+        if up:
+            lines.append(f"next rung up: {up['name']}, needs {', '.join(up['needs'])}")
+            for change in up["change"]:
+                lines.append(f"  change: {change}")
     lines.append("")
     for k, val in report.facts.items():
         lines.append(f"{k}: {val}")

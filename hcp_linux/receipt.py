@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import IO, Any, Mapping
+from typing import IO, Any, Iterable, Mapping
 
-from . import values
+from . import ladder, values
 from .errors import PolicyError, printable
 from .limits import cgroup_v2_status
 from .policy import LAYERS, NAMESPACE_LAYERS
@@ -99,6 +99,7 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         "namespaces": [n for n in NAMESPACE_LAYERS if n in plan.layers],
         "network": {"mode": plan.policy.network},
         "layers": layers,
+        "rung": _rung(plan, degraded),
         "env": {"set": sorted(k.decode() for k in plan.env), "removed": list(plan.env_removed),
                 "replaced": list(plan.env_replaced)},
         "fds": {"kept": [0, 1, 2], "closed": "every fd above 2 (close_range CLOEXEC)"}
@@ -111,6 +112,31 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
                       "mode=0620) and /dev/ptmx -> pts/ptmx: only its own ptys are visible"}
            if plan.pty else {}),
     }
+
+
+def _rung(plan, degraded: Mapping[str, str]) -> dict[str, Any]:
+    """The rung of the fallback ladder this run stands on (the strongest whose lost set
+    holds every degraded layer), the weakest the policy allowed, and what the run keeps and
+    loses by it. A layer the policy turned off (network=host) is not a rung matter."""
+    if not plan.confined:
+        return {"name": "off", "allowed": plan.policy.rung, "reason": "native-local mode"}
+    rung = ladder.reached(degraded)
+    if rung is None:  # only reachable by layers named in allow_degraded beyond every rung
+        return {"name": "below-ladder", "allowed": plan.policy.rung,
+                "degraded": sorted(degraded), "loses": "; ".join(LOST[k] for k in
+                                                                 sorted(degraded))}
+    return {"name": rung.name, "allowed": plan.policy.rung, "degraded": sorted(degraded),
+            "keeps": rung.keeps_text, "loses": lost_text(rung, degraded)}
+
+
+def lost_text(rung: "ladder.Rung", degraded: Iterable[str]) -> str:
+    """What a run on ``rung`` lost: the rung's words when it lost all the rung allows, else
+    the words of each layer it went without (a run missing only pidns is on no-namespaces
+    by the ladder, yet keeps its mount view)."""
+    gone = frozenset(degraded)
+    if gone == rung.loses:
+        return rung.loses_text
+    return "; ".join(f"{k}: {LOST[k]}" for k in sorted(gone)) or "nothing"
 
 
 def _carve_outs(plan) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Which Landlock rights the policy handles is pinned to :data:`POLICY_ABI`; what a host must
 offer for a layer to count as enforced is required here, and a host without it is refused with
-the layer's remedy (:data:`REMEDIES`). The seccomp filter is compiled once per profile set.
+the layer's remedy for the environment it runs in (:func:`hcp_linux.remedies.remedy`). The seccomp filter is compiled once per profile set.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import hcp_linux.seccomp_profiles as seccomp_profiles
 
 from .errors import ChildSetupError, LayerUnavailableError, PolicyError
 from .policy import Policy
+from .remedies import REMEDIES, remedy
 
 __all__ = ["POLICY_ABI", "REMEDIES", "Grant", "GrantedRuleset", "landlock_ruleset",
            "seccomp_filter"]
@@ -29,18 +30,6 @@ POLICY_ABI = 9
 _REQUIRED_FS = landlock.AccessFs.from_abi(3)
 
 
-REMEDIES = {
-    "userns": "enable unprivileged user namespaces (sysctl user.max_user_namespaces>0, "
-              "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
-              "kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile with 'userns')",
-    "mountns": "allow mount namespaces (they need a user namespace, or root)",
-    "netns": "allow network namespaces (they need a user namespace, or root)",
-    "ipcns": "allow IPC namespaces (they need a user namespace, or root)",
-    "pidns": "allow pid namespaces (they need a user namespace, or root)",
-    "landlock": "boot a kernel >= 6.2 with Landlock enabled (CONFIG_SECURITY_LANDLOCK=y and "
-                "'landlock' in the lsm= boot parameter)",
-    "seccomp": "use a kernel with CONFIG_SECCOMP_FILTER=y that lets this process add filters",
-}
 
 
 #: A path a Landlock rule is granted on: (path, st_dev, st_ino, requested access).
@@ -100,10 +89,10 @@ def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Rulese
         abi = landlock.abi_version()
     except landlock.SyscallError as e:  # e.g. a seccomp filter on this process refuses it
         raise LayerUnavailableError("landlock", f"landlock_create_ruleset: {e.strerror}",
-                                    REMEDIES["landlock"]) from None
+                                    remedy("landlock")) from None
     if abi == 0:
         raise LayerUnavailableError("landlock", "the kernel has no Landlock (ABI 0)",
-                                    REMEDIES["landlock"])
+                                    remedy("landlock"))
     handled_net = landlock.AccessNet(0)
     if "netns" not in layers and policy.network == "none":
         # No private network namespace: refuse every TCP bind and connect instead.
@@ -120,7 +109,7 @@ def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Rulese
                                 handled_net=handled_net, scoped=landlock.Scope.from_abi(pinned),
                                 required=tuple(required))
     except (landlock.UnsupportedError, landlock.IncompatibleError) as e:
-        raise LayerUnavailableError("landlock", str(e), REMEDIES["landlock"]) from None
+        raise LayerUnavailableError("landlock", str(e), remedy("landlock")) from None
 
 
 def seccomp_filter(policy: Policy, layers: frozenset[str]
@@ -138,7 +127,7 @@ def seccomp_filter(policy: Policy, layers: frozenset[str]
         # libseccomp asks the kernel what it supports while compiling: a host (or a filter on
         # this process) without seccomp fails here, before any child could try to install it.
         raise LayerUnavailableError("seccomp", f"compiling the filter failed: {e}",
-                                    REMEDIES["seccomp"]) from None
+                                    remedy("seccomp")) from None
     except seccomp_profiles.SeccompProfileError as e:
         raise PolicyError(f"seccomp: {e}") from None
     prepared = _prepared_filters.get(bpf)

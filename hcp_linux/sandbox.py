@@ -20,10 +20,11 @@ from . import executor, native, popen
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                      LayerUnavailableError, PolicyError, SandboxError)
 from .executor import DEVNULL, PIPE, STDOUT, SandboxProcess
-from .plan import REMEDIES, Plan, clear_cache, compile_plan
+from .plan import Plan, clear_cache, compile_plan
 from .policy import LAYERS, Policy
 from .policy_flags import flags_of
 from .receipt import build_receipt
+from .remedies import remedy
 
 __all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "release_resources", "PIPE",
            "DEVNULL", "STDOUT", "CalledProcessError", "TimeoutExpired"]
@@ -200,7 +201,7 @@ class Sandbox:
 
     def _give_up(self, layer: str, reason: str, degraded: dict[str, str]) -> None:
         if layer not in self.policy.allow_degraded:
-            raise LayerUnavailableError(layer, reason, REMEDIES[layer])
+            raise LayerUnavailableError(layer, reason, remedy(layer, exec_dir=native.BUILD_DIR))
         degraded[layer] = reason
 
     def run(self, args: Any, bufsize: int = -1, executable: Any = None, stdin: Any = None,

@@ -68,6 +68,8 @@ SAMPLES: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
                                "F": "é"}}],
     "allow_degraded": lambda t: [{"allow_degraded": ("landlock",)},
                                  {"allow_degraded": ("namespaces", "seccomp")}],
+    "rung": lambda t: [{"rung": "no-namespaces"},
+                       {"rung": "no-userns", "allow_degraded": ("landlock",)}],
     "sandbox": lambda t: [{"sandbox": False, "native_local": True}],
     "native_local": lambda t: [{"sandbox": False, "native_local": True}],
     "seccomp_profiles": lambda t: [{"seccomp_profiles": ("baseline",)},

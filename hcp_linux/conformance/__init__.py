@@ -1,6 +1,7 @@
 """HCP §10 conformance suite: which rules of §10 this driver upholds on this host, with evidence.
 
-    python -m hcp_linux conformance [--json] [--junit FILE] [--allow-degraded LAYER]...
+    python -m hcp_linux conformance [--json] [--junit FILE] [--rung RUNG]
+                                    [--allow-degraded LAYER]...
 
 or from Python::
 
@@ -23,6 +24,7 @@ import time
 import traceback
 from typing import Iterable, Sequence
 
+from .. import ladder
 from ..errors import LayerUnavailableError
 from .checks import CHECKS, Check
 from .harness import (DEFAULT_TIMEOUT, FAIL, NOT_APPLICABLE, PASS, Evidence, Fail, Harness,
@@ -88,10 +90,19 @@ def _host_facts() -> dict:
 
 
 def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] | None = None,
-                    timeout: float = DEFAULT_TIMEOUT, base_dir: str | None = None) -> Report:
+                    timeout: float = DEFAULT_TIMEOUT, base_dir: str | None = None,
+                    rung: str = ladder.DEFAULT) -> Report:
     """Run the checks (all, or the ids in ``only``) under the configuration that lets
-    ``allow_degraded`` layers degrade. Raises PolicyError for an unknown layer or check id."""
+    ``allow_degraded`` layers, and those of the fallback ladder's ``rung``, degrade. The
+    report's configuration names the rung the runs reached (hcp_linux.ladder), so a pass is
+    read against what that rung keeps. Raises PolicyError for an unknown layer, rung or
+    check id."""
     from ..errors import PolicyError
+
+    if rung not in ladder.BY_NAME:
+        raise PolicyError(f"conformance: unknown rung {rung!r} (known: "
+                          f"{', '.join(ladder.NAMES)})")
+    allow_degraded = tuple(allow_degraded) + tuple(sorted(ladder.BY_NAME[rung].loses))
 
     selected = list(CHECKS)
     if only:
@@ -105,15 +116,26 @@ def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] |
         host = _host_facts()
         results = [run_check(h, c) for c in selected]
         config = {"allow_degraded": list(h.allow_degraded), "timeout": timeout,
-                  "degraded_in_runs": dict(h.degraded_seen), "interpreter": h.python}
+                  "degraded_in_runs": dict(h.degraded_seen), "interpreter": h.python,
+                  "rung": _rung_verdict(rung, h.degraded_seen)}
     return Report(results, host, config, round(time.monotonic() - t0, 3))
 
 
+def _rung_verdict(allowed: str, degraded: Iterable[str]) -> dict[str, str]:
+    """The rung the checks' runs stood on, and what it keeps and loses."""
+    rung = ladder.reached(degraded)
+    if rung is None:
+        return {"allowed": allowed, "reached": "below-ladder",
+                "loses": "layers beyond every rung: " + ", ".join(sorted(degraded))}
+    return {"allowed": allowed, "reached": rung.name, "keeps": rung.keeps_text,
+            "loses": rung.loses_text}
+
+
 def main(allow_degraded: Sequence[str] = (), *, json_out: bool = False,
-         junit: str | None = None) -> int:
+         junit: str | None = None, rung: str = ladder.DEFAULT) -> int:
     """The CLI's `conformance` subcommand: print the report, write JUnit, exit 1 on a
     failure."""
-    report = run_conformance(allow_degraded)
+    report = run_conformance(allow_degraded, rung=rung)
     if junit:
         write_junit(report, junit)
     print(to_json(report) if json_out else format_text(report))

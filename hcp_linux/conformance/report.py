@@ -63,6 +63,14 @@ def _evidence_lines(r: CheckResult, indent: str = "    ") -> list[str]:
     return lines
 
 
+def _rung_line(rung: Any) -> list[str]:
+    """The fallback-ladder rung the runs reached, and what the passes below do not cover."""
+    if not rung:
+        return []
+    return [f"rung: {rung['reached']} (weakest allowed: {rung['allowed']}); lost: "
+            f"{rung['loses']}"]
+
+
 def format_text(report: Report) -> str:
     h, cfg = report.host, report.config
     out = [f"HCP §10 conformance of hcp-linux {h.get('version')} on Linux {h.get('kernel')} "
@@ -73,6 +81,7 @@ def format_text(report: Report) -> str:
                                  + ", ".join(cfg["allow_degraded"]))
                                 if cfg.get("allow_degraded") else
                                 "strict (no layer may degrade)"),
+           *_rung_line(cfg.get("rung")),
            ""]
     rows = [("CHECK", "RULE", "RESULT", "WHAT HAPPENED")]
     for r in report.results:
