@@ -50,8 +50,9 @@ from ray.util.scheduling_strategies import (  # type: ignore[import-not-found, u
 from . import Policy, Sandbox
 from . import SandboxError as HcpError
 from .jailfiles import open_jail, read_in, write_in
+from .reclaim import jail_name
 from .session import Session, SessionEnded
-from .workspace import remove_tree
+from .workspace import remove_tree, sweep_jails
 
 __all__ = ["HOST_IMAGE", "HcpSandboxBackend", "HcpSandboxRuntime", "HcpSandbox",
            "HostImageManager", "SandboxLostError", "create", "get", "check_config"]
@@ -212,12 +213,20 @@ class HcpSandboxBackend(BaseSandboxBackend):
         self.executor = executor
         self.use_session = session
         self.jail_root = jail_root or tempfile.gettempdir()
+        # jails of workers killed outright (no cleanup ran): their owner is gone, so they go
+        self.swept = sweep_jails(self.jail_root)
         self._boxes: Dict[str, _Box] = {}
         self._lock = threading.Lock()
 
     def create_sandbox(self, config: SandboxConfig) -> str:
         mapping = check_config(config, self.policy)
-        jail = tempfile.mkdtemp(prefix="hcp-ray-", dir=self.jail_root)
+        # named for this process (hcp_linux.reclaim): if the worker is killed outright, the
+        # next backend on the node (or `hcp-linux gc`) knows the jail's owner is gone
+        jail = os.path.join(self.jail_root, jail_name("ray"))
+        try:
+            os.mkdir(jail, 0o700)
+        except OSError as e:
+            raise SandboxCreationError(f"hcp-linux sandbox: {jail}: {e.strerror}") from e
         try:
             env = {**self.policy.env, **config.env}
             policy = dataclasses.replace(self.policy, jail=jail, env=env)

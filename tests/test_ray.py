@@ -381,3 +381,25 @@ def test_a_sandbox_says_how_its_commands_run(cluster, hr, session):
             assert hr.get(sb.get_mapping.remote())["session_restarts"] == "1"
     finally:
         hr.get(sb.delete.remote())
+
+
+@needs_ray
+def test_a_killed_workers_jail_is_reclaimed_by_the_next_sandbox(cluster, hr):
+    """ray.kill runs no cleanup: the jail stays. It is named for its owner (the worker), so
+    the next backend on that node removes it once the owner is gone; a live one stays."""
+    from hcp_linux.reclaim import jail_owner, owner_gone
+    _, _, worker = cluster
+    doomed, alive = hr.create(node_id=worker), hr.create(node_id=worker)
+    jails = [hr.get(sb.get_mapping.remote())["workdir"] for sb in (doomed, alive)]
+    owner = jail_owner(os.path.basename(jails[0]))
+    assert owner is not None, jails[0]
+    ray.kill(doomed)
+    _wait_for(lambda: owner_gone(*owner), "the killed worker to be gone")
+    assert os.path.isdir(jails[0])  # control: nothing removed it yet
+    fresh = hr.create(node_id=worker)
+    try:
+        hr.get(fresh.get_status.remote())
+        assert not os.path.exists(jails[0]), "the dead worker's jail was not reclaimed"
+        assert os.path.isdir(jails[1]), "a live sandbox's jail was removed"
+    finally:
+        hr.get([fresh.delete.remote(), alive.delete.remote()])
