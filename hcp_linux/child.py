@@ -27,6 +27,7 @@ import errno
 import fcntl
 import os
 import resource
+import stat
 import struct
 
 import _signal
@@ -373,8 +374,13 @@ def _write_file(path: bytes, data: bytes) -> None:
 
 
 def _make_file(path: bytes) -> None:
+    """An empty file to mount a file on, unless one is there: mknod, not open(O_CREAT), so
+    an existing target in a read-only bind (/etc/resolv.conf) is EEXIST, not EROFS."""
     os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    try:
+        os.mknod(path, stat.S_IFREG | 0o644)
+    except FileExistsError:
+        pass
 
 
 def _mount_tmpfs(path: bytes, options: bytes) -> None:

@@ -495,18 +495,16 @@ static int dirname_of(const char *path, char *out, size_t size) {
     return 0;
 }
 
-/* _make_file: os.makedirs(dirname, 0o755, exist_ok=True); open(O_WRONLY|O_CREAT, 0o644) */
+/* _make_file: os.makedirs(dirname, 0o755, exist_ok=True); mknod(S_IFREG|0644), EEXIST is
+ * fine (an existing target in a read-only bind is EEXIST here, where open(O_CREAT) is EROFS) */
 static int make_file(const char *path) {
     char dir[PATH_MAX + 64];
-    int fd;
     if (dirname_of(path, dir, sizeof dir) < 0)
         return -1;
     if (dir[0] && makedirs(dir, 0755) < 0)
         return -1;
-    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if (mknod(path, S_IFREG | 0644, 0) < 0 && errno != EEXIST)
         return -1;
-    close(fd);
     return 0;
 }
 
