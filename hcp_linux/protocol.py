@@ -56,6 +56,17 @@ DETAIL_MAX = 512
 CANARY = "/.hcp-canary"
 #: Where the egress proxy listens inside the sandbox's own network namespace.
 PROXY_ADDRESS = ("127.0.0.1", 3128)
+#: Transparent egress (network = "allow"): the sandbox's resolver, on UDP inside its own
+#: namespace (the view's /etc/resolv.conf names it). Port 53 is below the namespace's
+#: ip_unprivileged_port_start, so no command in the sandbox can bind it first.
+RESOLVER_ADDRESS = ("127.0.0.53", 53)
+#: The synthetic addresses the resolver answers with, one per allowed name per run: the
+#: benchmarking range (RFC 2544), never a real destination. The egress-capture step makes the
+#: whole range local on lo, so a connect() to any of its addresses is accepted inside the
+#: namespace with its destination kept (getsockname); every other address has no route.
+SYNTHETIC_NET = ("198.18.0.0", 15)
+#: At most this many TCP ports are captured (one listener on 0.0.0.0 per allowed port).
+CAPTURE_PORTS_MAX = 32
 
 #: The lines of /proc/self/status that the verify step requires before exec (the last two
 #: only when the plan holds CAP_SETPCAP, resp. installs seccomp).
