@@ -20,7 +20,7 @@ STEPS = (
     "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
     "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "devpts", "proc", "pid-max", "tmp", "canary",
-    "pivot-root", "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits",
+    "pivot-root", "root-readonly", "loopback-up", "egress-capture", "proxy-listen", "chdir", "rlimits",
     "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
     "close-fds", "fork-command", "verify", "execve", "helper",
 )
@@ -38,7 +38,7 @@ LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 7
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 8
 
 #: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
 #: message carries, and whether the plan is in the message itself rather than in a memfd.
@@ -83,6 +83,11 @@ DETAILS = {"STALE": "{} changed since it was checked",
            "CANARY_READABLE": "Landlock canary {} was readable"}
 
 
+def _ipv4(text: str) -> int:
+    a, b, c, d = (int(x) for x in text.split("."))
+    return a << 24 | b << 16 | c << 8 | d
+
+
 def status_lacks(line: bytes) -> str:
     """The verify step's detail when /proc/self/status lacks ``line`` (both executors)."""
     return f"/proc/self/status lacks {line.strip().decode()!r}"
@@ -108,7 +113,8 @@ def table() -> str:
     """The protocol as text, one value a line: what ``hcp-exec --protocol`` prints, so a test
     can tell that a binary was built against exactly these values."""
     lines = [f"version {PLAN_VERSION} magic {PLAN_MAGIC:#x}", f"inline_max {INLINE_MAX}",
-             f"detail_max {DETAIL_MAX}"]
+             f"detail_max {DETAIL_MAX}", "resolver %s:%d" % RESOLVER_ADDRESS,
+             "synthetic %s/%d" % SYNTHETIC_NET, f"capture_ports_max {CAPTURE_PORTS_MAX}"]
     lines += [f"step {i} {name}" for i, name in enumerate(STEPS)]
     lines += [f"flag {name} {bit}" for name, bit in FLAGS.items()]
     lines += [f"message {name} {bit}" for name, bit in MESSAGE_BITS.items()]
@@ -126,7 +132,12 @@ def c_header() -> str:
     out = ["/* Generated from hcp_linux/protocol.py by hcp_linux/native/build.py: do not edit. */",
            "#ifndef HCP_EXEC_PROTOCOL_H", "#define HCP_EXEC_PROTOCOL_H", "",
            f"#define PLAN_MAGIC {PLAN_MAGIC:#x}u", f"#define PLAN_VERSION {PLAN_VERSION}",
-           f"#define INLINE_MAX {INLINE_MAX}", f"#define DETAIL_MAX {DETAIL_MAX}", "",
+           f"#define INLINE_MAX {INLINE_MAX}", f"#define DETAIL_MAX {DETAIL_MAX}",
+           f"#define RESOLVER_ADDR {_ipv4(RESOLVER_ADDRESS[0]):#x}u",
+           f"#define RESOLVER_PORT {RESOLVER_ADDRESS[1]}",
+           f"#define SYNTHETIC_ADDR {_ipv4(SYNTHETIC_NET[0]):#x}u",
+           f"#define SYNTHETIC_PREFIX {SYNTHETIC_NET[1]}",
+           f"#define CAPTURE_PORTS_MAX {CAPTURE_PORTS_MAX}", "",
            "enum step {"]
     out += [f"    S_{name.upper().replace('-', '_')} = {i}," for i, name in enumerate(STEPS)]
     out += ["    N_STEPS", "};", "", "static const char *const step_names[N_STEPS] = {"]

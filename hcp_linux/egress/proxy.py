@@ -24,6 +24,12 @@ Security properties, each with its reason:
   uses bounded stream buffers with drain() back-pressure, handles half-close, and closes both
   sides on any error.
 
+Transparent egress (:mod:`.capture`): listeners made by the sandbox's ``egress-capture`` step
+on the ports name patterns open accept connections to the synthetic addresses the resolver
+handed out; there the destination is the request (mapped back to its name, decided as a
+proxied (name, port) would be), and anything else (an address not handed out, the sandbox's
+own loopback) is closed. The resolver's UDP socket is served on the same loop.
+
 Every decision is passed to ``log`` as a dict with the keys ``time client protocol host port
 allowed reason address`` (plus ``response``, the answer sent). The byte relay lives in
 :mod:`.relay`; :class:`~.thread.ProxyThread` runs the proxy on a loop of its own.
@@ -42,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import socks
+from .capture import Resolver, SyntheticNames
 from .hostnames import HostError, format_host, parse_authority
 from .hosts import Decision, EgressPolicy
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
@@ -90,7 +97,7 @@ class _Session:
     """What is known about one client connection so far (for answers and the log)."""
 
     client: str
-    protocol: str = "unknown"   # unknown | socks5 | socks4 | http | connect
+    protocol: str = "unknown"   # unknown | socks5 | socks4 | http | connect | captured
     host: str | None = None
     port: int | None = None
     leftover: bytes = b""       # client bytes read past the request head
@@ -133,6 +140,9 @@ class EgressProxy:
         self._listening: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = False
+        self._captured: set[int] = set()  # fds of the capture listeners
+        self.names = SyntheticNames()  # the run's fake-IP map (transparent egress)
+        self.resolver = Resolver(policy, self.names, log)
 
     @property
     def active(self) -> int:
@@ -141,21 +151,33 @@ class EgressProxy:
     # -- serving ---------------------------------------------------------------------------
 
     async def serve(self, *listening_socks: socket.socket,
-                    ready: Callable[[], None] | None = None) -> None:
+                    ready: Callable[[], None] | None = None,
+                    captured: tuple[socket.socket, ...] = (),
+                    resolver: socket.socket | None = None) -> None:
         """Serve on already-listening TCP sockets until cancelled; takes ownership of them.
 
+        ``captured``: listening sockets of transparent egress, whose connections are decided
+        by their destination (a synthetic address the resolver gave out) rather than by a
+        request; ``resolver``: the bound UDP socket the sandbox's resolver answers on.
         Cancelling closes the sockets and every client and upstream connection.
         """
         if not listening_socks:
             raise ValueError("serve() needs at least one listening socket")
         for sock in listening_socks:
             self._listening.append(_listen_address(sock))
+        self._captured = {sock.fileno() for sock in captured}
+        listening_socks = listening_socks + tuple(captured)
+        for sock in listening_socks:
             sock.setblocking(False)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.resolver_threads, thread_name_prefix="hcp-egress-resolve")
         loop = asyncio.get_running_loop()
         for sock in listening_socks:
             loop.add_reader(sock.fileno(), self._accept, sock)
+        if resolver is not None:
+            resolver.setblocking(False)
+            loop.add_reader(resolver.fileno(), self._answer_queries, resolver)
+            listening_socks += (resolver,)
         try:
             if ready is not None:
                 ready()
@@ -191,13 +213,29 @@ class EgressProxy:
                 loop.call_later(0.1, self._resume_accepting, listening)
                 return
             conn.setblocking(False)
-            self._start_session(conn)
+            self._start_session(conn, listening.fileno() in self._captured)
 
     def _resume_accepting(self, listening: socket.socket) -> None:
         if not self._closing and listening.fileno() != -1:
             asyncio.get_running_loop().add_reader(listening.fileno(), self._accept, listening)
 
-    def _start_session(self, conn: socket.socket) -> None:
+    def _answer_queries(self, sock: socket.socket) -> None:
+        """Readiness callback of the resolver's socket: answer what is queued (bounded)."""
+        for _ in range(64):
+            try:
+                data, peer = sock.recvfrom(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # a queued ICMP error from an earlier answer: nothing to read
+                continue
+            reply = self.resolver.respond(data, _hostport(str(peer[0]), int(peer[1])))
+            if reply is not None:
+                try:
+                    sock.sendto(reply, peer)
+                except OSError:
+                    pass  # the asker left; UDP promises nothing
+
+    def _start_session(self, conn: socket.socket, captured: bool = False) -> None:
         if self._closing:
             conn.close()
             return
@@ -208,7 +246,7 @@ class EgressProxy:
             conn.close()
             return
         holder = _Conn(conn)
-        task = asyncio.get_running_loop().create_task(self._client(holder))
+        task = asyncio.get_running_loop().create_task(self._client(holder, captured))
         self._tasks[task] = holder
         task.add_done_callback(self._session_done)
 
@@ -227,14 +265,17 @@ class EgressProxy:
         if holder is not None:
             holder.close()  # also covers a task cancelled before it ever ran
 
-    async def _client(self, holder: _Conn) -> None:
+    async def _client(self, holder: _Conn, captured: bool = False) -> None:
         conn = holder.sock
         session = _Session(_peer_of(conn))
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader, writer = await asyncio.open_connection(sock=conn, limit=self.stream_limit)
             holder.writer = writer
-            await self._session(session, reader, writer)
+            if captured:
+                await self._captured_session(session, conn, reader, writer)
+            else:
+                await self._session(session, reader, writer)
         except Exception as exc:  # noqa: BLE001 - a session must never take the server down
             if not isinstance(exc, (ConnectionError, OSError)):
                 print(f"hcp-linux egress: session error: {exc!r}", file=sys.stderr)
@@ -262,6 +303,38 @@ class EgressProxy:
             await self._answer_refusal(s, reader, writer, refusal)
             return
         self._log(s, True, decision.reason, address, response=self._ok_response(s))
+        try:
+            await self._relay(s, reader, writer, up_reader, up_writer)
+        finally:
+            abort(up_writer)
+
+    async def _captured_session(self, s: _Session, conn: socket.socket,
+                                reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
+        """A connection captured inside the sandbox: its destination is the request. Only a
+        synthetic address the resolver gave out in this run names a host; the decision on
+        (that name, port) is the one a proxied request for it gets."""
+        s.protocol = "captured"
+        try:
+            address, port = conn.getsockname()[:2]
+            s.port = int(port)
+            name = self.names.name_of(str(address))
+            if name is None:
+                what = ("no name was resolved to it in this run" if self.names.holds(address)
+                        else f"not a synthetic address ({self.names.net})")
+                raise _Refusal(f"captured connection to {_hostport(str(address), s.port)}: "
+                               f"{what}", 403, None, host=str(address), port=s.port)
+            s.host = name
+            decision = await self.policy.check_async(name, s.port, self._executor)
+            if not decision.allowed:
+                raise _Refusal(decision.reason, 403, None,
+                               address=decision.addresses[0] if decision.addresses else None)
+            self._refuse_self(decision, s.port)
+            up_reader, up_writer, upstream = await self._dial(decision, s.port)
+        except _Refusal as refusal:
+            await self._answer_refusal(s, reader, writer, refusal)
+            return
+        self._log(s, True, decision.reason, upstream, response="relayed")
         try:
             await self._relay(s, reader, writer, up_reader, up_writer)
         finally:
