@@ -99,8 +99,11 @@ class LineServer:
                     pass
 
     def close(self) -> None:
-        self.sock.close()
+        # shutdown() wakes the thread's accept() (EINVAL): closing alone would leave it
+        # blocked, and a later server given the same fd number could lose a connection to it
+        self.sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(5)
+        self.sock.close()
 
 
 @pytest.fixture
