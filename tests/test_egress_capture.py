@@ -292,3 +292,92 @@ def test_every_run_of_a_sandbox_is_captured(jail: Path, tmp_path: Path,
     assert server.accepted == 6
     if executors == {"native"}:
         assert native.stats["ready"] > ready  # the spare path was taken
+
+
+class RecordingServer:
+    """A server on the host's 127.0.0.1 that keeps every byte each connection sent it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            got = b""
+            with conn:
+                conn.settimeout(5)
+                try:
+                    while chunk := conn.recv(4096):
+                        got += chunk
+                except OSError:
+                    pass
+            self.received.append(got)
+
+    def close(self) -> None:
+        # shutdown() wakes the thread's accept() (EINVAL): closing alone would leave it
+        # blocked, and a later server given the same fd number could lose a connection to it
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
+        self.sock.close()
+
+
+#: Sends what argv[2] names to the synthetic address of "localhost": a ClientHello for a
+#: server name, or an HTTP request with a Host header; prints what came back (nothing: EOF).
+_FIRST_BYTES = r"""
+import socket, struct, sys
+port, kind, name = int(sys.argv[1]), sys.argv[2], sys.argv[3].encode()
+q = struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\x09localhost\x00\x00\x01\x00\x01"
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(10)
+u.sendto(q, ("127.0.0.53", 53))
+address = socket.inet_ntoa(u.recv(512)[-4:])
+if kind == "sni":
+    entry = b"\0" + len(name).to_bytes(2, "big") + name
+    ext = b"\0\0" + (len(entry) + 2).to_bytes(2, "big") + len(entry).to_bytes(2, "big") + entry
+    body = (b"\x03\x03" + bytes(32) + b"\0" + b"\0\x02\x13\x01" + b"\x01\0"
+            + len(ext).to_bytes(2, "big") + ext)
+    data = b"\x16\x03\x01" + (len(body) + 4).to_bytes(2, "big") + b"\x01" \
+        + len(body).to_bytes(3, "big") + body
+else:
+    data = b"GET / HTTP/1.1\r\nHost: " + name + b":%d\r\n\r\n" % port
+c = socket.create_connection((address, port), timeout=10)
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+print(repr(c.recv(100)))
+"""
+
+
+@pytest.mark.parametrize("kind", ["sni", "host"])
+def test_first_bytes_naming_another_host_are_not_sent(jail: Path, tmp_path: Path,
+                                                      kind: str) -> None:
+    srv = RecordingServer()
+    try:
+        log = tmp_path / "egress.jsonl"
+        sandbox = Sandbox(Policy(jail=str(jail), network="allow", proxy_log=str(log),
+                                 allow_hosts=(f"localhost:{srv.port}", f"127.0.0.1:{srv.port}",
+                                              f"other.test:{srv.port}")))
+        for name in ("other.test", "localhost"):  # the second is the control: it arrives
+            run = sandbox.run(["python3", "-c", _FIRST_BYTES, str(srv.port), kind, name],
+                              capture_output=True, timeout=TIMEOUT)
+            assert run.returncode == 0, run.stderr.decode()
+        deadline = 50
+        while len(srv.received) < 2 and deadline:
+            threading.Event().wait(0.1)
+            deadline -= 1
+        # the upstream was dialled for each (the destination is decided first), but the
+        # bytes naming another host never reached it; the control's did
+        assert len(srv.received) == 2
+        assert srv.received[0] == b""
+        assert (b"localhost" in srv.received[1]) and len(srv.received[1]) > 20
+        decisions = [json.loads(line) for line in log.read_text().splitlines()]
+        refused = [d for d in decisions if d["protocol"] == "captured" and not d["allowed"]]
+        assert len(refused) == 1 and "other.test" in refused[0]["reason"]
+    finally:
+        srv.close()

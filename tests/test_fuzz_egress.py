@@ -2,7 +2,8 @@
 
 Targets: the HTTP request line and headers, CONNECT targets and Host headers, absolute-form
 URLs, the request rewrite for the origin, the response-head rewrite, the SOCKS5 handshake,
-the resolver's DNS queries (transparent egress: parse, decide, answer),
+the resolver's DNS queries (transparent egress: parse, decide, answer), the first bytes of a
+captured connection (TLS SNI, HTTP Host),
 host/port/authority parsing, allow/deny patterns, address classification, the policy decision,
 and the whole proxy over loopback.
 
@@ -39,6 +40,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from hcp_linux.egress import dnswire, httpwire, socks  # noqa: E402
 from hcp_linux.egress.capture import Resolver, SyntheticNames  # noqa: E402
+from hcp_linux.egress.sniff import named_host  # noqa: E402
 from hcp_linux.egress.addresses import canonical, classify, unlocked_by  # noqa: E402
 from hcp_linux.egress.hostnames import (HostError, format_host, normalize_name,  # noqa: E402
                                         parse_authority, parse_host, parse_ipv4, parse_ipv6,
@@ -707,6 +709,53 @@ def test_dns_query(data: bytes) -> None:
         assert logged[0]["host"] == "allowed.test" or logged[0]["host"].endswith(".sub.test")
     if logged[0]["allowed"] is False:
         assert answers == 0
+
+
+# -- the first bytes of a captured connection ----------------------------------------------------
+
+def client_hello(name: bytes, *, session: bytes = b"", before: bytes = b"",
+                 after: bytes = b"") -> bytes:
+    """A TLS ClientHello record with ``name`` as its SNI host_name, between other extensions."""
+    entry = b"\0" + len(name).to_bytes(2, "big") + name
+    sni = b"\0\0" + (len(entry) + 2).to_bytes(2, "big") + len(entry).to_bytes(2, "big") + entry
+    extensions = before + sni + after
+    body = (b"\x03\x03" + bytes(32) + bytes([len(session)]) + session + b"\0\x02\x13\x01"
+            + b"\x01\0" + len(extensions).to_bytes(2, "big") + extensions)
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + len(handshake).to_bytes(2, "big") + handshake
+
+
+@st.composite
+def first_chunks(draw: st.DrawFn) -> tuple[bytes, str | None]:
+    """(bytes, the host they name or None): ClientHellos and request heads, whole or cut."""
+    name = draw(mostly(good_names, st.text(max_size=40)))
+    raw = name.encode("utf-8", "surrogatepass")
+    if draw(st.booleans()):
+        other = draw(st.binary(max_size=20))
+        ext = b"\x00\x17" + len(other).to_bytes(2, "big") + other
+        data = client_hello(raw, session=draw(st.binary(max_size=32)),
+                            before=ext if draw(st.booleans()) else b"",
+                            after=ext if draw(st.booleans()) else b"")
+        expect = ("sni", raw.decode("latin-1"))
+    else:
+        data = b"GET / HTTP/1.1\r\nUser-Agent: x\r\nHost: " + raw + b"\r\n\r\n"
+        expect = ("host", raw.strip().decode("latin-1"))  # bytes.strip: ASCII whitespace
+        if b"\r" in raw or b"\n" in raw:
+            expect = None
+    cut = draw(mostly(st.just(len(data)), st.integers(0, len(data))))
+    return data[:cut], (expect if cut == len(data) else None)
+
+
+@fuzz()
+@given(st.one_of(first_chunks(), st.binary(max_size=400).map(lambda b: (b, None))))
+def test_named_host(case: tuple[bytes, Any]) -> None:
+    data, expect = case
+    named = named_host(data)
+    event("named" if named else "nothing named")
+    assert named is None or (named[0] in ("sni", "host") and isinstance(named[1], str)
+                             and len(named[1]) <= 65535)
+    if expect is not None:
+        assert named == expect
 
 
 # -- the whole proxy, over loopback ---------------------------------------------------------------

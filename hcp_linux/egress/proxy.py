@@ -28,7 +28,9 @@ Transparent egress (:mod:`.capture`): listeners made by the sandbox's ``egress-c
 on the ports name patterns open accept connections to the synthetic addresses the resolver
 handed out; there the destination is the request (mapped back to its name, decided as a
 proxied (name, port) would be), and anything else (an address not handed out, the sandbox's
-own loopback) is closed. The resolver's UDP socket is served on the same loop.
+own loopback) is closed. The client's first chunk is not sent on if its TLS server name or
+HTTP Host names another host (:mod:`.sniff`). The resolver's UDP socket is served on the
+same loop.
 
 Every decision is passed to ``log`` as a dict with the keys ``time client protocol host port
 allowed reason address`` (plus ``response``, the answer sent). The byte relay lives in
@@ -49,11 +51,12 @@ from typing import Any, Callable
 
 from . import socks
 from .capture import Resolver, SyntheticNames
-from .hostnames import HostError, format_host, parse_authority
+from .hostnames import HostError, format_host, normalize_name, parse_authority
 from .hosts import Decision, EgressPolicy
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
                        parse_request_head, read_head, simple_response, split_absolute_url)
 from .relay import abort, abort_unless_closing, close_streams, discard, pump
+from .sniff import named_host
 
 LogFn = Callable[[dict[str, Any]], None]
 
@@ -336,9 +339,31 @@ class EgressProxy:
             return
         self._log(s, True, decision.reason, upstream, response="relayed")
         try:
-            await self._relay(s, reader, writer, up_reader, up_writer)
+            await self._relay(s, reader, writer, up_reader, up_writer,
+                              inspect=lambda first: self._other_host(s, first, upstream))
         finally:
             abort(up_writer)
+
+    def _other_host(self, s: _Session, first: bytes, upstream: str) -> bool:
+        """Whether a captured connection's first bytes name another host than the one its
+        destination was given to (TLS SNI, HTTP Host); if so, that refusal is logged."""
+        named = named_host(first)
+        if named is None:
+            return False
+        kind, text = named
+        try:
+            if kind == "sni":
+                same = normalize_name(text) == s.host
+            else:
+                host, port = parse_authority(text, s.port)
+                same = format_host(host) == s.host and port == s.port
+        except HostError:
+            same = False
+        if not same:
+            what = "TLS server name" if kind == "sni" else "HTTP Host header"
+            self._log(s, False, f"captured connection to {s.host}:{s.port}: its {what} "
+                      f"{text[:255]!r} names another host", upstream, response="closed")
+        return not same
 
     # -- request heads ----------------------------------------------------------------------
 
@@ -507,9 +532,11 @@ class EgressProxy:
 
     async def _relay(self, s: _Session, c_reader: asyncio.StreamReader,
                      c_writer: asyncio.StreamWriter, u_reader: asyncio.StreamReader,
-                     u_writer: asyncio.StreamWriter) -> None:
+                     u_writer: asyncio.StreamWriter,
+                     inspect: Callable[[bytes], bool] | None = None) -> None:
         """Copy both ways until both sides finished, one failed, or nothing moved for
-        idle_timeout. Plain HTTP ends when the origin's response ends."""
+        idle_timeout. Plain HTTP ends when the origin's response ends. ``inspect``: asked
+        about the client's first chunk before it is sent on; True ends the relay there."""
         loop = asyncio.get_running_loop()
         activity = [loop.time()]
         if s.protocol == "connect":
@@ -517,8 +544,9 @@ class EgressProxy:
         elif s.protocol == "socks5":
             c_writer.write(socks.reply(socks.SUCCEEDED))
         forward_http = s.protocol == "http"
-        up = asyncio.create_task(pump(c_reader, u_writer, activity,
-                                      s.upstream_head + s.leftover))
+        up = asyncio.create_task(
+            pump(c_reader, u_writer, activity, s.upstream_head + s.leftover) if inspect is None
+            else self._inspected_pump(c_reader, u_writer, activity, inspect))
         down = asyncio.create_task(pump(u_reader, c_writer, activity,
                                         response_heads=forward_http))
         pending: set[asyncio.Task[None]] = {up, down}
@@ -539,6 +567,15 @@ class EgressProxy:
             await asyncio.gather(up, down, return_exceptions=True)
             await close_streams(c_writer, u_writer)
 
+
+    async def _inspected_pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                              activity: list[float], inspect: Callable[[bytes], bool]) -> None:
+        """pump(), once ``inspect`` has passed the first chunk (the server may speak first
+        meanwhile: the other direction runs already)."""
+        first = await src.read(self.stream_limit)
+        if first and inspect(first):
+            raise ConnectionAbortedError("refused after inspecting the first bytes")
+        await pump(src, dst, activity, first)
 
 
 def _listen_address(sock: socket.socket) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
