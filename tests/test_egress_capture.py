@@ -12,6 +12,7 @@ the name is allowed, and the server counts what reached it.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -195,10 +196,15 @@ def test_raw_addresses_do_not_leave(jail: Path, tmp_path: Path, server: LineServ
     # The server's own address, allowed as an IP: raw TCP to it from inside is the sandbox's
     # own loopback (the capture listener there refuses: not a synthetic address); IPv6
     # loopback has no listener; the server sees nothing.
-    out, decisions = _run(jail, tmp_path, server.port, "@127.0.0.1", "@::1",
+    # Documentation addresses (RFC 5737, RFC 3849) find no route in the sandbox's namespace:
+    # the capture added a local range, not a way out; nothing is sent anywhere.
+    out, decisions = _run(jail, tmp_path, server.port, "@127.0.0.1", "@::1", "@192.0.2.1",
+                          "@2001:db8::1",
                           allow_hosts=(f"127.0.0.1:{server.port}", f"localhost:{server.port}"))
     assert not out["@127.0.0.1"].startswith("SSH-2.0")
     assert out["@::1"].startswith("connect errno")
+    assert out["@192.0.2.1"] == f"connect errno {errno.ENETUNREACH}"
+    assert out["@2001:db8::1"] == f"connect errno {errno.ENETUNREACH}"
     assert server.accepted == 0
     assert any(d["protocol"] == "captured" and not d["allowed"] and "not a synthetic" in
                d["reason"] for d in decisions)
