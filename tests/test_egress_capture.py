@@ -387,3 +387,36 @@ def test_first_bytes_naming_another_host_are_not_sent(jail: Path, tmp_path: Path
         assert len(refused) == 1 and "other.test" in refused[0]["reason"]
     finally:
         srv.close()
+
+
+#: OpenSSH itself, with no proxy setting, to the synthetic address of an allowed name (asked
+#: by hand: inside, /etc/hosts answers "localhost" as the sandbox's own loopback).
+_SSH = r"""
+import os, socket, struct, subprocess, sys
+for key in list(os.environ):
+    if key.lower().endswith("_proxy"):
+        del os.environ[key]
+q = struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\x09localhost\x00\x00\x01\x00\x01"
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(10)
+u.sendto(q, ("127.0.0.53", 53))
+address = socket.inet_ntoa(u.recv(512)[-4:])
+subprocess.run(["ssh", "-v", "-F", "/dev/null", "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "ConnectTimeout=10", "-p", sys.argv[1], address, "true"])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/ssh"), reason="no OpenSSH client here")
+def test_openssh_reaches_an_allowed_host_through_the_capture(jail: Path, tmp_path: Path,
+                                                             server: LineServer) -> None:
+    # The line server is no ssh server: ssh gets as far as the banners and key exchange,
+    # which is the proof that its TCP went through the capture, the proxy and out.
+    run = Sandbox(Policy(jail=str(jail), network="allow",
+                         allow_hosts=(f"localhost:{server.port}", f"127.0.0.1:{server.port}"))
+                  ).run(["python3", "-c", _SSH, str(server.port)], capture_output=True,
+                        timeout=TIMEOUT)
+    err = run.stderr.decode(errors="replace")
+    assert "Connection established" in err, err
+    assert "remote software version line-server" in err, err
+    assert server.accepted == 1
