@@ -420,3 +420,23 @@ def test_openssh_reaches_an_allowed_host_through_the_capture(jail: Path, tmp_pat
     assert "Connection established" in err, err
     assert "remote software version line-server" in err, err
     assert server.accepted == 1
+
+
+def test_capture_ports() -> None:
+    from hcp_linux.egress import EgressPolicy
+    from hcp_linux.egress.capture import capture_ports
+    from hcp_linux.protocol import CAPTURE_PORTS_MAX, PROXY_ADDRESS
+    assert capture_ports(EgressPolicy.parse(["a.test", "*.b.test:22", "c.test:*",
+                                             "10.0.0.0/8:5432"])) == (22, 80, 443)
+    many = [f"n.test:{p}" for p in range(1000, 1100)]
+    assert capture_ports(EgressPolicy.parse(many)) == tuple(range(1000, 1000 + CAPTURE_PORTS_MAX))
+    # never the proxy's own port: it is listening there already
+    assert capture_ports(EgressPolicy.parse([f"a.test:{PROXY_ADDRESS[1]}"])) == ()
+
+
+def test_a_name_on_the_proxy_port_does_not_break_the_run(jail: Path) -> None:
+    # it did: the capture listener took 0.0.0.0:3128 and proxy-listen failed (EADDRINUSE)
+    run = Sandbox(Policy(jail=str(jail), network="allow",
+                         allow_hosts=("example.com:3128", "example.com"))).run(
+        ["python3", "-c", "print('ran')"], capture_output=True, timeout=TIMEOUT)
+    assert (run.returncode, run.stdout) == (0, b"ran\n"), run.stderr.decode()

@@ -21,7 +21,7 @@ import ipaddress
 import threading
 from typing import Any, Callable
 
-from ..protocol import CAPTURE_PORTS_MAX, SYNTHETIC_NET
+from ..protocol import CAPTURE_PORTS_MAX, PROXY_ADDRESS, SYNTHETIC_NET
 from . import dnswire
 from .hosts import DEFAULT_PORTS, EgressPolicy
 
@@ -34,11 +34,13 @@ def capture_ports(policy: EgressPolicy) -> tuple[int, ...]:
     """The TCP ports to capture: every port a name pattern of the allow list opens (80 and
     443 for one written without a port), sorted, at most CAPTURE_PORTS_MAX (the lowest). A
     ``:*`` pattern captures only the ports other patterns name: a listener per port of 65535
-    is not made; such tools use the proxy variables."""
+    is not made; such tools use the proxy variables. The proxy's own port is never captured
+    (the proxy listens there; a name on that port is reached through the proxy)."""
     ports: set[int] = set()
     for rule in policy.allow:
         if rule.kind in ("name", "suffix"):
             ports |= DEFAULT_PORTS if rule.ports is None else rule.ports
+    ports.discard(PROXY_ADDRESS[1])
     return tuple(sorted(ports))[:CAPTURE_PORTS_MAX]
 
 
