@@ -27,13 +27,15 @@ import errno
 import fcntl
 import os
 import resource
+import stat
 import struct
 
 import _signal
 import _socket
 
 from . import _libc as L
-from .protocol import CANARY, PROXY_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP, STATUS_SETPCAP
+from .protocol import (CANARY, PROXY_ADDRESS, RESOLVER_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP,
+                       STATUS_SETPCAP, SYNTHETIC_NET)
 from .protocol import DETAILS, encode_error_record, status_lacks
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 NEWROOT = b"/tmp"  # where the new root is assembled before pivot_root (any existing dir works)
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_SIOCSIFADDR, _SIOCSIFNETMASK = 0x8916, 0x891C
 _PROXY_FD = -1  # set by run(): our end of the socketpair to the parent's egress proxy
 _DONE_FD = -1  # set by run(): the runtime's "run over" pipe, written by the init
 
@@ -177,6 +180,7 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     if "netns" in plan.layers:
         _step("loopback-up", _loopback_up)
     if plan.proxy:
+        _egress_capture(_PROXY_FD, plan.capture_ports)
         _step("proxy-listen", _proxy_listen, _PROXY_FD)
     _step("chdir", os.chdir, plan.cwd)
     if not plan.confined:  # native-local (HCP §10.3): a trust decision, not a confinement
@@ -373,8 +377,13 @@ def _write_file(path: bytes, data: bytes) -> None:
 
 
 def _make_file(path: bytes) -> None:
+    """An empty file to mount a file on, unless one is there: mknod, not open(O_CREAT), so
+    an existing target in a read-only bind (/etc/resolv.conf) is EEXIST, not EROFS."""
     os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    try:
+        os.mknod(path, stat.S_IFREG | 0o644)
+    except FileExistsError:
+        pass
 
 
 def _mount_tmpfs(path: bytes, options: bytes) -> None:
@@ -418,6 +427,54 @@ def _loopback_up() -> None:
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
     finally:
         s.close()
+
+
+def _set_lo_address(s: _socket.socket, request: int, address: str) -> None:
+    # a label of its own: SIOCSIFADDR on "lo" itself would replace 127.0.0.1
+    ifreq = struct.pack("16sH2s4s8x", b"lo:hcp", _socket.AF_INET, b"\0\0",
+                        _socket.inet_aton(address))
+    fcntl.ioctl(s.fileno(), request, ifreq)
+
+
+def _egress_capture(channel: int, ports: "tuple[int, ...]") -> None:
+    """Transparent egress: make the synthetic range local on lo (an address with that prefix
+    on a loopback device adds a ``local`` route for the whole range, so a connect() to any
+    synthetic address is accepted here, its destination kept), bind the resolver's UDP socket
+    and a TCP listener on 0.0.0.0 for each capture port, and hand them all to the parent in
+    one message ("C", resolver first). Every other address keeps having no route."""
+    net, prefix = SYNTHETIC_NET
+    mask = _socket.inet_ntoa(struct.pack("!I", (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF))
+    socks: list[_socket.socket] = []
+    detail = f"address {net}/{prefix} on lo"
+    try:
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
+        socks.append(s)
+        _set_lo_address(s, _SIOCSIFADDR, net)
+        _set_lo_address(s, _SIOCSIFNETMASK, mask)
+        socks.pop().close()
+        detail = "resolver %s:%d" % RESOLVER_ADDRESS
+        udp = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
+        socks.append(udp)
+        udp.bind(RESOLVER_ADDRESS)
+        for port in ports:
+            detail = f"listen 0.0.0.0:{port}"
+            tcp = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+            socks.append(tcp)
+            tcp.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            tcp.bind(("0.0.0.0", port))
+            tcp.listen(128)
+        detail = f"hand over {len(socks)} sockets"
+        fds = struct.pack("%di" % len(socks), *(t.fileno() for t in socks))
+        ch = _socket.socket(fileno=channel)
+        try:
+            ch.sendmsg([b"C"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+        finally:
+            ch.detach()  # proxy-listen still needs it
+    except OSError as e:
+        raise _StepFailed("egress-capture", e.errno or errno.EIO, detail) from None
+    finally:
+        for t in socks:
+            t.close()
 
 
 def _proxy_listen(channel: int) -> None:

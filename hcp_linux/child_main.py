@@ -196,7 +196,8 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         "symlinks": tuple(plan.symlinks), "masks": tuple(plan.masks),
         "rlimits": tuple(plan.rlimits), "tmp_options": plan.tmp_options,
         "shm_options": plan.shm_options, "wait_for_tree": plan.wait_for_tree,
-        "pid_max": plan.pid_max, "proxy": plan.proxy, "proc_fresh": plan.proc_fresh,
+        "pid_max": plan.pid_max, "proxy": plan.proxy,
+        "capture_ports": tuple(plan.capture_ports), "proc_fresh": plan.proc_fresh,
         "pty": plan.pty, "late_rules": tuple(plan.late_rules), "canary": plan.canary,
     }
 

@@ -27,6 +27,9 @@ __all__ = ["Bind", "Confinement", "DEVICES", "MASKED_PATHS", "cache_stats", "cle
            "carved_read_only", "covered", "pinned_ancestors", "search_path", "shared_confinement"]
 
 #: Device files every tool expects; each is bound read-write from the host.
+#: The view's /etc/resolv.conf under network = "allow": names protocol.RESOLVER_ADDRESS (a
+#: file shipped with the package, so its identity is stable; tests check it agrees).
+RESOLV_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress", "resolv.conf")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 #: Secrets that live inside the read-only system roots. Root-owned with owner-read bits, they
@@ -248,6 +251,11 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
         # a mount point cannot be renamed (EBUSY), so no parent moves a carve-out away
         for path in pinned_ancestors(policy):
             grants.append((path, full, rw_attrs, True))
+    targets: dict[str, str] = {}  # a bind whose target is not its source
+    if view and policy.network == "allow":
+        # the view's /etc/resolv.conf names the sandbox's resolver (transparent egress)
+        targets[RESOLV_CONF] = "/etc/resolv.conf"
+        grants.append((RESOLV_CONF, int(_FS.READ_FILE), ro_attrs, False))
     if view and not proc_fresh:
         grants.append(("/proc", _PROC_ACCESS,
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
@@ -284,7 +292,8 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
             os.close(fd)
     # Each bind carries its Landlock rule: the native executor adds it on the very mount it
     # cloned (and checked), so that a spare can be Landlocked before the plan comes.
-    binds = [Bind(os.fsencode(path), os.fsencode(path), stat.S_ISDIR(st.st_mode), st.st_dev,
+    binds = [Bind(os.fsencode(path), os.fsencode(targets.get(path, path)),
+                  stat.S_ISDIR(st.st_mode), st.st_dev,
                   st.st_ino, attrs, writable, int(rules.get(fd, 0)))
              for path, _, fd, st, attrs, writable in opened] if view else []
     sockets = _socket_grants(socket_binds, resolve) if view else []

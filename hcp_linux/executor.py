@@ -21,7 +21,8 @@ from .errors import ChildSetupError, SetupTimeoutError
 from .plan import Plan
 from .popen import Stdio
 from .process import RAW, SandboxProcess
-from .protocol import PROXY_ADDRESS, decode_error_record
+from .protocol import (CAPTURE_PORTS_MAX, PROXY_ADDRESS, RESOLVER_ADDRESS, SYNTHETIC_NET,
+                       decode_error_record)
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -269,12 +270,27 @@ def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
     from .egress import ProxyThread  # off the spawn path unless network = "allow"
 
     with socket.socket(fileno=channel) as ch:
-        _, fds, _, _ = socket.recv_fds(ch, 1, 1)
-    if not fds:
+        # egress-capture's message ("C": the resolver's socket, then the capture listeners),
+        # then proxy-listen's ("L": the proxy's listener)
+        got_c, capture, _, _ = socket.recv_fds(ch, 1, 1 + CAPTURE_PORTS_MAX)
+        got_l, fds, _, _ = socket.recv_fds(ch, 1, 1)
+    socks = [socket.socket(fileno=fd) for fd in capture + fds]
+    if got_c != b"C" or len(capture) != 1 + len(plan.capture_ports):
+        for sock in socks:
+            sock.close()
+        raise ChildSetupError("egress-capture", errno.EPROTO,
+                              f"{len(capture)} sockets received, {1 + len(plan.capture_ports)} "
+                              "expected")
+    if got_l != b"L" or len(fds) != 1:
+        for sock in socks:
+            sock.close()
         raise ChildSetupError("proxy-listen", errno.EPROTO, "no listening socket received")
-    listener = socket.socket(fileno=fds[0])
+    resolver, captured, listener = socks[0], socks[1:-1], socks[-1]
     decisions: list[dict[str, Any]] = []
     receipt.setdefault("network", {}).update(mode="allow", proxy="%s:%d" % PROXY_ADDRESS,
+                                             resolver="%s:%d" % RESOLVER_ADDRESS,
+                                             synthetic="%s/%d" % SYNTHETIC_NET,
+                                             captured_ports=list(plan.capture_ports),
                                              decisions=decisions,
                                              **plan.policy.egress().describe())
     log_path = plan.policy.proxy_log
@@ -286,6 +302,7 @@ def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
             with open(log_path, "a") as f:
                 f.write(json.dumps(decision, sort_keys=True) + "\n")
 
-    proxy = ProxyThread(plan.policy.egress(), listener, log=log)
+    proxy = ProxyThread(plan.policy.egress(), listener, log=log, captured=captured,
+                        resolver=resolver)
     proxy.start()
     return proxy

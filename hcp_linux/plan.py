@@ -58,6 +58,7 @@ class Plan:
     wait_for_tree: bool = False
     pid_max: int | None = None  # kernel.pid_max of the sandbox's pid namespace
     proxy: bool = False  # network = "allow": listen for the egress proxy inside the netns
+    capture_ports: tuple[int, ...] = ()  # and capture these TCP ports (egress-capture step)
     holds_setpcap: bool = True  # the child may drop the bounding set and lock securebits
     proc_fresh: bool = False
     pty: bool = False  # a private devpts instance at /dev/pts, /dev/ptmx -> pts/ptmx
@@ -180,6 +181,9 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         holds_setpcap="userns" in layers or L.has_capability(L.CAP_SETPCAP),
         pid_max=pid_fence(policy.limits.nproc) if "pidns" in layers else None,
     )
+    if plan.proxy:
+        from .egress.capture import capture_ports  # off the spawn path unless "allow"
+        plan.capture_ports = capture_ports(policy.egress())
     if shared is None:
         return plan
     plan._shared = shared

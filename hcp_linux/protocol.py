@@ -20,7 +20,7 @@ STEPS = (
     "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
     "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "devpts", "proc", "pid-max", "tmp", "canary",
-    "pivot-root", "root-readonly", "loopback-up", "proxy-listen", "chdir", "rlimits",
+    "pivot-root", "root-readonly", "loopback-up", "egress-capture", "proxy-listen", "chdir", "rlimits",
     "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
     "close-fds", "fork-command", "verify", "execve", "helper",
 )
@@ -38,7 +38,7 @@ LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 7
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 8
 
 #: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
 #: message carries, and whether the plan is in the message itself rather than in a memfd.
@@ -56,6 +56,17 @@ DETAIL_MAX = 512
 CANARY = "/.hcp-canary"
 #: Where the egress proxy listens inside the sandbox's own network namespace.
 PROXY_ADDRESS = ("127.0.0.1", 3128)
+#: Transparent egress (network = "allow"): the sandbox's resolver, on UDP inside its own
+#: namespace (the view's /etc/resolv.conf names it). Port 53 is below the namespace's
+#: ip_unprivileged_port_start, so no command in the sandbox can bind it first.
+RESOLVER_ADDRESS = ("127.0.0.53", 53)
+#: The synthetic addresses the resolver answers with, one per allowed name per run: the
+#: benchmarking range (RFC 2544), never a real destination. The egress-capture step makes the
+#: whole range local on lo, so a connect() to any of its addresses is accepted inside the
+#: namespace with its destination kept (getsockname); every other address has no route.
+SYNTHETIC_NET = ("198.18.0.0", 15)
+#: At most this many TCP ports are captured (one listener on 0.0.0.0 per allowed port).
+CAPTURE_PORTS_MAX = 32
 
 #: The lines of /proc/self/status that the verify step requires before exec (the last two
 #: only when the plan holds CAP_SETPCAP, resp. installs seccomp).
@@ -70,6 +81,11 @@ STATUS_SECCOMP = b"Seccomp:\t2\n"
 #: not in force). hcp_exec.c gets them as printf formats (``DETAIL_<name>``).
 DETAILS = {"STALE": "{} changed since it was checked",
            "CANARY_READABLE": "Landlock canary {} was readable"}
+
+
+def _ipv4(text: str) -> int:
+    a, b, c, d = (int(x) for x in text.split("."))
+    return a << 24 | b << 16 | c << 8 | d
 
 
 def status_lacks(line: bytes) -> str:
@@ -97,7 +113,8 @@ def table() -> str:
     """The protocol as text, one value a line: what ``hcp-exec --protocol`` prints, so a test
     can tell that a binary was built against exactly these values."""
     lines = [f"version {PLAN_VERSION} magic {PLAN_MAGIC:#x}", f"inline_max {INLINE_MAX}",
-             f"detail_max {DETAIL_MAX}"]
+             f"detail_max {DETAIL_MAX}", "resolver %s:%d" % RESOLVER_ADDRESS,
+             "synthetic %s/%d" % SYNTHETIC_NET, f"capture_ports_max {CAPTURE_PORTS_MAX}"]
     lines += [f"step {i} {name}" for i, name in enumerate(STEPS)]
     lines += [f"flag {name} {bit}" for name, bit in FLAGS.items()]
     lines += [f"message {name} {bit}" for name, bit in MESSAGE_BITS.items()]
@@ -115,7 +132,12 @@ def c_header() -> str:
     out = ["/* Generated from hcp_linux/protocol.py by hcp_linux/native/build.py: do not edit. */",
            "#ifndef HCP_EXEC_PROTOCOL_H", "#define HCP_EXEC_PROTOCOL_H", "",
            f"#define PLAN_MAGIC {PLAN_MAGIC:#x}u", f"#define PLAN_VERSION {PLAN_VERSION}",
-           f"#define INLINE_MAX {INLINE_MAX}", f"#define DETAIL_MAX {DETAIL_MAX}", "",
+           f"#define INLINE_MAX {INLINE_MAX}", f"#define DETAIL_MAX {DETAIL_MAX}",
+           f"#define RESOLVER_ADDR {_ipv4(RESOLVER_ADDRESS[0]):#x}u",
+           f"#define RESOLVER_PORT {RESOLVER_ADDRESS[1]}",
+           f"#define SYNTHETIC_ADDR {_ipv4(SYNTHETIC_NET[0]):#x}u",
+           f"#define SYNTHETIC_PREFIX {SYNTHETIC_NET[1]}",
+           f"#define CAPTURE_PORTS_MAX {CAPTURE_PORTS_MAX}", "",
            "enum step {"]
     out += [f"    S_{name.upper().replace('-', '_')} = {i}," for i, name in enumerate(STEPS)]
     out += ["    N_STEPS", "};", "", "static const char *const step_names[N_STEPS] = {"]

@@ -2,6 +2,8 @@
 
 Targets: the HTTP request line and headers, CONNECT targets and Host headers, absolute-form
 URLs, the request rewrite for the origin, the response-head rewrite, the SOCKS5 handshake,
+the resolver's DNS queries (transparent egress: parse, decide, answer), the first bytes of a
+captured connection (TLS SNI, HTTP Host),
 host/port/authority parsing, allow/deny patterns, address classification, the policy decision,
 and the whole proxy over loopback.
 
@@ -36,7 +38,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import event, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from hcp_linux.egress import httpwire, socks  # noqa: E402
+from hcp_linux.egress import dnswire, httpwire, socks  # noqa: E402
+from hcp_linux.egress.capture import Resolver, SyntheticNames  # noqa: E402
+from hcp_linux.egress.sniff import named_host  # noqa: E402
 from hcp_linux.egress.addresses import canonical, classify, unlocked_by  # noqa: E402
 from hcp_linux.egress.hostnames import (HostError, format_host, normalize_name,  # noqa: E402
                                         parse_authority, parse_host, parse_ipv4, parse_ipv6,
@@ -639,6 +643,119 @@ def test_socks5_handshake(data: bytes) -> None:
     # What the proxy does next: the policy judges the target; never an exception.
     decision = EgressPolicy.parse(["127.0.0.1:1"], resolver=table_resolver).check(host, port)
     assert isinstance(decision, Decision)
+
+
+# -- the resolver's DNS queries ------------------------------------------------------------------
+
+@st.composite
+def dns_queries(draw: st.DrawFn) -> bytes:
+    """A query with one question, mostly well-formed: header fields, labels (lengths that lie,
+    compression pointers, dots and NULs inside labels), type and class drawn near-valid."""
+    qid = draw(st.integers(0, 0xFFFF))
+    flags = draw(_mostly_10(st.sampled_from([0x0100, 0x0000]), st.integers(0, 0xFFFF)))
+    counts = draw(_mostly_10(st.sampled_from([(1, 0, 0, 0), (1, 0, 0, 1)]),
+                             st.tuples(*[st.integers(0, 3)] * 4)))
+    name = draw(mostly(st.one_of(good_names, st.sampled_from(["allowed.test", "x.sub.test",
+                                                               "denied.test"])),
+                       st.text(max_size=70)))
+    labels = []
+    for label in name.split("."):
+        raw = label.encode("utf-8", "surrogatepass")
+        length = draw(mostly(st.just(len(raw)), st.integers(0, 255), 30))
+        labels.append(bytes([length]) + raw)
+    qname = b"".join(labels) + draw(_mostly_10(st.just(b"\0"), st.binary(max_size=3)))
+    tail = draw(_mostly_10(st.tuples(st.sampled_from([1, 1, 28, 15, 255]),
+                                     _mostly_10(st.just(1), st.just(3)))
+                       .map(lambda t: t[0].to_bytes(2, "big") + t[1].to_bytes(2, "big")),
+                       st.binary(max_size=6)))
+    extra = draw(mostly(st.just(b""), st.binary(max_size=40)))
+    header = b"".join(v.to_bytes(2, "big") for v in (qid, flags, *counts))
+    return header + qname + tail + extra
+
+
+_DNS_POLICY = EgressPolicy.parse(["allowed.test", "*.sub.test:22"], ["denied.test"],
+                                 resolver=lambda name, port: ["127.0.0.1"])
+
+
+@fuzz()
+@given(mostly(dns_queries(), st.binary(max_size=600)))
+def test_dns_query(data: bytes) -> None:
+    try:
+        q = dnswire.parse_query(data)
+    except dnswire.DnsError as exc:
+        assert exc.rcode in (None, dnswire.FORMERR, dnswire.NOTIMP)
+        event(f"DnsError rcode={exc.rcode}")
+    else:
+        event("question")
+        assert q.name is None or q.name == normalize_name(q.name)
+        assert data[12:12 + len(q.wire)] == q.wire and 0 <= q.qtype <= 0xFFFF
+    # What the resolver does with it: an answer or silence, never an exception; an answer
+    # is a response to this very query, with at most one A record from the synthetic range.
+    names = SyntheticNames()
+    logged: list[dict[str, Any]] = []
+    reply = Resolver(_DNS_POLICY, names, logged.append).respond(data, "fuzz")
+    assert len(logged) == 1
+    if reply is None:
+        assert logged[0]["allowed"] is False
+        return
+    assert reply[:2] == data[:2] and reply[2] & 0x80
+    rcode, answers = reply[3] & 0xF, int.from_bytes(reply[6:8], "big")
+    event(f"answered {dnswire.RCODE_NAMES[rcode]} with {answers} record(s)")
+    assert answers in (0, 1)
+    if answers:
+        assert rcode == dnswire.NOERROR and logged[0]["allowed"] is True
+        address = socket.inet_ntoa(reply[-4:])
+        assert names.name_of(address) == logged[0]["host"]
+        assert logged[0]["host"] == "allowed.test" or logged[0]["host"].endswith(".sub.test")
+    if logged[0]["allowed"] is False:
+        assert answers == 0
+
+
+# -- the first bytes of a captured connection ----------------------------------------------------
+
+def client_hello(name: bytes, *, session: bytes = b"", before: bytes = b"",
+                 after: bytes = b"") -> bytes:
+    """A TLS ClientHello record with ``name`` as its SNI host_name, between other extensions."""
+    entry = b"\0" + len(name).to_bytes(2, "big") + name
+    sni = b"\0\0" + (len(entry) + 2).to_bytes(2, "big") + len(entry).to_bytes(2, "big") + entry
+    extensions = before + sni + after
+    body = (b"\x03\x03" + bytes(32) + bytes([len(session)]) + session + b"\0\x02\x13\x01"
+            + b"\x01\0" + len(extensions).to_bytes(2, "big") + extensions)
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + len(handshake).to_bytes(2, "big") + handshake
+
+
+@st.composite
+def first_chunks(draw: st.DrawFn) -> tuple[bytes, str | None]:
+    """(bytes, the host they name or None): ClientHellos and request heads, whole or cut."""
+    name = draw(mostly(good_names, st.text(max_size=40)))
+    raw = name.encode("utf-8", "surrogatepass")
+    if draw(st.booleans()):
+        other = draw(st.binary(max_size=20))
+        ext = b"\x00\x17" + len(other).to_bytes(2, "big") + other
+        data = client_hello(raw, session=draw(st.binary(max_size=32)),
+                            before=ext if draw(st.booleans()) else b"",
+                            after=ext if draw(st.booleans()) else b"")
+        expect = ("sni", raw.decode("latin-1"))
+    else:
+        data = b"GET / HTTP/1.1\r\nUser-Agent: x\r\nHost: " + raw + b"\r\n\r\n"
+        expect = ("host", raw.strip().decode("latin-1"))  # bytes.strip: ASCII whitespace
+        if b"\r" in raw or b"\n" in raw:
+            expect = None
+    cut = draw(mostly(st.just(len(data)), st.integers(0, len(data))))
+    return data[:cut], (expect if cut == len(data) else None)
+
+
+@fuzz()
+@given(st.one_of(first_chunks(), st.binary(max_size=400).map(lambda b: (b, None))))
+def test_named_host(case: tuple[bytes, Any]) -> None:
+    data, expect = case
+    named = named_host(data)
+    event("named" if named else "nothing named")
+    assert named is None or (named[0] in ("sni", "host") and isinstance(named[1], str)
+                             and len(named[1]) <= 65535)
+    if expect is not None:
+        assert named == expect
 
 
 # -- the whole proxy, over loopback ---------------------------------------------------------------

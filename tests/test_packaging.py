@@ -206,7 +206,8 @@ def test_sdist_carries_the_project(dists: dict[str, Path]) -> None:
                  "docs/inputs.md", "examples/hello-pack/pack.toml", "tests/conftest.py",
                  "tests/csrc/x32_getpid.c", "bench/spawn.py", "scripts/test-unprivileged",
                  "scripts/test-wheel", "hcp_linux/native/hcp_exec.c",
-                 "seccomp_profiles/py.typed", "landlock/py.typed", "hcp_linux/py.typed"):
+                 "seccomp_profiles/py.typed", "landlock/py.typed", "hcp_linux/py.typed",
+                 "hcp_linux/egress/resolv.conf"):
         assert path in names, path
     assert modes["scripts/test-wheel"] & 0o111
     assert not [n for n in names if "_build" in n or "__pycache__" in n]
@@ -225,6 +226,8 @@ def test_wheel_is_a_platform_wheel_carrying_a_static_hcp_exec(dists: dict[str, P
         record = z.read(f"hcp_linux-{_version()}.dist-info/RECORD").decode()
         wheel_meta = z.read(f"hcp_linux-{_version()}.dist-info/WHEEL").decode()
         assert "licenses/LICENSE" in " ".join(z.namelist())
+        # the view's /etc/resolv.conf under network = "allow" (confinement.RESOLV_CONF)
+        assert "hcp_linux/egress/resolv.conf" in z.namelist()
     assert stat.S_IMODE(info.external_attr >> 16) == 0o755
     assert f"\n{member},sha256=" in record  # listed: pip uninstall removes it
     assert "Root-Is-Purelib: false" in wheel_meta

@@ -2,7 +2,8 @@
 
 The sandbox runs in a private network namespace with only ``lo``; the one way out is the proxy
 served here, outside the sandbox, on a listening socket created inside it. See `hosts` for the
-pattern syntax and port rule, `addresses` for what counts as non-public, `proxy` for the server.
+pattern syntax and port rule, `addresses` for what counts as non-public, `proxy` for the server,
+`capture` for the resolver and the capture that serve tools ignoring the proxy variables.
 """
 from __future__ import annotations
 

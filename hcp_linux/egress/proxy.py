@@ -24,6 +24,14 @@ Security properties, each with its reason:
   uses bounded stream buffers with drain() back-pressure, handles half-close, and closes both
   sides on any error.
 
+Transparent egress (:mod:`.capture`): listeners made by the sandbox's ``egress-capture`` step
+on the ports name patterns open accept connections to the synthetic addresses the resolver
+handed out; there the destination is the request (mapped back to its name, decided as a
+proxied (name, port) would be), and anything else (an address not handed out, the sandbox's
+own loopback) is closed. The client's first chunk is not sent on if its TLS server name or
+HTTP Host names another host (:mod:`.sniff`). The resolver's UDP socket is served on the
+same loop.
+
 Every decision is passed to ``log`` as a dict with the keys ``time client protocol host port
 allowed reason address`` (plus ``response``, the answer sent). The byte relay lives in
 :mod:`.relay`; :class:`~.thread.ProxyThread` runs the proxy on a loop of its own.
@@ -42,11 +50,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import socks
-from .hostnames import HostError, format_host, parse_authority
+from .capture import Resolver, SyntheticNames
+from .hostnames import HostError, format_host, normalize_name, parse_authority
 from .hosts import Decision, EgressPolicy
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
                        parse_request_head, read_head, simple_response, split_absolute_url)
 from .relay import abort, abort_unless_closing, close_streams, discard, pump
+from .sniff import named_host
 
 LogFn = Callable[[dict[str, Any]], None]
 
@@ -90,7 +100,7 @@ class _Session:
     """What is known about one client connection so far (for answers and the log)."""
 
     client: str
-    protocol: str = "unknown"   # unknown | socks5 | socks4 | http | connect
+    protocol: str = "unknown"   # unknown | socks5 | socks4 | http | connect | captured
     host: str | None = None
     port: int | None = None
     leftover: bytes = b""       # client bytes read past the request head
@@ -133,6 +143,9 @@ class EgressProxy:
         self._listening: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = False
+        self._captured: set[int] = set()  # fds of the capture listeners
+        self.names = SyntheticNames()  # the run's fake-IP map (transparent egress)
+        self.resolver = Resolver(policy, self.names, log)
 
     @property
     def active(self) -> int:
@@ -141,21 +154,33 @@ class EgressProxy:
     # -- serving ---------------------------------------------------------------------------
 
     async def serve(self, *listening_socks: socket.socket,
-                    ready: Callable[[], None] | None = None) -> None:
+                    ready: Callable[[], None] | None = None,
+                    captured: tuple[socket.socket, ...] = (),
+                    resolver: socket.socket | None = None) -> None:
         """Serve on already-listening TCP sockets until cancelled; takes ownership of them.
 
+        ``captured``: listening sockets of transparent egress, whose connections are decided
+        by their destination (a synthetic address the resolver gave out) rather than by a
+        request; ``resolver``: the bound UDP socket the sandbox's resolver answers on.
         Cancelling closes the sockets and every client and upstream connection.
         """
         if not listening_socks:
             raise ValueError("serve() needs at least one listening socket")
         for sock in listening_socks:
             self._listening.append(_listen_address(sock))
+        self._captured = {sock.fileno() for sock in captured}
+        listening_socks = listening_socks + tuple(captured)
+        for sock in listening_socks:
             sock.setblocking(False)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.resolver_threads, thread_name_prefix="hcp-egress-resolve")
         loop = asyncio.get_running_loop()
         for sock in listening_socks:
             loop.add_reader(sock.fileno(), self._accept, sock)
+        if resolver is not None:
+            resolver.setblocking(False)
+            loop.add_reader(resolver.fileno(), self._answer_queries, resolver)
+            listening_socks += (resolver,)
         try:
             if ready is not None:
                 ready()
@@ -191,13 +216,29 @@ class EgressProxy:
                 loop.call_later(0.1, self._resume_accepting, listening)
                 return
             conn.setblocking(False)
-            self._start_session(conn)
+            self._start_session(conn, listening.fileno() in self._captured)
 
     def _resume_accepting(self, listening: socket.socket) -> None:
         if not self._closing and listening.fileno() != -1:
             asyncio.get_running_loop().add_reader(listening.fileno(), self._accept, listening)
 
-    def _start_session(self, conn: socket.socket) -> None:
+    def _answer_queries(self, sock: socket.socket) -> None:
+        """Readiness callback of the resolver's socket: answer what is queued (bounded)."""
+        for _ in range(64):
+            try:
+                data, peer = sock.recvfrom(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # a queued ICMP error from an earlier answer: nothing to read
+                continue
+            reply = self.resolver.respond(data, _hostport(str(peer[0]), int(peer[1])))
+            if reply is not None:
+                try:
+                    sock.sendto(reply, peer)
+                except OSError:
+                    pass  # the asker left; UDP promises nothing
+
+    def _start_session(self, conn: socket.socket, captured: bool = False) -> None:
         if self._closing:
             conn.close()
             return
@@ -208,7 +249,7 @@ class EgressProxy:
             conn.close()
             return
         holder = _Conn(conn)
-        task = asyncio.get_running_loop().create_task(self._client(holder))
+        task = asyncio.get_running_loop().create_task(self._client(holder, captured))
         self._tasks[task] = holder
         task.add_done_callback(self._session_done)
 
@@ -227,14 +268,17 @@ class EgressProxy:
         if holder is not None:
             holder.close()  # also covers a task cancelled before it ever ran
 
-    async def _client(self, holder: _Conn) -> None:
+    async def _client(self, holder: _Conn, captured: bool = False) -> None:
         conn = holder.sock
         session = _Session(_peer_of(conn))
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader, writer = await asyncio.open_connection(sock=conn, limit=self.stream_limit)
             holder.writer = writer
-            await self._session(session, reader, writer)
+            if captured:
+                await self._captured_session(session, conn, reader, writer)
+            else:
+                await self._session(session, reader, writer)
         except Exception as exc:  # noqa: BLE001 - a session must never take the server down
             if not isinstance(exc, (ConnectionError, OSError)):
                 print(f"hcp-linux egress: session error: {exc!r}", file=sys.stderr)
@@ -266,6 +310,60 @@ class EgressProxy:
             await self._relay(s, reader, writer, up_reader, up_writer)
         finally:
             abort(up_writer)
+
+    async def _captured_session(self, s: _Session, conn: socket.socket,
+                                reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
+        """A connection captured inside the sandbox: its destination is the request. Only a
+        synthetic address the resolver gave out in this run names a host; the decision on
+        (that name, port) is the one a proxied request for it gets."""
+        s.protocol = "captured"
+        try:
+            address, port = conn.getsockname()[:2]
+            s.port = int(port)
+            name = self.names.name_of(str(address))
+            if name is None:
+                what = ("no name was resolved to it in this run" if self.names.holds(address)
+                        else f"not a synthetic address ({self.names.net})")
+                raise _Refusal(f"captured connection to {_hostport(str(address), s.port)}: "
+                               f"{what}", 403, None, host=str(address), port=s.port)
+            s.host = name
+            decision = await self.policy.check_async(name, s.port, self._executor)
+            if not decision.allowed:
+                raise _Refusal(decision.reason, 403, None,
+                               address=decision.addresses[0] if decision.addresses else None)
+            self._refuse_self(decision, s.port)
+            up_reader, up_writer, upstream = await self._dial(decision, s.port)
+        except _Refusal as refusal:
+            await self._answer_refusal(s, reader, writer, refusal)
+            return
+        self._log(s, True, decision.reason, upstream, response="relayed")
+        try:
+            await self._relay(s, reader, writer, up_reader, up_writer,
+                              inspect=lambda first: self._other_host(s, first, upstream))
+        finally:
+            abort(up_writer)
+
+    def _other_host(self, s: _Session, first: bytes, upstream: str) -> bool:
+        """Whether a captured connection's first bytes name another host than the one its
+        destination was given to (TLS SNI, HTTP Host); if so, that refusal is logged."""
+        named = named_host(first)
+        if named is None:
+            return False
+        kind, text = named
+        try:
+            if kind == "sni":
+                same = normalize_name(text) == s.host
+            else:
+                host, port = parse_authority(text, s.port)
+                same = format_host(host) == s.host and port == s.port
+        except HostError:
+            same = False
+        if not same:
+            what = "TLS server name" if kind == "sni" else "HTTP Host header"
+            self._log(s, False, f"captured connection to {s.host}:{s.port}: its {what} "
+                      f"{text[:255]!r} names another host", upstream, response="closed")
+        return not same
 
     # -- request heads ----------------------------------------------------------------------
 
@@ -434,9 +532,11 @@ class EgressProxy:
 
     async def _relay(self, s: _Session, c_reader: asyncio.StreamReader,
                      c_writer: asyncio.StreamWriter, u_reader: asyncio.StreamReader,
-                     u_writer: asyncio.StreamWriter) -> None:
+                     u_writer: asyncio.StreamWriter,
+                     inspect: Callable[[bytes], bool] | None = None) -> None:
         """Copy both ways until both sides finished, one failed, or nothing moved for
-        idle_timeout. Plain HTTP ends when the origin's response ends."""
+        idle_timeout. Plain HTTP ends when the origin's response ends. ``inspect``: asked
+        about the client's first chunk before it is sent on; True ends the relay there."""
         loop = asyncio.get_running_loop()
         activity = [loop.time()]
         if s.protocol == "connect":
@@ -444,8 +544,9 @@ class EgressProxy:
         elif s.protocol == "socks5":
             c_writer.write(socks.reply(socks.SUCCEEDED))
         forward_http = s.protocol == "http"
-        up = asyncio.create_task(pump(c_reader, u_writer, activity,
-                                      s.upstream_head + s.leftover))
+        up = asyncio.create_task(
+            pump(c_reader, u_writer, activity, s.upstream_head + s.leftover) if inspect is None
+            else self._inspected_pump(c_reader, u_writer, activity, inspect))
         down = asyncio.create_task(pump(u_reader, c_writer, activity,
                                         response_heads=forward_http))
         pending: set[asyncio.Task[None]] = {up, down}
@@ -466,6 +567,15 @@ class EgressProxy:
             await asyncio.gather(up, down, return_exceptions=True)
             await close_streams(c_writer, u_writer)
 
+
+    async def _inspected_pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                              activity: list[float], inspect: Callable[[bytes], bool]) -> None:
+        """pump(), once ``inspect`` has passed the first chunk (the server may speak first
+        meanwhile: the other direction runs already)."""
+        first = await src.read(self.stream_limit)
+        if first and inspect(first):
+            raise ConnectionAbortedError("refused after inspecting the first bytes")
+        await pump(src, dst, activity, first)
 
 
 def _listen_address(sock: socket.socket) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,

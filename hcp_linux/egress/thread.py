@@ -22,9 +22,11 @@ class ProxyThread:
 
     def __init__(self, policy: EgressPolicy,
                  listening_sock: Union[socket.socket, Sequence[socket.socket]], *,
-                 log: LogFn | None = None, **options: float) -> None:
+                 log: LogFn | None = None, captured: Sequence[socket.socket] = (),
+                 resolver: socket.socket | None = None, **options: float) -> None:
         self._socks = ([listening_sock] if isinstance(listening_sock, socket.socket)
                        else list(listening_sock))
+        self._captured, self._resolver = tuple(captured), resolver
         self.proxy = EgressProxy(policy, log=log, **options)  # type: ignore[arg-type]
         self._thread = threading.Thread(target=self._run, name="hcp-egress-proxy", daemon=True)
         self._ready = threading.Event()
@@ -62,7 +64,9 @@ class ProxyThread:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
-            self._task = loop.create_task(self.proxy.serve(*self._socks, ready=self._ready.set))
+            self._task = loop.create_task(self.proxy.serve(*self._socks, ready=self._ready.set,
+                                                             captured=self._captured,
+                                                             resolver=self._resolver))
             loop.run_until_complete(self._task)
         except asyncio.CancelledError:
             pass

@@ -69,7 +69,8 @@
 #include "hcp_exec_protocol.h"
 
 #define VIEW_FLAGS \
-    (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK | F_PTY)
+    (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK | F_PTY \
+     | F_PROXY)
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -144,6 +145,8 @@ static struct plan {
     uint64_t ll_fs, ll_net, ll_scoped, dir_only; /* the Landlock ruleset hcp-exec makes */
     uint32_t proxy_addr; /* host byte order */
     uint16_t proxy_port;
+    size_t n_capture; /* egress-capture: the TCP ports to listen on, at most CAPTURE_PORTS_MAX */
+    uint16_t capture_ports[CAPTURE_PORTS_MAX];
     uint64_t umask; /* ~0: leave it */
     uint64_t sig_ignored, sig_blocked; /* the runtime's, as a fork would pass them on */
     const char *cwd, *exe, *tmp_options, *shm_options, *canary;
@@ -342,6 +345,15 @@ static void parse_view(void) {
         P.symlinks[i].link = get_str();
         P.symlinks[i].dest = get_str();
     }
+    P.n_capture = get_u64();
+    if (P.n_capture > CAPTURE_PORTS_MAX || (P.n_capture && !(P.view_flags & F_PROXY)))
+        malformed("capture ports");
+    for (i = 0; i < P.n_capture; i++) {
+        uint64_t port = get_u64();
+        if (port == 0 || port > 65535)
+            malformed("capture port");
+        P.capture_ports[i] = (uint16_t)port;
+    }
     P.cap_last_cap = (int64_t)get_u64();
     P.bpf = get_bytes(&P.bpf_len);
     P.n_rules = 0;
@@ -495,18 +507,16 @@ static int dirname_of(const char *path, char *out, size_t size) {
     return 0;
 }
 
-/* _make_file: os.makedirs(dirname, 0o755, exist_ok=True); open(O_WRONLY|O_CREAT, 0o644) */
+/* _make_file: os.makedirs(dirname, 0o755, exist_ok=True); mknod(S_IFREG|0644), EEXIST is
+ * fine (an existing target in a read-only bind is EEXIST here, where open(O_CREAT) is EROFS) */
 static int make_file(const char *path) {
     char dir[PATH_MAX + 64];
-    int fd;
     if (dirname_of(path, dir, sizeof dir) < 0)
         return -1;
     if (dir[0] && makedirs(dir, 0755) < 0)
         return -1;
-    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
+    if (mknod(path, S_IFREG | 0644, 0) < 0 && errno != EEXIST)
         return -1;
-    close(fd);
     return 0;
 }
 
@@ -754,6 +764,123 @@ static int proxy_listen(int channel) {
     close(channel);
     errno = saved;
     return r;
+}
+
+/* Transparent egress, in two halves. egress_bind (needs CAP_NET_ADMIN and
+ * CAP_NET_BIND_SERVICE in the namespace, so a spare does it before it drops them): make
+ * SYNTHETIC_ADDR/SYNTHETIC_PREFIX local on lo (an address with that prefix on a loopback device
+ * adds a `local` route for the whole range: AnyIP, so a connect() to any synthetic address is
+ * accepted here with its destination kept), bind the resolver's UDP socket and one TCP
+ * listener on 0.0.0.0 per capture port. egress_hand_over: send them all to the runtime in one
+ * message ('C': resolver first); the channel stays open for proxy_listen. */
+static char capture_detail[64];
+static int capture_fds[1 + CAPTURE_PORTS_MAX], n_capture_fds = -1; /* -1: not bound yet */
+
+static int set_address(int s, unsigned long request, uint32_t addr) {
+    struct ifreq ifr;
+    struct sockaddr_in *a = (struct sockaddr_in *)&ifr.ifr_addr;
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo:hcp", 7); /* a label of its own: "lo" would replace 127.0.0.1 */
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(addr);
+    return ioctl(s, request, &ifr);
+}
+
+static int bound_socket(int type, uint32_t addr, uint16_t port) {
+    struct sockaddr_in a;
+    int one = 1, s = socket(AF_INET, type | SOCK_CLOEXEC, 0), saved;
+    if (s < 0)
+        return -1;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(addr);
+    if ((type == SOCK_STREAM && setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+        || bind(s, (struct sockaddr *)&a, sizeof a) < 0
+        || (type == SOCK_STREAM && listen(s, 128) < 0)) {
+        saved = errno;
+        close(s);
+        errno = saved;
+        return -1;
+    }
+    return s;
+}
+
+static int egress_bind(void) {
+    uint32_t mask = SYNTHETIC_PREFIX ? ~0u << (32 - SYNTHETIC_PREFIX) : 0;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), saved, n = 0, fd;
+    if (s < 0)
+        return -1;
+    snprintf(capture_detail, sizeof capture_detail, "address %u.%u.%u.%u/%d on lo",
+             SYNTHETIC_ADDR >> 24, SYNTHETIC_ADDR >> 16 & 255, SYNTHETIC_ADDR >> 8 & 255,
+             SYNTHETIC_ADDR & 255, SYNTHETIC_PREFIX);
+    if (set_address(s, SIOCSIFADDR, SYNTHETIC_ADDR) < 0
+        || set_address(s, SIOCSIFNETMASK, mask) < 0) {
+        saved = errno;
+        close(s);
+        errno = saved;
+        return -1;
+    }
+    close(s);
+    snprintf(capture_detail, sizeof capture_detail, "resolver %u.%u.%u.%u:%d",
+             RESOLVER_ADDR >> 24, RESOLVER_ADDR >> 16 & 255, RESOLVER_ADDR >> 8 & 255,
+             RESOLVER_ADDR & 255, RESOLVER_PORT);
+    fd = bound_socket(SOCK_DGRAM, RESOLVER_ADDR, RESOLVER_PORT);
+    for (size_t i = 0; fd >= 0; i++) {
+        capture_fds[n++] = fd;
+        if (i == P.n_capture)
+            break;
+        snprintf(capture_detail, sizeof capture_detail, "listen 0.0.0.0:%u",
+                 (unsigned)P.capture_ports[i]);
+        fd = bound_socket(SOCK_STREAM, 0, P.capture_ports[i]);
+    }
+    if (fd < 0) {
+        saved = errno;
+        while (n > 0)
+            close(capture_fds[--n]);
+        errno = saved;
+        return -1;
+    }
+    n_capture_fds = n;
+    return 0;
+}
+
+static int egress_hand_over(int channel) {
+    char data = 'C';
+    struct iovec iov = {&data, 1};
+    union {
+        char buf[CMSG_SPACE(sizeof capture_fds)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg;
+    struct cmsghdr *cm;
+    int saved, n = n_capture_fds;
+    ssize_t sent;
+    if (channel < 0 || n < 1) {
+        errno = EBADF;
+        return -1;
+    }
+    snprintf(capture_detail, sizeof capture_detail, "hand over %d sockets", n);
+    memset(&msg, 0, sizeof msg);
+    memset(&u, 0, sizeof u);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+    memcpy(CMSG_DATA(cm), capture_fds, n * sizeof(int));
+    do
+        sent = sendmsg(channel, &msg, 0);
+    while (sent < 0 && errno == EINTR);
+    saved = errno;
+    while (n > 0)
+        close(capture_fds[--n]);
+    n_capture_fds = 0;
+    errno = saved;
+    return sent < 0 ? -1 : 0;
 }
 
 /* ---- confinement ---------------------------------------------------------------------- */
@@ -1040,8 +1167,12 @@ static void __attribute__((noreturn)) payload(int status_w) {
         build_mount_view();
     if ((P.flags & F_NETNS) && !lo_done)
         TRY(S_LOOPBACK_UP, loopback_up(), NULL);
-    if (P.flags & F_PROXY)
+    if (P.flags & F_PROXY) {
+        if (n_capture_fds < 0)
+            TRY(S_EGRESS_CAPTURE, egress_bind(), capture_detail);
+        TRY(S_EGRESS_CAPTURE, egress_hand_over(P.proxy_fd), capture_detail);
         TRY(S_PROXY_LISTEN, proxy_listen(P.proxy_fd), NULL);
+    }
     TRY(S_CHDIR, chdir(P.cwd), NULL);
     if (!(P.flags & F_CONFINED)) /* native-local (HCP §10.3): a trust decision */
         do_exec();
@@ -1246,6 +1377,8 @@ static void early_steps(int sock, uint32_t flags, int status_pipe[2]) {
     }
     if (view_template && (flags & F_MOUNTNS)) {
         P.flags |= P.view_flags;
+        if (P.view_flags & F_PROXY) /* before confine() drops what it needs */
+            STEP(S_EGRESS_CAPTURE, egress_bind(), capture_detail);
         build_mount_view();
         if (failed())
             return;
@@ -1319,6 +1452,11 @@ static void __attribute__((noreturn)) print_protocol(void) {
     size_t i;
     printf("version %d magic %#x\ninline_max %d\ndetail_max %d\n", PLAN_VERSION, PLAN_MAGIC,
            INLINE_MAX, DETAIL_MAX);
+    printf("resolver %u.%u.%u.%u:%d\n", RESOLVER_ADDR >> 24, RESOLVER_ADDR >> 16 & 255,
+           RESOLVER_ADDR >> 8 & 255, RESOLVER_ADDR & 255, RESOLVER_PORT);
+    printf("synthetic %u.%u.%u.%u/%d\ncapture_ports_max %d\n", SYNTHETIC_ADDR >> 24,
+           SYNTHETIC_ADDR >> 16 & 255, SYNTHETIC_ADDR >> 8 & 255, SYNTHETIC_ADDR & 255,
+           SYNTHETIC_PREFIX, CAPTURE_PORTS_MAX);
     for (i = 0; i < N_STEPS; i++)
         printf("step %zu %s\n", i, step_names[i]);
     for (i = 0; i < sizeof flag_names / sizeof flag_names[0]; i++)

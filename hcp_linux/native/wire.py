@@ -42,10 +42,12 @@ def view_bytes(plan: "Plan") -> bytes:
     vf = (F["MOUNTNS"] * ("mountns" in plan.layers) | F["PROC_FRESH"] * plan.proc_fresh
           | F["PID_MAX"] * (plan.pid_max is not None) | F["HOLDS_SETPCAP"] * plan.holds_setpcap
           | F["SECCOMP"] * (plan.seccomp is not None)
-          | F["LANDLOCK"] * (plan.landlock is not None) | F["PTY"] * plan.pty)
+          | F["LANDLOCK"] * (plan.landlock is not None) | F["PTY"] * plan.pty
+          | F["PROXY"] * plan.proxy)
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
-                         plan.cap_last_cap, bpf), lambda: _view_bytes(plan, vf, bpf))
+                         plan.cap_last_cap, bpf, plan.capture_ports),
+                        lambda: _view_bytes(plan, vf, bpf))
 
 
 def makes_ruleset(plan: "Plan") -> bool:
@@ -92,6 +94,10 @@ def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
     for link, dest in plan.symlinks:
         _str(parts, link)
         _str(parts, dest)
+    # egress-capture binds these before a spare drops its capabilities (port 53 and the
+    # address on lo need them), so they are part of what a spare is prepared for
+    parts.append(u64(len(plan.capture_ports)))
+    parts += [u64(port) for port in plan.capture_ports]
     parts += [u64(plan.cap_last_cap), u64(len(bpf)), bpf]
     if plan.landlock is not None:
         parts += _landlock_bytes(plan)
