@@ -52,6 +52,7 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _SIOCSIFADDR, _SIOCSIFNETMASK = 0x8916, 0x891C
 _PROXY_FD = -1  # set by run(): our end of the socketpair to the parent's egress proxy
 _DONE_FD = -1  # set by run(): the runtime's "run over" pipe, written by the init
+_NOTIFY_FD = -1  # set by run(): where the seccomp listener goes to the runtime
 
 
 class _StepFailed(Exception):
@@ -75,11 +76,13 @@ def _report(errfd: int, step: str, err: int, detail: str) -> NoReturn:
 
 
 def run(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
-        ruleset: "CreatedRuleset | None", proxy_fd: int = -1, done_fd: int = -1) -> NoReturn:
+        ruleset: "CreatedRuleset | None", proxy_fd: int = -1, done_fd: int = -1,
+        notify_fd: int = -1) -> NoReturn:
     """Entry point in the forked child (the monitor). Never returns. ``done_fd``: where the
-    sandbox's init reports the command's status once the run's processes are all gone."""
-    global _PROXY_FD, _DONE_FD
-    _PROXY_FD, _DONE_FD = proxy_fd, done_fd
+    sandbox's init reports the command's status once the run's processes are all gone;
+    ``notify_fd``: the socket the seccomp filter's listener is sent on (plan.seccomp_listener)."""
+    global _PROXY_FD, _DONE_FD, _NOTIFY_FD
+    _PROXY_FD, _DONE_FD, _NOTIFY_FD = proxy_fd, done_fd, notify_fd
     try:
         _monitor(plan, errfd, stdio, ruleset)
     except _StepFailed as f:
@@ -194,8 +197,13 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     if ruleset is not None:
         _step("landlock-rules", _add_late_rules, plan, ruleset)
         _step("landlock-restrict", ruleset.restrict_self)
-    if plan.seccomp is not None:
-        # Last before exec, so the filter need not allow any of the setup calls above.
+    if plan.seccomp is not None and plan.seccomp_listener:
+        # Last before exec, so the filter need not allow any of the setup calls above. The
+        # listener that answers its denials goes to the runtime, and only there: a process
+        # of the sandbox holding it could answer its own calls.
+        listener = _step("seccomp", plan.seccomp.install, L.SECCOMP_FILTER_FLAG_NEW_LISTENER)
+        _step("seccomp", _send_listener, _NOTIFY_FD, listener)
+    elif plan.seccomp is not None:
         _step("seccomp", plan.seccomp.install)
     # Nothing inherited beyond 0-2 survives exec (the error pipe is already close-on-exec).
     _step("close-fds", L.close_range, 3, 0xFFFFFFFF, L.CLOSE_RANGE_CLOEXEC)
@@ -489,6 +497,17 @@ def _proxy_listen(channel: int) -> None:
         ch.sendmsg([b"L"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", s.fileno()))])
     finally:
         s.close()
+        ch.close()
+
+
+def _send_listener(channel: int, listener: int) -> None:
+    """Hand the seccomp listener to the runtime (SCM_RIGHTS) and close our copies: once
+    sendmsg returns, the runtime's copy is in flight and this one may go."""
+    ch = _socket.socket(fileno=channel)
+    try:
+        ch.sendmsg([b"N"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", listener))])
+    finally:
+        os.close(listener)
         ch.close()
 
 

@@ -83,7 +83,7 @@ def threads() -> int:
 
 def start(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
           ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
-          close_in_child: int) -> int:
+          close_in_child: int, notify_fd: int = -1) -> int:
     """Start the child side of one run; its pid (the run's monitor, our child). Call it on
     the lasting thread (:func:`hcp_linux.spawner.on_lasting_thread`). ``close_in_child``:
     the error pipe's read end, which a forked child closes."""
@@ -92,13 +92,14 @@ def start(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
         pid = os.fork()
         if pid == 0:
             os.close(close_in_child)
-            child.run(plan, err_w, stdio, ruleset, proxy_fd, done_fd)
+            child.run(plan, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd)
         return pid
-    return spawn_helper(plan, err_w, stdio, ruleset, proxy_fd, done_fd)
+    return spawn_helper(plan, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd)
 
 
 def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
-                 ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int) -> int:
+                 ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
+                 notify_fd: int = -1) -> int:
     """posix_spawn the helper with the run; its pid. ChildSetupError (step ``helper``) when
     it cannot be started."""
     import errno
@@ -111,11 +112,11 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
     exe = sys.executable
     if not exe:
         raise ChildSetupError("helper", errno.ENOENT, "sys.executable is empty")
-    blob = marshal.dumps(message(plan, stdio, ruleset, proxy_fd, done_fd))
+    blob = marshal.dumps(message(plan, stdio, ruleset, proxy_fd, done_fd, notify_fd))
     fd = memfd(blob)
     started_r, started_w = os.pipe2(os.O_CLOEXEC)
     try:
-        keep = {fd, started_w, err_w, *stdio, proxy_fd, done_fd,
+        keep = {fd, started_w, err_w, *stdio, proxy_fd, done_fd, notify_fd,
                 -1 if ruleset is None else ruleset.fd}
         actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
         head = ERROR_RECORD.pack(STEP_INDEX["helper"], errno.EIO)
@@ -158,7 +159,7 @@ def _started(pid: int, started_r: int, exe: str) -> None:
 
 
 def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset | None",
-            proxy_fd: int, done_fd: int) -> dict[str, Any]:
+            proxy_fd: int, done_fd: int, notify_fd: int = -1) -> dict[str, Any]:
     """What the helper needs of the run, as marshal-able values: the Plan's fields that
     :mod:`hcp_linux.child` reads, and the fds."""
     import errno
@@ -183,7 +184,7 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         seccomp = (plan.seccomp.bpf, machine.seccomp_nr, SECCOMP_SET_MODE_FILTER)
     from .peer import status_fields
     return {
-        "fds": (tuple(stdio), proxy_fd, done_fd),
+        "fds": (tuple(stdio), proxy_fd, done_fd, notify_fd),
         "ignored": int(status_fields("self", "SigIgn")["SigIgn"], 16),
         "ruleset": rules,
         "seccomp": seccomp,
@@ -199,6 +200,7 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         "pid_max": plan.pid_max, "proxy": plan.proxy,
         "capture_ports": tuple(plan.capture_ports), "proc_fresh": plan.proc_fresh,
         "pty": plan.pty, "late_rules": tuple(plan.late_rules), "canary": plan.canary,
+        "seccomp_listener": plan.seccomp_listener,
     }
 
 
@@ -257,9 +259,9 @@ class _Filter:
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
         self._prog = SockFprog(len(bpf) // 8, ctypes.addressof(self._buf))
 
-    def install(self) -> None:
+    def install(self, flags: int = 0) -> int:
         import ctypes
-        _call(self.nr, self.op, 0, ctypes.addressof(self._prog))
+        return _call(self.nr, self.op, flags, ctypes.addressof(self._prog))
 
 
 def _ignore_as(runtime: int) -> None:
@@ -282,14 +284,16 @@ _NR_LANDLOCK_ADD_RULE, _NR_LANDLOCK_RESTRICT_SELF = 445, 446  # one number on ev
 _LANDLOCK_RULE_PATH_BENEATH = 1
 
 
-def _call(nr: int, *args: "int | bytes") -> None:
+def _call(nr: int, *args: "int | bytes") -> int:
     import ctypes
 
     from ._libc import _syscall  # restype c_long
     cargs = [a if isinstance(a, bytes) else ctypes.c_long(a) for a in args]
-    if _syscall(ctypes.c_long(nr), *cargs) < 0:
+    ret = _syscall(ctypes.c_long(nr), *cargs)
+    if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+    return int(ret)
 
 
 def main(args: list[str]) -> "NoReturn":
@@ -306,10 +310,10 @@ def main(args: list[str]) -> "NoReturn":
             parts.append(chunk)
         os.close(fd)
         fields = marshal.loads(b"".join(parts))
-        (stdio, proxy_fd, done_fd) = fields.pop("fds")
+        (stdio, proxy_fd, done_fd, notify_fd) = fields.pop("fds")
         # Inherited by number, so not close-on-exec here: make them so at once (0-2 aside:
         # those are ours, the runtime's, as for hcp-exec).
-        for inherited in (err, *stdio, proxy_fd, done_fd, *fields["ruleset"][:1]):
+        for inherited in (err, *stdio, proxy_fd, done_fd, notify_fd, *fields["ruleset"][:1]):
             if inherited > 2:
                 os.set_inheritable(inherited, False)
         _ignore_as(fields.pop("ignored"))
@@ -319,4 +323,5 @@ def main(args: list[str]) -> "NoReturn":
     except BaseException as e:  # noqa: BLE001 - a malformed run fails closed, named
         child._report(err, "helper", getattr(e, "errno", None) or errno.EIO,
                      f"{type(e).__name__}: {e}")
-    child.run(plan, err, tuple(stdio), ruleset, proxy_fd, done_fd)  # type: ignore[arg-type]
+    child.run(plan, err, tuple(stdio), ruleset, proxy_fd, done_fd,  # type: ignore[arg-type]
+              notify_fd)

@@ -64,7 +64,7 @@ def _run(a: argparse.Namespace) -> int:
     if end.signum is not None:
         end_by_signal(end.signum, receipt, a.receipt, status)
     assert receipt is not None and status is not None
-    return end_of_run(receipt, a.receipt, status, timed_out, policy.timeout)
+    return end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain)
 
 
 class _WinchForwarder:

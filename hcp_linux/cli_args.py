@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="TOML policy file (keys as in Policy)")
     r.add_argument("--receipt", action=_Once, metavar="FILE|-",
                    help="write the receipt as JSON ('-': stderr)")
+    r.add_argument("--explain", action="store_true",
+                   help="after the run, print one line per denial on stderr (what was "
+                        "blocked, by which layer, and what to change)")
     r.add_argument("--pack", action=_Once, metavar="FILE",
                    help="HCP pack manifest: run via the driver")
     r.add_argument("--principal", action=_Once, metavar="NAME",

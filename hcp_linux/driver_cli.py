@@ -84,6 +84,10 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
         raise failed  # main prints its one line; exit 125
     assert result is not None
     _write_receipt(result, a.receipt)
+    if a.explain:
+        from .denials import explain_lines
+        for line in explain_lines(result.receipt, result.returncode):
+            print(printable(line), file=sys.stderr)
     if result.timed_out:
         print(f"error: sandbox: timed out after {policy.timeout:g}s; the sandbox was killed",
               file=sys.stderr)

@@ -17,6 +17,7 @@ import time
 from typing import IO, Any, Callable
 
 from . import child_main, native, spawner, teardown
+from .denials import SeccompListener, denial_layers, receive_listener
 from .errors import ChildSetupError, SetupTimeoutError
 from .plan import Plan
 from .popen import Stdio
@@ -125,9 +126,19 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             ends.append(proxy_end)
             to_close.append(child_end)
         ready_ok = True
+        notify_end = notify_child = -1
         while True:
+            for fd in (notify_end, notify_child):  # one channel per attempt: an abandoned
+                if fd >= 0:                        # one may have sent its listener
+                    os.close(fd)
+            notify_end = notify_child = -1
+            if plan.confined and plan.seccomp is not None and plan.seccomp_listener:
+                notify_end, notify_child = _channel()
             pid, ready, err_r, done_r, ran = _start(plan, executor, fds, child_end, pidns,
-                                                    ready_ok)
+                                                    ready_ok, notify_child)
+            if notify_child >= 0:
+                os.close(notify_child)
+                notify_child = -1
             try:
                 if callable(receipt):
                     receipt = receipt()
@@ -159,10 +170,15 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     except BaseException:
         for fd in to_close + [e for e in ends if e is not None]:
             os.close(fd)
+        for fd in (notify_end, notify_child):
+            if fd >= 0:
+                os.close(fd)
         raise
     for fd in to_close:
         os.close(fd)
     if record:
+        if notify_end >= 0:
+            os.close(notify_end)
         monitor = teardown.Monitor(pid, pidns)
         monitor.over()  # it exits 125 after its report; bounded if it does not
         monitor.wait(None)
@@ -181,6 +197,15 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                           args=[a.decode() for a in plan.argv] if args is None else args,
                           stdio=stdio)
     proc.receipt["executor"] = ran
+    if notify_end >= 0:
+        listener = receive_listener(notify_end)
+        if listener < 0:  # its blocked calls would wait for an answer that never comes
+            proc.kill()
+            proc.wait()
+            raise ChildSetupError("seccomp", errno.EPROTO, "no seccomp listener received")
+        proc._denials = SeccompListener(listener, plan.seccomp_names)
+        proc._denials.start()
+    proc.receipt["denial_layers"] = denial_layers(plan)
     if ready_ok is False:
         proc.receipt.setdefault("spawn", {})["notes"] = [
             f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; it was killed "
@@ -195,8 +220,14 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     return proc
 
 
+def _channel() -> tuple[int, int]:
+    """A socketpair (ours, the child's) for the seccomp listener, both close-on-exec."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    return ours.detach(), theirs.detach()
+
+
 def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pidns: bool,
-           ready_ok: bool) -> tuple[int, bool, int, int, str]:
+           ready_ok: bool, notify_fd: int = -1) -> tuple[int, bool, int, int, str]:
     """Start one attempt: (monitor pid, whether a ready spare took it, error pipe's read end,
     done pipe's read end or -1, the executor that started it: the receipt's ``executor``). Each attempt has its own error and done pipes: a spare that
     was given up on may hold the last ones until it is gone."""
@@ -208,7 +239,8 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
             done_r, done_w = os.pipe2(os.O_CLOEXEC)
         # hcp-exec through posix_spawn; None: the ctypes executor (child_main: a fork of
         # this process while it has one thread, else a fresh helper process)
-        started = native.spawn(executor, plan, err_w, fds, child_end, done_w, ready_ok)
+        started = native.spawn(executor, plan, err_w, fds, child_end, done_w, ready_ok,
+                               notify_fd)
         if started is not None:
             (pid, ready), ran = started, "native"
         else:  # the ctypes executor: the child restricts itself with our ruleset
@@ -217,7 +249,7 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
 
             def start() -> int:
                 return child_main.start(plan, err_w, (fds[0], fds[1], fds[2]), ruleset,
-                                        child_end, done_w, err_r)
+                                        child_end, done_w, err_r, notify_fd)
             # from a thread that lasts: the run must not die with the spawning thread
             pid, ready, ran = spawner.on_lasting_thread(start), False, "ctypes"
     except BaseException:

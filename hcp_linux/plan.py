@@ -67,6 +67,10 @@ class Plan:
     canary: str | None = None
     seccomp: "seccomp_profiles.PreparedFilter | None" = None
     seccomp_names: tuple[str, ...] = ()
+    # the filter hands its policy denials to the runtime's listener (SECCOMP_RET_USER_NOTIF,
+    # installed with SECCOMP_FILTER_FLAG_NEW_LISTENER); else why not, for the receipt
+    seccomp_listener: bool = False
+    seccomp_unrecorded: str = ""
     env_removed: tuple[str, ...] = ()
     env_replaced: tuple[str, ...] = ()
     facts: dict = field(default_factory=dict)
@@ -197,7 +201,8 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         plan.close()
         raise
     if seccomp is not None:
-        plan.seccomp, plan.seccomp_names = seccomp
+        plan.seccomp, plan.seccomp_names, plan.seccomp_unrecorded = seccomp
+        plan.seccomp_listener = not plan.seccomp_unrecorded
     return plan
 
 

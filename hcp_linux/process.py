@@ -15,6 +15,7 @@ import time
 from typing import IO, Any
 
 from . import teardown
+from .denials import complete
 from .popen import Stdio
 
 #: The parent's ends as spawn made them before Popen's options existed: unbuffered binary.
@@ -47,6 +48,7 @@ class SandboxProcess:
         self._chunks: dict[str, list[bytes]] = {}  # communicate() state across calls
         self._pending_in: memoryview | None = None
         self._proxy: Any = None  # the egress proxy serving this run (network = "allow")
+        self._denials: Any = None  # the seccomp listener answering this run's denials
         self._monitor = teardown.Monitor(pid, pidns)
         # with a pid namespace: the init writes the command's wait status here once every
         # process of the run is gone, before the namespaces are torn down
@@ -102,6 +104,9 @@ class SandboxProcess:
         if self._proxy is not None:  # the run is over: so is its way out
             self._proxy.stop()
             self._proxy = None
+        if "denial_layers" in self.receipt and "denials" not in self.receipt:  # once
+            complete(self.receipt, self._denials)
+            self._denials = None
         end: dict[str, Any] = {"by": self._ended_by or "exit"}
         if self._monitor.notes:
             end["notes"] = list(self._monitor.notes)

@@ -31,18 +31,18 @@ FLAGS = {
     "USERNS": 1 << 0, "MOUNTNS": 1 << 1, "NETNS": 1 << 2, "IPCNS": 1 << 3, "PIDNS": 1 << 4,
     "CONFINED": 1 << 5, "PROXY": 1 << 6, "HOLDS_SETPCAP": 1 << 7, "PROC_FRESH": 1 << 8,
     "WAIT_FOR_TREE": 1 << 9, "LANDLOCK": 1 << 10, "CANARY": 1 << 11, "SECCOMP": 1 << 12,
-    "PID_MAX": 1 << 13, "PTY": 1 << 14,
+    "PID_MAX": 1 << 13, "PTY": 1 << 14, "SECCOMP_LISTENER": 1 << 15,
 }
 #: The namespace layers of a Plan and their flags.
 LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 8
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 9
 
 #: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
 #: message carries, and whether the plan is in the message itself rather than in a memfd.
-MESSAGE_BITS = {"RULESET": 1, "PROXY": 2, "DONE": 4, "INLINE": 8}
+MESSAGE_BITS = {"RULESET": 1, "PROXY": 2, "DONE": 4, "INLINE": 8, "NOTIFY": 16}
 #: Bytes: a larger plan goes to a spare in a memfd (a long argv or environment).
 INLINE_MAX = 60 << 10
 

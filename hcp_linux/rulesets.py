@@ -16,8 +16,9 @@ from .errors import ChildSetupError, LayerUnavailableError, PolicyError
 from .policy import Policy
 from .remedies import REMEDIES, remedy
 
-__all__ = ["POLICY_ABI", "REMEDIES", "Grant", "GrantedRuleset", "landlock_ruleset",
-           "seccomp_filter"]
+__all__ = ["POLICY_ABI", "REMEDIES", "Grant", "GrantedRuleset", "answered_by_filter",
+           "denials_unavailable",
+           "landlock_ruleset", "seccomp_filter", "set_denial_records"]
 
 #: The Landlock ABI whose rights, network rights and scopes the policy handles. Pinned rather
 #: than the binding's LATEST_ABI (the moving target rust-landlock warns against): when the
@@ -113,16 +114,20 @@ def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Rulese
 
 
 def seccomp_filter(policy: Policy, layers: frozenset[str]
-                   ) -> tuple[seccomp_profiles.PreparedFilter, tuple[str, ...]] | None:
+                   ) -> tuple[seccomp_profiles.PreparedFilter, tuple[str, ...], str] | None:
     """The prepared filter of ``policy``'s profiles (plus network-off where no network
-    namespace fences the network) and the profiles' names; None without the seccomp layer."""
+    namespace fences the network), the profiles' names, and "" when the filter hands its
+    policy denials to a listener that records them (SECCOMP_RET_USER_NOTIF), else why not
+    ("unavailable: ..."; the filter then answers them itself, as before). None without the
+    seccomp layer."""
     if "seccomp" not in layers:
         return None
     names = tuple(policy.seccomp_profiles)
     if "netns" not in layers and policy.network == "none" and "network-off" not in names:
         names += ("network-off",)
+    unrecorded = denials_unavailable()
     try:
-        bpf = seccomp_profiles.compile_profiles(names)
+        bpf = seccomp_profiles.compile_profiles(names, notify=not unrecorded)
     except seccomp_profiles.SeccompCompileError as e:
         # libseccomp asks the kernel what it supports while compiling: a host (or a filter on
         # this process) without seccomp fails here, before any child could try to install it.
@@ -133,7 +138,49 @@ def seccomp_filter(policy: Policy, layers: frozenset[str]
     prepared = _prepared_filters.get(bpf)
     if prepared is None:  # read-only once made: plans (and threads) share it
         prepared = _prepared_filters[bpf] = seccomp_profiles.PreparedFilter(bpf)
-    return prepared, names
+    return prepared, names, unrecorded
+
+
+def answered_by_filter(names: tuple[str, ...]) -> "seccomp_profiles.PreparedFilter":
+    """The filter of ``names`` that answers its denials itself (RET_ERRNO), for a run no
+    listener of ours can serve (a served plan: the client starts hcp-exec). Compiled
+    already: seccomp_filter checked the same names."""
+    bpf = seccomp_profiles.compile_profiles(names)
+    prepared = _prepared_filters.get(bpf)
+    if prepared is None:
+        prepared = _prepared_filters[bpf] = seccomp_profiles.PreparedFilter(bpf)
+    return prepared
+
+
+_recording: bool | None = None
+_unavailable = ""
+
+
+def set_denial_records(on: bool) -> None:
+    """Record seccomp denials (the default where the kernel can) or not: off, the filter
+    answers them itself (RET_ERRNO) and the receipt says so. For hosts and tests that want
+    today's filter byte for byte."""
+    global _recording
+    _recording = on
+
+
+def denials_unavailable() -> str:
+    """"" when this kernel lets a listener answer the filter's denials; else why not. The
+    kernel lists the actions it has in /proc/sys/kernel/seccomp/actions_avail (4.14+);
+    "user_notif" came with 5.0, SECCOMP_IOCTL_NOTIF_ID_VALID's fixed number with 5.17."""
+    global _unavailable
+    if _recording is False:
+        return "unavailable: turned off (set_denial_records(False))"
+    if not _unavailable:
+        try:
+            with open("/proc/sys/kernel/seccomp/actions_avail", "rb") as f:
+                actions = f.read().split()
+        except OSError as e:
+            _unavailable = f"unavailable: /proc/sys/kernel/seccomp/actions_avail: {e.strerror}"
+        else:
+            _unavailable = "-" if b"user_notif" in actions else \
+                "unavailable: the kernel has no SECCOMP_RET_USER_NOTIF (Linux < 5.0)"
+    return "" if _unavailable == "-" else _unavailable
 
 
 _prepared_filters: dict[bytes, "seccomp_profiles.PreparedFilter"] = {}

@@ -6,9 +6,10 @@ import sys
 
 
 def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_out: bool,
-               timeout: float | None) -> int:
+               timeout: float | None, explain: bool = False) -> int:
     """How `hcp-linux run` ends, served or not: the receipt with the run's exit (to
-    ``receipt_to``: a path, or "-" for stderr), the timeout's line, the exit status."""
+    ``receipt_to``: a path, or "-" for stderr), ``explain``: a line per denial (stderr),
+    the timeout's line, the exit status."""
     if receipt_to:
         from .receipt import write_receipt
         receipt["exit"] = {"returncode": returncode, "timed_out": timed_out}
@@ -19,6 +20,11 @@ def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_o
             print(f"error: sandbox: receipt {printable(receipt_to)}: "
                   f"{e.strerror or e}", file=sys.stderr)
             return EXIT_REFUSED
+    if explain:
+        from .denials import explain_lines
+        from .errors import printable
+        for line in explain_lines(receipt, returncode):
+            print(printable(line), file=sys.stderr)
     if timed_out:
         from .errors import EXIT_TIMEOUT
         print(f"error: sandbox: timed out after {timeout:g}s; the sandbox was killed",

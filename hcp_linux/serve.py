@@ -36,7 +36,9 @@ from .cli_args import build_parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
 from .hcp_spawn import hard_limits
 from .peer import MAX_SOCKET_PATH, more_confined, peer, same_place
+from .denials import complete, denial_layers
 from .plan import Plan
+from .rulesets import answered_by_filter
 from .policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
 from .sandbox import Sandbox
 from .serve_wire import PROTOCOL, encode, recv_frame
@@ -200,6 +202,11 @@ def _remove_stale_socket(path: str, shown: str) -> None:
         probe.close()
 
 
+#: The receipt's denial_layers.seccomp for a served run.
+SERVED_UNRECORDED = ("unavailable: served run (hcp-linux serve): the client starts hcp-exec "
+                     "and runs no listener; the filter answers denials itself")
+
+
 def _warm() -> None:
     """Compile the seccomp programs a served plan can name, now, in the server's own
     environment: a request then finds them in memory and never reads or writes the disk
@@ -209,6 +216,7 @@ def _warm() -> None:
     # is not served); without a network namespace its plan adds network-off
     for names in (DEFAULT_SECCOMP_PROFILES, DEFAULT_SECCOMP_PROFILES + ("network-off",)):
         seccomp_profiles.compile_profiles(names)
+        seccomp_profiles.compile_profiles(names, notify=True)
 
 
 def _other_cgroup(pid: int) -> str | None:
@@ -261,6 +269,8 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
     if (a.cmd != "run" or a.pack is not None or a.principal is not None or a.policy
             or a.executor == "ctypes" or native.binary() is None):
         return say(b"fallback", b"not served here")
+    if a.explain:  # denials are recorded by a listener in the process that runs it
+        return say(b"fallback", b"--explain")
     try:
         argv = command_of(a)
         check_outputs(a)
@@ -281,11 +291,19 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             if not _servable(plan):
                 return say(b"fallback", b"a plan this server does not serve")
             plan.parent_pid = pid  # the client starts hcp-exec
+            if plan.seccomp is not None and plan.seccomp_listener:
+                # The client starts hcp-exec and has no listener: the filter answers its
+                # denials itself, as before, and the receipt says they are not recorded.
+                plan.seccomp = answered_by_filter(plan.seccomp_names)
+                plan.seccomp_listener = False
+                plan.seccomp_unrecorded = SERVED_UNRECORDED
             blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
                                      process=state["process"])
             receipt = make_receipt()
             receipt["served_by"] = {"pid": os.getpid(), "socket": server.path}
             receipt["executor"] = "native"  # the client starts hcp-exec with this plan
+            receipt["denial_layers"] = denial_layers(plan)
+            complete(receipt, None)  # none recorded: see denial_layers
             say(b"plan", os.fsencode(native.binary() or ""), blob,
                 json.dumps(receipt).encode(),
                 b"" if policy.timeout is None else repr(policy.timeout).encode(),

@@ -16,6 +16,7 @@ RET_KILL_PROCESS = 0x80000000
 RET_KILL_THREAD = 0x00000000
 RET_TRAP = 0x00030000
 RET_ERRNO = 0x00050000
+RET_USER_NOTIF = 0x7FC00000
 RET_LOG = 0x7FFC0000
 RET_ALLOW = 0x7FFF0000
 RET_ACTION_FULL = 0xFFFF0000
@@ -148,6 +149,6 @@ def describe(ret: int) -> str:
     if action == RET_ERRNO:
         return "errno:" + errno.errorcode.get(data, str(data))
     names = {RET_KILL_PROCESS: "kill_process", RET_KILL_THREAD: "kill_thread", RET_TRAP: "trap",
-             RET_LOG: "log", RET_ALLOW: "allow"}
+             RET_LOG: "log", RET_ALLOW: "allow", RET_USER_NOTIF: "user_notif"}
     return names.get(action, f"{ret:#x}")
 

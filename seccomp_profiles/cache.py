@@ -44,15 +44,17 @@ class CacheStats:
 stats = CacheStats()
 
 
-def compile_profiles(names: Sequence[ProfileRef]) -> bytes:
-    """Raw BPF (struct sock_filter array) enforcing all `names` together on this machine.
+def compile_profiles(names: Sequence[ProfileRef], notify: bool = False) -> bytes:
+    """Raw BPF (struct sock_filter array) enforcing all `names` together on this machine;
+    ``notify``: the policy denials go to a listener (SECCOMP_RET_USER_NOTIF) that answers them.
 
     Every error (unknown profile, malformed file, unknown syscall, libseccomp refusal) is raised
     here, in the caller's process, before anything could be installed.
     """
-    key = tuple(os.fspath(n) for n in names)
-    if not key:
+    names_key = tuple(os.fspath(n) for n in names)
+    if not names_key:
         raise SeccompProfileError("compile_profiles needs at least one profile")
+    key = names_key + ("\0notify",) if notify else names_key
     cached = _memory.get(key)
     if cached is not None:
         stats.memory_hits += 1
@@ -60,8 +62,8 @@ def compile_profiles(names: Sequence[ProfileRef]) -> bytes:
     machine = native_machine()
     if machine is None:
         raise SeccompCompileError(f"unsupported machine {os.uname().machine!r} for seccomp filters")
-    sources = [read_source(ref) for ref in dict.fromkeys(key)]
-    disk_key = _disk_key(machine, [data for _, _, data in sources])
+    sources = [read_source(ref) for ref in dict.fromkeys(names_key)]
+    disk_key = _disk_key(machine, [data for _, _, data in sources], notify)
     program = _disk_load(disk_key)
     if program is not None:
         stats.disk_hits += 1
@@ -69,11 +71,11 @@ def compile_profiles(names: Sequence[ProfileRef]) -> bytes:
         from .compiler import compile_bpf
 
         profiles = [build_profile(data, path, expected) for path, expected, data in sources]
-        program = compile_bpf(profiles, machine)
+        program = compile_bpf(profiles, machine, notify)
         stats.compiles += 1
         _disk_store(disk_key, program)
     _memory[key] = program
-    _memory_digests[key] = _digest(data for _, _, data in sources)
+    _memory_digests[names_key] = _digest(data for _, _, data in sources)
     return program
 
 
@@ -123,10 +125,12 @@ def _system_dir(path: str) -> bool:
     return path == "/" or any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS)
 
 
-def _disk_key(machine: Machine, contents: Sequence[bytes]) -> str:
+def _disk_key(machine: Machine, contents: Sequence[bytes], notify: bool = False) -> str:
     from .syscalls import libseccomp_version
 
     h = hashlib.sha256(f"format={FORMAT}\nmachine={machine.name}\n".encode())
+    if notify:
+        h.update(b"notify\n")
     h.update(f"libseccomp={libseccomp_version()}\ncode={_code()}\n".encode())
     for data in contents:
         h.update(len(data).to_bytes(8, "big") + data)

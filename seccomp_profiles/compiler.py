@@ -34,15 +34,30 @@ _SIMPLE = {
 _FOREIGN_ARCH = 0x40000003  # AUDIT_ARCH_I386: what `int 0x80` reports on x86_64
 
 
-def action_value(action: str) -> int:
-    """SECCOMP_RET_* for a normalised action string (libseccomp uses the same values)."""
+def action_value(action: str, notify: bool = False) -> int:
+    """SECCOMP_RET_* for a normalised action string (libseccomp uses the same values).
+
+    ``notify``: an errno answer that is a policy denial becomes SECCOMP_RET_USER_NOTIF, so
+    that a listener records it and answers the same errno (:func:`notified`)."""
+    if notify and notified(action):
+        return _bpf.RET_USER_NOTIF
     if action.startswith("errno:"):
         return _bpf.RET_ERRNO | int(getattr(errno, action[6:]))
     return _SIMPLE[action]
 
 
-def compile_bpf(profiles: Sequence[Profile], machine: Machine) -> bytes:
-    """One program for all `profiles` (their rules are merged) on the native `machine`."""
+def notified(action: str) -> bool:
+    """Whether a notifying program hands ``action`` to its listener: every errno answer but
+    ENOSYS. ENOSYS is the profiles' "fall back" answer (clone3, socketcall), which libc asks
+    on every thread or process creation and handles silently: a round trip to the listener
+    there would cost each clone a context switch, and it refuses nothing the caller needs.
+    KILL and the other actions stay as they are."""
+    return action.startswith("errno:") and action != "errno:ENOSYS"
+
+
+def compile_bpf(profiles: Sequence[Profile], machine: Machine, notify: bool = False) -> bytes:
+    """One program for all `profiles` (their rules are merged) on the native `machine`;
+    ``notify``: with the policy denials as SECCOMP_RET_USER_NOTIF (see :func:`notified`)."""
     import pyseccomp  # lazy: ~20 ms, and only a cache miss needs it
 
     defaults = {p.default_action for p in profiles}
@@ -69,7 +84,8 @@ def compile_bpf(profiles: Sequence[Profile], machine: Machine) -> bytes:
     for profile in profiles:
         for i, rule in enumerate(profile.rules):
             where = f"{profile.path}: rule[{i}]"
-            act = action_value(rule.action)
+            act = action_value(rule.action, notify)
+            plain = action_value(rule.action)  # conflicts are judged on the real answers
             conjunctions = expand(rule.args, machine.name)
             for name in rule.syscalls:
                 nr = native_number(name, rule.nr, machine)
@@ -78,13 +94,13 @@ def compile_bpf(profiles: Sequence[Profile], machine: Machine) -> bytes:
                 for conj in conjunctions:
                     key = (nr, conj)
                     if key in added:
-                        if added[key][0] != act:
+                        if added[key][0] != plain:
                             raise SeccompCompileError(f"{where}: {name}: conflicts with {added[key][1]}")
                         continue
                     _add_rule(pyseccomp, flt, act, nr, conj, f"{where}: {name}")
-                    added[key] = (act, where)
+                    added[key] = (plain, where)
     program = _export(flt)
-    verify(program, machine, profiles)
+    verify(program, machine, profiles, notify)
     return program
 
 
@@ -118,7 +134,8 @@ def _export(flt: Any) -> bytes:
         return fh.read()
 
 
-def verify(program: bytes, machine: Machine, profiles: Sequence[Profile] = ()) -> None:
+def verify(program: bytes, machine: Machine, profiles: Sequence[Profile] = (),
+           notify: bool = False) -> None:
     """Refuse a program that does not do what this package promises.
 
     Checks, by running it: a foreign architecture is killed; on x86_64 an x32 number is killed;
@@ -145,4 +162,5 @@ def verify(program: bytes, machine: Machine, profiles: Sequence[Profile] = ()) -
             for name in rule.syscalls:
                 nr = native_number(name, rule.nr, machine)
                 if nr is not None:
-                    expect(nr, machine.audit_arch, action_value(rule.action), f"{name} ({profile.path})")
+                    expect(nr, machine.audit_arch, action_value(rule.action, notify),
+                           f"{name} ({profile.path})")

@@ -20,6 +20,8 @@ SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_TSYNC = 1 << 0
 SECCOMP_FILTER_FLAG_LOG = 1 << 1
 SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1 << 2
+#: seccomp(2) returns a listener fd (close-on-exec) for the filter's SECCOMP_RET_USER_NOTIF.
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 BPF_MAXINSNS = 4096
 _SOCK_FILTER_SIZE = 8
 
@@ -55,11 +57,14 @@ class PreparedFilter:
         fn.restype = ctypes.c_long
         self._syscall = fn
 
-    def install(self, flags: int = 0) -> None:
-        """seccomp(SECCOMP_SET_MODE_FILTER, flags, &prog); OSError(errno) on failure."""
-        if self._syscall(self._nr, SECCOMP_SET_MODE_FILTER, flags, self._prog_addr) != 0:
+    def install(self, flags: int = 0) -> int:
+        """seccomp(SECCOMP_SET_MODE_FILTER, flags, &prog); OSError(errno) on failure. Returns
+        the syscall's value: the listener fd with SECCOMP_FILTER_FLAG_NEW_LISTENER, else 0."""
+        ret = self._syscall(self._nr, SECCOMP_SET_MODE_FILTER, flags, self._prog_addr)
+        if ret < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
+        return int(ret)
 
 
 def install_filter(bpf: bytes, flags: int = 0) -> None:

@@ -52,7 +52,7 @@ def test_the_binary_was_built_from_protocol_py():
     out = subprocess.run([native.binary(), "--protocol"], capture_output=True, text=True,
                          check=True).stdout
     assert out == protocol.table()
-    assert len(protocol.FLAGS) == 15 and f"step {len(protocol.STEPS) - 1} helper\n" in out
+    assert len(protocol.FLAGS) == 16 and f"step {len(protocol.STEPS) - 1} helper\n" in out
 
 
 def test_the_header_is_generated_and_named_in_the_binary():
@@ -288,7 +288,7 @@ def test_rlimit_failure_is_the_rlimits_step(jail: Path) -> None:
 @built
 def test_malformed_plan_fails_closed(jail: Path, monkeypatch) -> None:
     good = native.plan_bytes
-    monkeypatch.setattr(native, "plan_bytes", lambda *a: good(*a)[:-5])
+    monkeypatch.setattr(native, "plan_bytes", lambda *a, **k: good(*a, **k)[:-5])
     step, err, detail = _failure(_plan(jail), "native")
     assert (step, err) == ("internal", errno.EINVAL) and "malformed plan" in detail, detail
 

@@ -105,6 +105,9 @@ def test_a_served_run_is_the_in_process_run(server: Server, jail: Path, tmp_path
     a, b = json.loads(plain_receipt.read_text()), json.loads(served_receipt.read_text())
     assert "served_by" not in a  # control: the in-process run says nothing of a server
     assert b.pop("served_by") == {"pid": server.proc.pid, "socket": str(server.path)}
+    # a served run's seccomp filter answers denials itself: nothing listens in the client
+    assert a["denial_layers"].pop("seccomp").startswith("recorded")
+    assert b["denial_layers"].pop("seccomp").startswith("unavailable: served run")
     assert a == b
 
 
@@ -362,3 +365,29 @@ def test_timeout_with_the_monitor_stopped_served_and_not(server: Server, jail: P
             kill_by_pid(client)
             client.stderr.close()  # type: ignore[union-attr]
         wait_for(lambda: processes_with(token) == [], "a process of the run survived")
+
+
+_BLOCKED = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.unshare(0x20000), errno.errorcode[ctypes.get_errno()])")
+
+
+def test_a_served_run_refuses_blocked_calls_unrecorded(server: Server, jail: Path,
+                                                       tmp_path: Path) -> None:
+    """Served, the filter answers its denials itself (no listener in the client): the call
+    is refused all the same, and the receipt says the denials are not recorded. With
+    --explain the run is not served: in-process, the denial is recorded and explained."""
+    receipt = tmp_path / "served.json"
+    served = run_cli(jail, "python3", "-c", _BLOCKED, extra=["--receipt", str(receipt)],
+                     env=server.env())
+    assert served.stdout == b"-1 EPERM\n", show(served)
+    r = json.loads(receipt.read_text())
+    assert "served_by" in r
+    assert r["denials"] == []
+    assert r["denial_layers"]["seccomp"].startswith("unavailable: served run")
+    explained = run_cli(jail, "python3", "-c", _BLOCKED,
+                        extra=["--receipt", str(receipt), "--explain"], env=server.env())
+    assert explained.stdout == b"-1 EPERM\n", show(explained)
+    assert explained.stderr.startswith(b"blocked: unshare (pid "), show(explained)
+    r = json.loads(receipt.read_text())
+    assert "served_by" not in r
+    assert [d["syscall"] for d in r["denials"]] == ["unshare"]

@@ -44,7 +44,8 @@ stats = {"ready": 0, "on_the_spot": 0, "direct": 0}
 
 
 def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
-          proxy_fd: int, done_fd: int = -1, ready_ok: bool = True) -> tuple[int, bool] | None:
+          proxy_fd: int, done_fd: int = -1, ready_ok: bool = True,
+          notify_fd: int = -1) -> tuple[int, bool] | None:
     """Start the monitor through hcp-exec: (its pid, whether a ready spare took the plan);
     None: use the ctypes executor.
 
@@ -66,7 +67,7 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
                else None)
     try:
         return _spawn(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd,
-                      ready_ok)
+                      ready_ok, notify_fd)
     finally:
         if ruleset is not None:
             ruleset.close()
@@ -74,19 +75,21 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
 
 def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequence[int],
            ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
-           ready_ok: bool) -> tuple[int, bool] | None:
+           ready_ok: bool, notify_fd: int = -1) -> tuple[int, bool] | None:
     if not plan.confined or spares.mode() == "never":
         stats["direct"] += 1
-        pid = _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd)
+        pid = _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd,
+                            notify_fd)
         return None if pid is None else (pid, False)
     view = view_bytes(plan)
     # A ready spare was started a while ago: it takes this moment's umask from the plan.
-    blob = plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view)
+    blob = plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view,
+                      notify_fd=notify_fd)
     key = spares.spare_key(plan, exe)
     pool = spares.pool()
     spare = pool.take(key, view if "mountns" in plan.layers else None) if ready_ok else None
     if spare is not None:
-        if spares.hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
+        if spares.hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd):
             stats["ready"] += 1
             pool.kick()
             return spare.pid, True
@@ -96,7 +99,7 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
     except OSError as e:
         selection.cannot_exec(executor, exe, e)
         return None
-    if spares.hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd):
+    if spares.hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd):
         stats["on_the_spot"] += 1
         pool.kick()
         return spare.pid, False
@@ -107,10 +110,10 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
 
 def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
                   stdio: Sequence[int], ruleset: "CreatedRuleset | None",
-                  proxy_fd: int, done_fd: int) -> int | None:
-    fd = memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd))
+                  proxy_fd: int, done_fd: int, notify_fd: int = -1) -> int | None:
+    fd = memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, notify_fd=notify_fd))
     try:
-        keep = {proxy_fd, done_fd, ruleset.fd if ruleset is not None else -1, *stdio}
+        keep = {proxy_fd, done_fd, notify_fd, ruleset.fd if ruleset is not None else -1, *stdio}
         try:  # from a thread that lasts: the run must not die with the spawning thread
             return on_lasting_thread(lambda: spawn_hcp_exec(exe, fd, err_w, keep))
         except OSError as e:

@@ -68,9 +68,9 @@
  * build (hcp_linux/native/build.py), so both executors share one description. */
 #include "hcp_exec_protocol.h"
 
-#define VIEW_FLAGS \
-    (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_LANDLOCK | F_PTY \
-     | F_PROXY)
+#define VIEW_FLAGS                                                                        \
+    (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_SECCOMP_LISTENER \
+     | F_LANDLOCK | F_PTY | F_PROXY)
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -142,6 +142,7 @@ static struct plan {
     uint32_t flags;
     int64_t parent_pid, uid, gid, cap_last_cap, pid_max;
     int stdio[3], ruleset_fd, proxy_fd, done_fd; /* done_fd: the runtime's "run over" pipe */
+    int notify_fd; /* where the seccomp listener goes to the runtime (F_SECCOMP_LISTENER) */
     uint64_t ll_fs, ll_net, ll_scoped, dir_only; /* the Landlock ruleset hcp-exec makes */
     uint32_t proxy_addr; /* host byte order */
     uint16_t proxy_port;
@@ -389,6 +390,7 @@ static void parse_plan(void) {
     P.ruleset_fd = (int)(int64_t)get_u64();
     P.proxy_fd = (int)(int64_t)get_u64();
     P.done_fd = (int)(int64_t)get_u64();
+    P.notify_fd = (int)(int64_t)get_u64();
     P.proxy_addr = (uint32_t)get_u64();
     P.proxy_port = (uint16_t)get_u64();
     P.umask = get_u64();
@@ -916,10 +918,62 @@ static void add_late_rules(void) {
     }
 }
 
+/* The listener of the filter's SECCOMP_RET_USER_NOTIF (close-on-exec, as the kernel makes
+ * it), held from the install until it is sent to the runtime. */
+static int listener = -1;
+
 static int install_seccomp(void) {
     struct sock_fprog prog = {(unsigned short)(P.bpf_len / 8),
                               (struct sock_filter *)(uintptr_t)P.bpf};
-    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    long r;
+    if (!(P.flags & F_SECCOMP_LISTENER))
+        return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+    if (r < 0)
+        return -1;
+    listener = (int)r;
+    return 0;
+}
+
+/* Hand the listener to the runtime (SCM_RIGHTS) and close our copies: no process of the
+ * sandbox may hold it, or it could answer its own calls. Once sendmsg returns, the runtime's
+ * copy is in flight. */
+static int send_listener(int channel) {
+    char data = 'N';
+    struct iovec iov = {&data, 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg;
+    struct cmsghdr *cm;
+    ssize_t n;
+    int saved;
+    if (channel < 0 || listener < 0) {
+        errno = EBADF;
+        return -1;
+    }
+    memset(&msg, 0, sizeof msg);
+    memset(&u, 0, sizeof u);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &listener, sizeof listener);
+    do
+        n = sendmsg(channel, &msg, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    saved = errno;
+    close(listener);
+    listener = -1;
+    close(channel);
+    P.notify_fd = -1;
+    errno = saved;
+    return n < 0 ? -1 : 0;
 }
 
 static void check_status(const char *status, const struct status_line *lines, size_t n) {
@@ -1184,6 +1238,8 @@ static void __attribute__((noreturn)) payload(int status_w) {
     }
     if (!confined_early)
         confine();
+    if (P.flags & F_SECCOMP_LISTENER)
+        TRY(S_SECCOMP, send_listener(P.notify_fd), "sending the seccomp listener");
     TRY(S_CLOSE_FDS, syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC_), NULL);
     if (status_w < 0) {
         verify();
@@ -1268,18 +1324,19 @@ static void monitor_steps(void) {
  * read); a larger one (a long argv or environment) in a memfd. */
 
 /* One message: a header (magic, bits), the plan when M_INLINE, and the fds [(plan memfd
- * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done)]. */
+ * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done),
+ * (notify)]. */
 static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     static unsigned char data[16 + INLINE_MAX];
     unsigned char *hdr = data;
     struct iovec iov = {data, sizeof data};
     union {
-        char buf[CMSG_SPACE(8 * sizeof(int))];
+        char buf[CMSG_SPACE(10 * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct msghdr m;
     struct cmsghdr *cm;
-    int fds[8], n = 0, want, inline_plan, first;
+    int fds[10], n = 0, want, inline_plan, first;
     uint64_t magic = 0, bits = 0;
     ssize_t r;
     memset(&m, 0, sizeof m);
@@ -1298,7 +1355,7 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
         if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
             size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k && n < 8; i++)
+            for (size_t i = 0; i < k && n < 10; i++)
                 memcpy(&fds[n++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
         }
     }
@@ -1313,7 +1370,8 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     if (n < first + 1)
         _exit(125);
     errfd = above_stdio(fds[first]);
-    want = first + 4 + !!(bits & M_RULESET) + !!(bits & M_PROXY) + !!(bits & M_DONE);
+    want = first + 4 + !!(bits & M_RULESET) + !!(bits & M_PROXY) + !!(bits & M_DONE)
+           + !!(bits & M_NOTIFY);
     if (magic != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC)
         || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || n != want
         || (inline_plan ? r <= 16 : r != 16))
@@ -1340,12 +1398,16 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     P.ruleset_fd = (bits & M_RULESET) ? fds[n++] : -1;
     P.proxy_fd = (bits & M_PROXY) ? fds[n++] : -1;
     P.done_fd = (bits & M_DONE) ? fds[n++] : -1;
+    P.notify_fd = (bits & M_NOTIFY) ? fds[n++] : -1;
+    if (!!(P.flags & F_SECCOMP_LISTENER) != !!(bits & M_NOTIFY))
+        report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
     if (((bits & M_RULESET) && (!(P.flags & F_LANDLOCK) || (P.flags & F_MOUNTNS)))
         || (!!(P.flags & F_PROXY) != !!(bits & M_PROXY)))
         report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
     P.ruleset_fd = above_stdio(P.ruleset_fd);
     P.proxy_fd = above_stdio(P.proxy_fd);
     P.done_fd = above_stdio(P.done_fd);
+    P.notify_fd = above_stdio(P.notify_fd);
     if (P.umask != ~(uint64_t)0)
         umask((mode_t)P.umask);
 }
@@ -1489,8 +1551,9 @@ int main(int argc, char **argv) {
     P.ruleset_fd = above_stdio(P.ruleset_fd);
     P.proxy_fd = above_stdio(P.proxy_fd);
     P.done_fd = above_stdio(P.done_fd);
+    P.notify_fd = above_stdio(P.notify_fd);
     {
-        int inherited[] = {P.ruleset_fd, P.proxy_fd, P.done_fd};
+        int inherited[] = {P.ruleset_fd, P.proxy_fd, P.done_fd, P.notify_fd};
         for (size_t i = 0; i < sizeof inherited / sizeof inherited[0]; i++)
             if (inherited[i] >= 0 && fcntl(inherited[i], F_SETFD, FD_CLOEXEC) < 0)
                 report(S_STDIO, errno, NULL);

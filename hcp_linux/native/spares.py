@@ -83,7 +83,8 @@ class Spare:
 
 
 def hand_over(spare: Spare, plan: bytes, err_w: int, stdio: Sequence[int],
-               ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int) -> bool:
+               ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
+               notify_fd: int = -1) -> bool:
     """Send the plan and the run's fds to a spare, in one message; False if it is gone (or
     its socket is full: never block on a spare). The plan travels in the message up to
     INLINE_MAX (and the socket's send buffer), else in a memfd."""
@@ -100,6 +101,9 @@ def hand_over(spare: Spare, plan: bytes, err_w: int, stdio: Sequence[int],
     if done_fd >= 0:
         fds.append(done_fd)
         bits |= MESSAGE_BITS["DONE"]
+    if notify_fd >= 0:
+        fds.append(notify_fd)
+        bits |= MESSAGE_BITS["NOTIFY"]
     magic = u64(PLAN_VERSION << 32 | PLAN_MAGIC)
     sent = False
     try:

@@ -42,6 +42,7 @@ def view_bytes(plan: "Plan") -> bytes:
     vf = (F["MOUNTNS"] * ("mountns" in plan.layers) | F["PROC_FRESH"] * plan.proc_fresh
           | F["PID_MAX"] * (plan.pid_max is not None) | F["HOLDS_SETPCAP"] * plan.holds_setpcap
           | F["SECCOMP"] * (plan.seccomp is not None)
+          | F["SECCOMP_LISTENER"] * (plan.seccomp is not None and plan.seccomp_listener)
           | F["LANDLOCK"] * (plan.landlock is not None) | F["PTY"] * plan.pty
           | F["PROXY"] * plan.proxy)
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
@@ -107,7 +108,7 @@ def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
 def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | None",
                proxy_fd: int, done_fd: int = -1, set_umask: bool = False,
                view: bytes | None = None,
-               process: tuple[int, int, int] | None = None) -> bytes:
+               process: tuple[int, int, int] | None = None, notify_fd: int = -1) -> bytes:
     """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings).
     Call it in the spawning thread: it records that thread's signal mask, and this moment's
     ignored signals and (``set_umask``: for a spare started a while ago) umask; or, given
@@ -133,6 +134,7 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
               | F["LANDLOCK"] * (plan.landlock is not None)
               | F["CANARY"] * (plan.canary is not None)
               | F["SECCOMP"] * (plan.seccomp is not None)
+              | F["SECCOMP_LISTENER"] * (plan.seccomp is not None and plan.seccomp_listener)
               | F["PID_MAX"] * (plan.pid_max is not None) | F["PTY"] * plan.pty)
     host, port = PROXY_ADDRESS
     a, b, c, d = (int(x) for x in host.split("."))
@@ -144,7 +146,7 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     parts += [u64(v & _MASK) for v in (
         flags, plan.parent_pid, plan.uid, plan.gid,
         stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
-        done_fd, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
+        done_fd, notify_fd, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
         blocked)]
     for s in (plan.cwd, plan.exe, os.fsencode(plan.canary) if plan.canary is not None else b"/"):
         _str(parts, s)

@@ -1,0 +1,382 @@
+"""What a run was refused, layer by layer: the receipt's ``denials`` and ``--explain``.
+
+An agent that sees a command fail must tell a sandbox refusal from a missing file or a broken
+tool, or it retries, or its user turns the sandbox off. So each run collects the refusals it
+caused, deterministically, from the layer that refused:
+
+- seccomp: the filter hands each policy denial (an errno answer other than ENOSYS, see
+  seccomp_profiles.compiler.notified) to the runtime as SECCOMP_RET_USER_NOTIF.
+  :class:`SeccompListener` (one service thread for all runs) receives it, answers it with
+  the errno the blocklist gave before (SECCOMP_IOCTL_NOTIF_SEND, never "continue"), and
+  records it with its rule (profile, ``why``). Calls the filter allows never reach it: a
+  run with no denial pays nothing per syscall.
+- network: the egress proxy's refusals (its decisions are in the receipt already).
+- Landlock: the kernel logs denials (ABI >= 7) to the audit subsystem only; reading them
+  needs the audit netlink socket (CAP_AUDIT_READ) in the initial namespaces, which this
+  runtime does not hold open: said as unavailable, with why.
+- the mount view: a path that is not in the view is not refused, it is absent (ENOENT); no
+  kernel layer sees it. The receipt's roots are the view; :func:`explain_lines` says so.
+
+Bounded: at most :data:`MAX_RECORDED` records per layer; the rest are counted.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import threading
+from typing import Any
+
+#: Records kept per run and layer; past it, only counted (a flood of blocked calls must not
+#: grow the runtime's memory or the receipt).
+MAX_RECORDED = 100
+
+#: How long the end of a run waits for the listener's answers in progress.
+_FINISH = 2.0
+
+
+class SeccompListener:
+    """Answers and records one run's seccomp denials, served by the process's one
+    :class:`_Service` thread, which wakes only for a notification: a run with no denial
+    costs no thread start, no wake-up (a thread per run cost each run ~0.3 ms, measured).
+
+    Every notification is answered with the errno the same profiles' program without
+    notifications gives that call (the blocklist's answer before denials were recorded); the
+    record names the rule that matched (profile, ``why``). If no one answers, the calling
+    thread waits in the kernel, killable: the run's timeout and kill still end it. When the
+    listener fd is closed (the runtime dies, or gives up on it), the kernel answers pending
+    and later notified calls ENOSYS: still refused."""
+
+    def __init__(self, listener: int, profiles: tuple[str, ...]) -> None:
+        self.listener = listener
+        self._profiles = profiles
+        self.lock = threading.Lock()
+        self.closed = False
+        self.records: list[dict[str, Any]] = []
+        self.count = 0
+        self.error = ""  # why the records may be incomplete, if they may
+        self._answers: Any = None  # the program that answers itself, decoded on first use
+        self._explainer: Any = None
+
+    def start(self) -> None:
+        """Have the service thread watch the listener (epoll_ctl from here: no wake-up)."""
+        _service().watch(self)
+
+    # -- the caller holds self.lock ----------------------------------------------------------
+
+    def pending(self) -> bool:
+        """Whether a notification waits (poll, no wait): NOTIF_RECV itself would block."""
+        poller = select.poll()
+        poller.register(self.listener, select.POLLIN)
+        return any(ev & select.POLLIN for _, ev in poller.poll(0))
+
+    def answer_one(self) -> None:
+        """Receive one notification, answer it, record it."""
+        from hcp_linux.seccomp_profiles import notify
+        from hcp_linux.seccomp_profiles.explain import Explainer
+
+        try:
+            n = notify.receive(self.listener)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.EINTR):
+                return  # the caller was killed or interrupted before we read it
+            raise
+        err = self._errno(n)
+        if self._explainer is None:
+            self._explainer = Explainer(self._profiles)
+        found = self._explainer.match(n.nr, n.args)
+        # Answered at once, with no read of the caller's memory in between: a caller gone
+        # meanwhile fails the answer (ENOENT), and ids are never reused within a filter, so
+        # SECCOMP_IOCTL_NOTIF_ID_VALID has nothing to add here.
+        answered = notify.refuse(self.listener, n.id, err)
+        record: dict[str, Any] = {
+            "layer": "seccomp", "syscall": found.syscall if found else f"#{n.nr}",
+            "nr": n.nr, "pid": n.pid, "errno": errno.errorcode.get(err, str(err)),
+            "profile": found.profile if found else None, "why": found.why if found else None,
+        }
+        if not answered:
+            record["note"] = "the caller was gone before the answer"
+        self.count += 1
+        if len(self.records) < MAX_RECORDED:
+            self.records.append(record)
+
+    def _errno(self, n: Any) -> int:
+        """The errno the profiles' program without notifications answers this call: the
+        answer the blocklist gave before denials were recorded, exactly (run on the call's
+        seccomp_data, ~6 us). EPERM if that program would not refuse it (it cannot: the two
+        programs differ only in the action of the same rules): refused either way."""
+        import hcp_linux.seccomp_profiles as seccomp_profiles
+        from hcp_linux.seccomp_profiles import bpf
+
+        if self._answers is None:
+            self._answers = bpf.decode(seccomp_profiles.compile_profiles(self._profiles))
+        ret = bpf.run(self._answers, n.nr, n.arch, n.args)
+        if ret & bpf.RET_ACTION_FULL == bpf.RET_ERRNO and ret & bpf.RET_DATA:
+            return int(ret & bpf.RET_DATA)
+        return errno.EPERM
+
+    def _close(self) -> None:
+        _service().unwatch(self)
+        if self.listener >= 0:
+            os.close(self.listener)
+            self.listener = -1
+
+    # -- in the service thread ---------------------------------------------------------------
+
+    def on_event(self, events: int) -> None:
+        with self.lock:
+            if self.listener < 0:
+                return
+            try:
+                if events & select.EPOLLIN and self.pending():
+                    self.answer_one()
+                elif events & (select.EPOLLHUP | select.EPOLLERR):
+                    _service().unwatch(self)  # no task uses the filter: finish() closes it
+            except OSError as e:
+                self.error = self.error or f"{type(e).__name__}: {e}"
+                _service().unwatch(self)
+            if self.closed:  # finish() gave up waiting for this answer: ours to close
+                self._close()
+
+    # -- at the end of the run, in the thread that waited for it ----------------------------
+
+    def finish(self, wait: float = _FINISH) -> None:
+        """The run is over (every process of it gone): answer what is still queued, here,
+        and close the listener. Bounded by ``wait`` (an answer in progress holds the lock;
+        the service closes the listener when it is done with it)."""
+        if not self.lock.acquire(timeout=wait):
+            self.error = self.error or f"the listener did not answer within {wait:g}s"
+            self.closed = True
+            return
+        try:
+            if not self.closed and self.listener >= 0:
+                while self.pending():
+                    self.answer_one()
+        except OSError as e:
+            self.error = self.error or f"{type(e).__name__}: {e}"
+        finally:
+            self.closed = True
+            self._close()
+            self.lock.release()
+
+    def summary(self) -> tuple[list[dict[str, Any]], int]:
+        """The records and the count so far. Without the lock, which an answer stuck in
+        progress may hold: a copy of a list is one step under the GIL."""
+        return list(self.records), self.count
+
+
+def receive_listener(channel: int) -> int:
+    """The listener the executor sent on ``channel`` before exec, or -1; closes the channel.
+    Called once the exec is confirmed, so it is there if it was sent: no wait."""
+    with socket.socket(fileno=channel) as ch:
+        try:
+            _, fds, _, _ = socket.recv_fds(ch, 1, 1, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return -1
+    for extra in fds[1:]:
+        os.close(extra)
+    return fds[0] if fds else -1
+
+
+class _Service(threading.Thread):
+    """The one thread that answers every run's notifications (epoll; listeners are added
+    and removed by the runs' own threads). Started with the first run that records
+    denials; it never stops, and holds nothing between runs."""
+
+    def __init__(self) -> None:
+        super().__init__(name="hcp-seccomp-listener", daemon=True)
+        self._ep = select.epoll()
+        self._by_fd: dict[int, SeccompListener] = {}
+        self._lock = threading.Lock()
+
+    def watch(self, run: SeccompListener) -> None:
+        with self._lock:
+            self._by_fd[run.listener] = run
+            self._ep.register(run.listener, select.EPOLLIN)
+
+    def unwatch(self, run: SeccompListener) -> None:
+        with self._lock:
+            if run.listener >= 0 and self._by_fd.get(run.listener) is run:
+                del self._by_fd[run.listener]
+                self._ep.unregister(run.listener)
+
+    def run(self) -> None:
+        while True:
+            for fd, events in self._ep.poll():
+                with self._lock:  # an event of an fd unwatched meanwhile finds no run
+                    run = self._by_fd.get(fd)
+                if run is not None:
+                    try:
+                        run.on_event(events)
+                    except Exception as e:  # noqa: BLE001 - one run's fault must not end it
+                        run.error = run.error or f"{type(e).__name__}: {e}"
+
+
+_the_service: "_Service | None" = None
+_service_lock = threading.Lock()
+
+
+def _service() -> _Service:
+    global _the_service
+    if _the_service is None:
+        with _service_lock:
+            if _the_service is None:
+                service = _Service()
+                service.start()
+                _the_service = service
+    return _the_service
+
+
+def _forget_service() -> None:
+    """In a forked child: the service thread is the parent's."""
+    global _the_service, _service_lock
+    _the_service, _service_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_service)
+
+
+def network_records(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The egress proxy's refusals as denial records."""
+    out = []
+    for d in decisions:
+        if d.get("allowed"):
+            continue
+        out.append({"layer": "network", "host": d.get("host"), "port": d.get("port"),
+                    "reason": d.get("reason"), "protocol": d.get("protocol")})
+    return out
+
+
+_landlock_source = ""
+
+
+def landlock_source() -> str:
+    """What the receipt says about Landlock's denial records on this host (asked once per
+    process). Landlock (ABI >= 7) logs its denials through the audit subsystem only: with
+    audit disabled there is nothing to read; with it enabled, reading the records takes an
+    audit netlink socket and CAP_AUDIT_READ, and matching them to this run's domain. This
+    runtime does not read them: it says which of these stands in the way."""
+    global _landlock_source
+    if not _landlock_source:
+        _landlock_source = "unavailable: " + _audit_state() + "; the kernel logs Landlock " \
+            "denials to the audit subsystem only, and this runtime does not read audit records"
+    return _landlock_source
+
+
+def _audit_state() -> str:
+    """The kernel's audit state by AUDIT_GET on a NETLINK_AUDIT socket, in words."""
+    import struct
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 9) as q:
+            q.settimeout(1.0)
+            q.sendto(struct.pack("=IHHII", 16, 1000, 1, 1, 0), (0, 0))  # AUDIT_GET, NLM_F_REQUEST
+            for _ in range(4):
+                reply = q.recv(4096)
+                kind = struct.unpack_from("=IH", reply)[1]
+                if kind == 2:  # NLMSG_ERROR
+                    err = -struct.unpack_from("=i", reply, 16)[0]
+                    if err:
+                        name = errno.errorcode.get(err, str(err))
+                        return (f"the audit status is not readable here ({name}: needs "
+                                "CAP_AUDIT_CONTROL in the initial user namespace)")
+                    continue
+                if kind == 1000:
+                    enabled = struct.unpack_from("=II", reply, 16)[1]
+                    return ("the kernel's audit is disabled (enabled=0: boot with audit=1)"
+                            if not enabled else "the kernel's audit is enabled")
+    except OSError as e:
+        return f"no audit netlink socket ({e.strerror})"
+    return "the audit status did not come"
+
+
+def denial_layers(plan: Any) -> dict[str, str]:
+    """Per layer, whether this run's denials are recorded ("recorded") or why not."""
+    out: dict[str, str] = {}
+    if plan.seccomp is not None:
+        out["seccomp"] = ("recorded (ENOSYS fallback answers, such as clone3's, are not)"
+                          if plan.seccomp_listener else plan.seccomp_unrecorded)
+    if plan.landlock is not None:
+        out["landlock"] = "unavailable"  # complete() says why, off the spawn's path
+    if plan.proxy:
+        out["network"] = "recorded (the egress proxy's refusals)"
+    if "mountns" in plan.layers:
+        out["mount"] = "unavailable: " + MOUNT_HINT
+    return out
+
+
+def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> None:
+    """At the end of a run: the receipt's ``denials`` (and ``denials_not_recorded``, the
+    count past MAX_RECORDED per layer)."""
+    denials: list[dict[str, Any]] = []
+    dropped: dict[str, int] = {}
+    if listener is not None:
+        listener.finish()
+        records, count = listener.summary()
+        denials += records
+        if count > len(records):
+            dropped["seccomp"] = count - len(records)
+        if listener.error:
+            receipt.setdefault("denial_layers", {})["seccomp"] = \
+                f"incomplete: the listener stopped: {listener.error}"
+    decisions = receipt.get("network", {}).get("decisions") or []
+    net = network_records(decisions)
+    denials += net[:MAX_RECORDED]
+    if len(net) > MAX_RECORDED:
+        dropped["network"] = len(net) - MAX_RECORDED
+    layers = receipt.get("denial_layers") or {}
+    if layers.get("landlock") == "unavailable":
+        layers["landlock"] = landlock_source()
+    receipt["denials"] = denials
+    if dropped:
+        receipt["denials_not_recorded"] = dropped
+
+
+MOUNT_HINT = ("a path outside the mount view is absent (ENOENT), not refused: no layer "
+              "records it; the view is the receipt's roots")
+
+
+def explain(denial: dict[str, Any]) -> str:
+    """One line an agent can act on, for one record."""
+    layer = denial.get("layer")
+    if layer == "seccomp":
+        what = denial.get("syscall")
+        who = f"seccomp profile {denial['profile']}: {denial['why']}" if denial.get("profile") \
+            else "seccomp"
+        return (f"blocked: {what} (pid {denial.get('pid')}, {denial.get('errno')}; {who}) "
+                f"— not allowed in the sandbox")
+    if layer == "network":
+        host, port = denial.get("host"), denial.get("port")
+        reason = str(denial.get("reason") or "refused")
+        if "denied by rule" in reason:
+            hint = "it is on the deny list (deny_hosts)"
+        elif reason.startswith("connecting to "):
+            hint = "allowed, but the host did not answer: not a sandbox refusal"
+        else:
+            hint = f"if it is needed, add --allow-host {host}:{port}"
+        return f"blocked: connect to {host}:{port} — {reason}; {hint}"
+    return f"blocked: {denial}"
+
+
+def explain_lines(receipt: dict[str, Any], returncode: int) -> list[str]:
+    """``--explain``: one line per recorded denial; then what was not recorded; and, after
+    a failed run, what the mount view holds (a path outside it is absent, not refused)."""
+    lines = [explain(d) for d in receipt.get("denials", ())]
+    for layer, n in sorted((receipt.get("denials_not_recorded") or {}).items()):
+        lines.append(f"blocked: {n} more {layer} denials (not recorded: the first "
+                     f"{MAX_RECORDED} are)")
+    if returncode == 0:
+        return lines
+    sources = receipt.get("denial_layers") or {}
+    for layer in ("seccomp", "landlock"):
+        why = sources.get(layer, "")
+        if why.startswith(("unavailable", "incomplete")):
+            lines.append(f"note: {layer} denials are not recorded here ({why})")
+    view = (receipt.get("layers") or {}).get("mountns") or {}
+    if view.get("status") == "enforced":
+        ro = " ".join(view.get("read_only", ())) or "-"
+        rw = " ".join(view.get("read_write", ())) or "-"
+        lines.append(f"note: the sandbox sees only its view (read-only: {ro}; read-write: "
+                     f"{rw}); other paths are absent (ENOENT), not refused; to show one, add "
+                     f"--read-only-root DIR or --write-root DIR")
+    return lines
