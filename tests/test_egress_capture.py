@@ -440,3 +440,39 @@ def test_a_name_on_the_proxy_port_does_not_break_the_run(jail: Path) -> None:
                          allow_hosts=("example.com:3128", "example.com"))).run(
         ["python3", "-c", "print('ran')"], capture_output=True, timeout=TIMEOUT)
     assert (run.returncode, run.stdout) == (0, b"ran\n"), run.stderr.decode()
+
+
+_RESOLVED_HOST = r"""
+set -e
+cp -a /etc "$W/etc"
+rm -f "$W/etc/resolv.conf"
+ln -s ../run/systemd/resolve/stub-resolv.conf "$W/etc/resolv.conf"
+mount --bind "$W/etc" /etc
+mkdir -p "$W/run"
+mount --bind "$W/run" /run
+mkdir -p /run/systemd/resolve
+echo "nameserver 10.9.9.9" > /run/systemd/resolve/stub-resolv.conf
+cd "$W/jail"
+"$PY" -m hcp_linux run $EXECUTOR --network allow --allow-host example.com -- \
+    sh -c 'grep -c "^nameserver 127.0.0.53" /etc/resolv.conf; getent hosts example.com'
+echo "host: $(cat /run/systemd/resolve/stub-resolv.conf)"
+"""
+
+
+@pytest.mark.root_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a systemd-resolved /etc in a namespace")
+def test_a_symlinked_resolv_conf_is_replaced_in_the_view(tmp_path: Path) -> None:
+    """Ubuntu's /etc/resolv.conf is a symlink into /run (systemd-resolved): the view's is the
+    sandbox's resolver all the same, and the host's stub file is untouched. Simulated in a
+    private mount namespace of the test's own, with /etc and /run bound over copies."""
+    (tmp_path / "jail").mkdir()
+    from sandboxing import EXECUTOR_ARGS
+    env = {**os.environ, "W": str(tmp_path), "PY": sys.executable,
+           "EXECUTOR": " ".join(EXECUTOR_ARGS)}
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        _RESOLVED_HOST], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "1", p.stdout  # our resolver, not the host's stub
+    assert lines[1].startswith("198.18.") and lines[1].split()[1] == "example.com", p.stdout
+    assert lines[2] == "host: nameserver 10.9.9.9", p.stdout  # control: the host's, as it was
