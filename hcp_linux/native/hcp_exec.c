@@ -717,16 +717,40 @@ fail:
 }
 
 /* Listen inside this network namespace; hand the socket to the parent's egress proxy. */
-static int proxy_listen(int channel) {
-    struct sockaddr_in a;
-    char data = 'L';
-    struct iovec iov = {&data, 1};
+/* Send ``n`` fds to the runtime over ``channel`` in one message whose one byte says what they
+ * are (SCM_RIGHTS). -1 with errno on failure; EINTR is retried. */
+static int send_fds(int channel, char tag, const int *fds, int n, int flags) {
+    struct iovec iov = {&tag, 1};
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int) * (1 + CAPTURE_PORTS_MAX))];
         struct cmsghdr align;
     } u;
     struct msghdr msg;
     struct cmsghdr *cm;
+    ssize_t sent;
+    if (n < 1 || n > 1 + CAPTURE_PORTS_MAX) {
+        errno = EINVAL;
+        return -1;
+    }
+    memset(&msg, 0, sizeof msg);
+    memset(&u, 0, sizeof u);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
+    do
+        sent = sendmsg(channel, &msg, flags);
+    while (sent < 0 && errno == EINTR);
+    return sent < 0 ? -1 : 0;
+}
+
+static int proxy_listen(int channel) {
+    struct sockaddr_in a;
     int s, saved, r = -1;
     if (channel < 0) {
         errno = EBADF;
@@ -743,24 +767,8 @@ static int proxy_listen(int channel) {
     a.sin_family = AF_INET;
     a.sin_port = htons(P.proxy_port);
     a.sin_addr.s_addr = htonl(P.proxy_addr);
-    memset(&msg, 0, sizeof msg);
-    memset(&u, 0, sizeof u);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
-    cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &s, sizeof s);
-    if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 128) == 0) {
-        ssize_t n;
-        do
-            n = sendmsg(channel, &msg, 0);
-        while (n < 0 && errno == EINTR);
-        r = n < 0 ? -1 : 0;
-    }
+    if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 128) == 0)
+        r = send_fds(channel, 'L', &s, 1, 0);
     saved = errno;
     close(s);
     close(channel);
@@ -848,41 +856,19 @@ static int egress_bind(void) {
 }
 
 static int egress_hand_over(int channel) {
-    char data = 'C';
-    struct iovec iov = {&data, 1};
-    union {
-        char buf[CMSG_SPACE(sizeof capture_fds)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr msg;
-    struct cmsghdr *cm;
-    int saved, n = n_capture_fds;
-    ssize_t sent;
+    int saved, r, n = n_capture_fds;
     if (channel < 0 || n < 1) {
         errno = EBADF;
         return -1;
     }
     snprintf(capture_detail, sizeof capture_detail, "hand over %d sockets", n);
-    memset(&msg, 0, sizeof msg);
-    memset(&u, 0, sizeof u);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.buf;
-    msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
-    cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(n * sizeof(int));
-    memcpy(CMSG_DATA(cm), capture_fds, n * sizeof(int));
-    do
-        sent = sendmsg(channel, &msg, 0);
-    while (sent < 0 && errno == EINTR);
+    r = send_fds(channel, 'C', capture_fds, n, 0);
     saved = errno;
     while (n > 0)
         close(capture_fds[--n]);
     n_capture_fds = 0;
     errno = saved;
-    return sent < 0 ? -1 : 0;
+    return r;
 }
 
 /* ---- confinement ---------------------------------------------------------------------- */
@@ -939,41 +925,19 @@ static int install_seccomp(void) {
  * sandbox may hold it, or it could answer its own calls. Once sendmsg returns, the runtime's
  * copy is in flight. */
 static int send_listener(int channel) {
-    char data = 'N';
-    struct iovec iov = {&data, 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct msghdr msg;
-    struct cmsghdr *cm;
-    ssize_t n;
-    int saved;
+    int saved, r;
     if (channel < 0 || listener < 0) {
         errno = EBADF;
         return -1;
     }
-    memset(&msg, 0, sizeof msg);
-    memset(&u, 0, sizeof u);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
-    cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &listener, sizeof listener);
-    do
-        n = sendmsg(channel, &msg, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
+    r = send_fds(channel, 'N', &listener, 1, MSG_NOSIGNAL);
     saved = errno;
     close(listener);
     listener = -1;
     close(channel);
     P.notify_fd = -1;
     errno = saved;
-    return n < 0 ? -1 : 0;
+    return r;
 }
 
 static void check_status(const char *status, const struct status_line *lines, size_t n) {
