@@ -11,8 +11,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -263,3 +265,40 @@ def snapshot(path: "Arg") -> dict[str, tuple]:
             st = os.lstat(p)
             result[os.path.relpath(p, root)] = (st.st_mode, st.st_size, st.st_mtime_ns)
     return result
+
+
+class LoopbackServer:
+    """A TCP server on the host's 127.0.0.1 (port chosen by the kernel), one connection at a
+    time on a thread of its own; counts what it accepted. Subclasses say what to do with each
+    connection (:meth:`handle`, errors on it ignored)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                conn.settimeout(5)
+                try:
+                    self.handle(conn)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        # shutdown() wakes the thread's accept() (EINVAL): closing alone would leave it
+        # blocked, and a later server given the same fd number could lose a connection to it
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
+        self.sock.close()

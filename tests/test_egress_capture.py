@@ -25,6 +25,7 @@ import pytest
 
 from hcp_linux import Policy, Sandbox
 from hcp_linux.protocol import RESOLVER_ADDRESS, SYNTHETIC_NET
+from sandboxing import EXECUTOR_ARGS, LoopbackServer, jail  # noqa: F401
 
 TIMEOUT = 60
 
@@ -73,38 +74,13 @@ print(json.dumps(out))
 """
 
 
-class LineServer:
+class LineServer(LoopbackServer):
     """An ssh-like server on the host's 127.0.0.1: it speaks first (a banner), then echoes one
     line; it counts the connections it accepted."""
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.sendall(b"SSH-2.0-line-server\r\n")
-                    conn.sendall(b"echo " + conn.makefile("rb").readline())
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        # shutdown() wakes the thread's accept() (EINVAL): closing alone would leave it
-        # blocked, and a later server given the same fd number could lose a connection to it
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(5)
-        self.sock.close()
+    def handle(self, conn: socket.socket) -> None:
+        conn.sendall(b"SSH-2.0-line-server\r\n")
+        conn.sendall(b"echo " + conn.makefile("rb").readline())
 
 
 @pytest.fixture
@@ -112,13 +88,6 @@ def server():
     srv = LineServer()
     yield srv
     srv.close()
-
-
-@pytest.fixture
-def jail(tmp_path: Path) -> Path:
-    d = tmp_path / "jail"
-    d.mkdir()
-    return d
 
 
 def _run(jail: Path, tmp_path: Path, port: int, *names: str, **policy) -> tuple[dict, list]:
@@ -300,38 +269,20 @@ def test_every_run_of_a_sandbox_is_captured(jail: Path, tmp_path: Path,
         assert native.stats["ready"] > ready  # the spare path was taken
 
 
-class RecordingServer:
+class RecordingServer(LoopbackServer):
     """A server on the host's 127.0.0.1 that keeps every byte each connection sent it."""
 
     def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
         self.received: list[bytes] = []
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            got = b""
-            with conn:
-                conn.settimeout(5)
-                try:
-                    while chunk := conn.recv(4096):
-                        got += chunk
-                except OSError:
-                    pass
+    def handle(self, conn: socket.socket) -> None:
+        got = b""
+        try:
+            while chunk := conn.recv(4096):
+                got += chunk
+        finally:
             self.received.append(got)
-
-    def close(self) -> None:
-        # shutdown() wakes the thread's accept() (EINVAL): closing alone would leave it
-        # blocked, and a later server given the same fd number could lose a connection to it
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(5)
-        self.sock.close()
 
 
 #: Sends what argv[2] names to the synthetic address of "localhost": a ClientHello for a
@@ -466,7 +417,6 @@ def test_a_symlinked_resolv_conf_is_replaced_in_the_view(tmp_path: Path) -> None
     sandbox's resolver all the same, and the host's stub file is untouched. Simulated in a
     private mount namespace of the test's own, with /etc and /run bound over copies."""
     (tmp_path / "jail").mkdir()
-    from sandboxing import EXECUTOR_ARGS
     env = {**os.environ, "W": str(tmp_path), "PY": sys.executable,
            "EXECUTOR": " ".join(EXECUTOR_ARGS)}
     p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",

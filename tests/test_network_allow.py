@@ -11,12 +11,11 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from sandboxing import EXECUTOR_ARGS
+from sandboxing import EXECUTOR_ARGS, LoopbackServer, jail  # noqa: F401
 
 from hcp_linux import Policy, PolicyError, Sandbox
 
@@ -39,34 +38,12 @@ for target in sys.argv[1:]:
 """
 
 
-class HostServer:
+class HostServer(LoopbackServer):
     """A tiny HTTP server on the host's 127.0.0.1 that counts the connections it accepted."""
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.recv(4096)
-                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 15\r\n\r\nhello-from-host")
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.sock.close()
-        self._thread.join(5)
+    def handle(self, conn: socket.socket) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 15\r\n\r\nhello-from-host")
 
 
 @pytest.fixture
@@ -74,13 +51,6 @@ def server():
     srv = HostServer()
     yield srv
     srv.close()
-
-
-@pytest.fixture
-def jail(tmp_path: Path) -> Path:
-    d = tmp_path / "jail"
-    d.mkdir()
-    return d
 
 
 def _run(jail: Path, code: str, *args: str, **policy) -> "object":
