@@ -107,7 +107,7 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
 
     from .errors import ChildSetupError
     from .hcp_spawn import memfd
-    from .protocol import ERROR_RECORD, STEP_INDEX
+    from .protocol import encode_error_record
 
     exe = sys.executable
     if not exe:
@@ -119,7 +119,7 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
         keep = {fd, started_w, err_w, *stdio, proxy_fd, done_fd, notify_fd,
                 -1 if ruleset is None else ruleset.fd}
         actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
-        head = ERROR_RECORD.pack(STEP_INDEX["helper"], errno.EIO)
+        head = encode_error_record("helper", errno.EIO, "")  # the detail follows in _BOOT
         argv = [exe, "-I", "-S", "-c", _BOOT % head, _ROOT, str(err_w), str(fd),
                 str(started_w), MARKER]
         try:
