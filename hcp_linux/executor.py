@@ -106,6 +106,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     ends: list[int | None] = []
     fds: list[int] = []
     pidns = plan.confined and "pidns" in plan.layers
+    notify_end = notify_child = -1  # the seccomp listener's channel, once an attempt makes it
     try:
         for i, spec in enumerate((stdin, stdout, stderr)):
             if isinstance(spec, int) and not isinstance(spec, bool) and spec == STDOUT:
@@ -126,7 +127,6 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             ends.append(proxy_end)
             to_close.append(child_end)
         ready_ok = True
-        notify_end = notify_child = -1
         while True:
             for fd in (notify_end, notify_child):  # one channel per attempt: an abandoned
                 if fd >= 0:                        # one may have sent its listener
