@@ -174,6 +174,34 @@ def test_listener_gone_connects_still_refused(jail: Path, executor: str,
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
+def test_stuck_listener_the_timeout_still_kills(jail: Path, executor: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener does not answer: the connect() waits in the kernel, never made, and the
+    run's timeout kills the sandbox all the same."""
+    import threading
+
+    release = threading.Event()
+    answer = denials_mod.SeccompListener.answer_one
+
+    def stuck(self):  # type: ignore[no-untyped-def]
+        release.wait(TIMEOUT)
+        return answer(self)
+
+    monkeypatch.setattr(denials_mod.SeccompListener, "answer_one", stuck)
+    code = ("import socket; print('before', flush=True); "
+            "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).connect(('127.0.0.1', 9)); "
+            "print('after', flush=True)")
+    try:
+        run = Sandbox(_policy(jail), executor=executor).run(
+            ["python3", "-c", code], capture_output=True, timeout=3)
+    finally:
+        release.set()
+    assert run.timed_out
+    assert run.stdout == b"before\n"  # never returned from connect
+    assert run.receipt["denial_layers"]["seccomp"].startswith("incomplete: ")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
 def test_a_flood_of_raw_connects_is_bounded(jail: Path, executor: str) -> None:
     n = denials_mod.MAX_RECORDED + 50
     out, receipt = _run(jail, executor, *(f"udp:192.0.2.{i % 250 + 1}:{i + 1}" for i in range(n)))
