@@ -72,6 +72,7 @@ class SeccompListener:
         self.count = 0
         self.no_route: list[dict[str, Any]] = []  # network records: connects with no route
         self.no_route_count = 0
+        self.unread = ""  # why a connect()'s destination could not be read, if one could not
         self.error = ""  # why the records may be incomplete, if they may
         self._answers: Any = None  # the program that answers itself, decoded on first use
         self._explainer: Any = None
@@ -131,7 +132,9 @@ class SeccompListener:
         sockaddr again when it runs the call and refuses it by the namespace's own routes
         (none there but lo's), so a sockaddr rewritten meanwhile (TOCTOU) widens nothing; at
         worst a record is missing or names an address the call no longer held. Memory that
-        cannot be read (EFAULT, a caller gone) is not recorded: the kernel answers the call."""
+        cannot be read (EFAULT, a caller gone) is not recorded: the kernel answers the call;
+        memory this runtime may not read (EPERM: a ptrace policy such as Yama's) is said in
+        the receipt (``denial_layers.network``: incomplete)."""
         from hcp_linux.egress.routes import SOCKADDR_MAX, unrouted
         from hcp_linux.seccomp_profiles import notify
 
@@ -140,8 +143,9 @@ class SeccompListener:
         if n.pid > 0 and n.args[1] and size:
             try:
                 dest = unrouted(notify.read_memory(n.pid, n.args[1], size))
-            except OSError:
-                dest = None
+            except OSError as e:  # EFAULT: the kernel cannot read it either; ESRCH: gone
+                if e.errno not in (errno.EFAULT, errno.ESRCH):  # EPERM: not ours to read
+                    self.unread = self.unread or f"process_vm_readv: {e.strerror}"
         if dest is not None and not notify.still_pending(self.listener, n.id):
             dest = None  # the pid may not have been the caller's when read
         notify.let_run(self.listener, n.id)  # gone meanwhile (False): nothing to answer
@@ -389,6 +393,9 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> Non
     if net_count > MAX_RECORDED:
         dropped["network"] = net_count - MAX_RECORDED
     layers = receipt.get("denial_layers") or {}
+    if listener is not None and listener.unread and "network" in layers:
+        layers["network"] = ("incomplete: the destination of a connect() could not be read "
+                             f"({listener.unread}); the kernel refused it all the same")
     if layers.get("landlock") == "unavailable":
         layers["landlock"] = landlock_source()
     receipt["denials"] = denials

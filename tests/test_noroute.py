@@ -157,6 +157,31 @@ def test_an_allowed_name_through_the_capture_records_nothing(jail: Path, tmp_pat
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
+def test_an_unreadable_sockaddr_is_the_kernels_to_answer(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """connect() with a sockaddr pointer nothing is mapped at: the listener cannot read it
+    (EFAULT), records nothing, and lets the kernel answer: EFAULT, as without the observer;
+    the run's other connect is recorded as ever."""
+    code = ("import ctypes, errno, socket\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.connect(s.fileno(), ctypes.c_void_p(8), 16)\n"
+            "print(r, errno.errorcode[ctypes.get_errno()])\n"
+            "try:\n    socket.create_connection(('192.0.2.1', 9))\n"
+            "except OSError as e:\n    print(errno.errorcode[e.errno])\n")
+    run = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", code], capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout == b"-1 EFAULT\nENETUNREACH\n"
+    assert _no_route(run.receipt) == [("192.0.2.1", 9)]
+    assert run.receipt["denial_layers"]["network"].startswith("recorded")
+    monkeypatch.setattr(rulesets, "_recording", False)  # control: today's filter, same answers
+    control = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", code], capture_output=True, timeout=TIMEOUT)
+    assert control.stdout == run.stdout and _no_route(control.receipt) == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
 def test_listener_gone_connects_still_refused(jail: Path, executor: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The listener fd is closed (as when the runtime dies): the kernel answers every
