@@ -10,7 +10,12 @@ caused, deterministically, from the layer that refused:
   the errno the blocklist gave before (SECCOMP_IOCTL_NOTIF_SEND, never "continue"), and
   records it with its rule (profile, ``why``). Calls the filter allows never reach it: a
   run with no denial pays nothing per syscall.
-- network: the egress proxy's refusals (its decisions are in the receipt already).
+- network: the egress proxy's refusals (its decisions are in the receipt already), and,
+  under network = "allow", connect() attempts that find no route in the sandbox's namespace
+  (a raw address: only allowed names reach the network). The filter hands every connect() to
+  the listener there (the network-observe profile); it reads the destination, records it if
+  it has no route (egress.routes), and answers "continue" in every case: the kernel runs the
+  call and refuses it by its own routes, so the record never decides anything.
 - Landlock: the kernel logs denials (ABI >= 7) to the audit subsystem only; reading them
   needs the audit netlink socket (CAP_AUDIT_READ) in the initial namespaces, which this
   runtime does not hold open: said as unavailable, with why.
@@ -28,9 +33,19 @@ import socket
 import threading
 from typing import Any
 
+from .seccomp_profiles.model import OBSERVE
+
 #: Records kept per run and layer; past it, only counted (a flood of blocked calls must not
 #: grow the runtime's memory or the receipt).
 MAX_RECORDED = 100
+
+#: The profile that hands connect() to the listener, which records the attempts that find no
+#: route (rulesets.observes_connect says where: network = "allow" only).
+OBSERVED_PROFILE = "network-observe"
+
+#: Why a connect() to a raw address fails under network = "allow", and what to do instead.
+NO_ROUTE = "no route: only allowed names reach the network (raw addresses are not routed)"
+NO_ROUTE_HINT = "use the host name with --allow-host NAME:PORT"
 
 #: How long the end of a run waits for the listener's answers in progress.
 _FINISH = 2.0
@@ -55,6 +70,9 @@ class SeccompListener:
         self.closed = False
         self.records: list[dict[str, Any]] = []
         self.count = 0
+        self.no_route: list[dict[str, Any]] = []  # network records: connects with no route
+        self.no_route_count = 0
+        self.unread = ""  # why a connect()'s destination could not be read, if one could not
         self.error = ""  # why the records may be incomplete, if they may
         self._answers: Any = None  # the program that answers itself, decoded on first use
         self._explainer: Any = None
@@ -82,10 +100,13 @@ class SeccompListener:
             if e.errno in (errno.ENOENT, errno.EINTR):
                 return  # the caller was killed or interrupted before we read it
             raise
-        err = self._errno(n)
         if self._explainer is None:
             self._explainer = Explainer(self._profiles)
         found = self._explainer.match(n.nr, n.args)
+        if found is not None and found.action == OBSERVE:
+            self._observe(n)
+            return
+        err = self._errno(n)
         # Answered at once, with no read of the caller's memory in between: a caller gone
         # meanwhile fails the answer (ENOENT), and ids are never reused within a filter, so
         # SECCOMP_IOCTL_NOTIF_ID_VALID has nothing to add here.
@@ -100,6 +121,41 @@ class SeccompListener:
         self.count += 1
         if len(self.records) < MAX_RECORDED:
             self.records.append(record)
+
+    def _observe(self, n: Any) -> None:
+        """A connect() handed over to be looked at: record it if its destination has no
+        route in the sandbox's namespace, and let the kernel run it in every case.
+
+        The sockaddr is read from the caller's memory by its pid, then the notification is
+        checked still pending (SECCOMP_IOCTL_NOTIF_ID_VALID: the pid was still the caller's
+        when read, not a recycled one). The look never decides: the kernel reads the
+        sockaddr again when it runs the call and refuses it by the namespace's own routes
+        (none there but lo's), so a sockaddr rewritten meanwhile (TOCTOU) widens nothing; at
+        worst a record is missing or names an address the call no longer held. Memory that
+        cannot be read (EFAULT, a caller gone) is not recorded: the kernel answers the call;
+        memory this runtime may not read (EPERM: a ptrace policy such as Yama's) is said in
+        the receipt (``denial_layers.network``: incomplete)."""
+        from hcp_linux.egress.routes import SOCKADDR_MAX, unrouted
+        from hcp_linux.seccomp_profiles import notify
+
+        dest = None
+        size = min(n.args[2] & 0xFFFFFFFF, SOCKADDR_MAX)
+        if n.pid > 0 and n.args[1] and size:
+            try:
+                dest = unrouted(notify.read_memory(n.pid, n.args[1], size))
+            except OSError as e:  # EFAULT: the kernel cannot read it either; ESRCH: gone
+                if e.errno not in (errno.EFAULT, errno.ESRCH):  # EPERM: not ours to read
+                    self.unread = self.unread or f"process_vm_readv: {e.strerror}"
+        if dest is not None and not notify.still_pending(self.listener, n.id):
+            dest = None  # the pid may not have been the caller's when read
+        notify.let_run(self.listener, n.id)  # gone meanwhile (False): nothing to answer
+        if dest is None:
+            return
+        self.no_route_count += 1
+        if len(self.no_route) < MAX_RECORDED:
+            self.no_route.append({
+                "layer": "network", "what": "connect", "address": dest[0], "port": dest[1],
+                "pid": n.pid, "errno": "ENETUNREACH", "reason": NO_ROUTE, "hint": NO_ROUTE_HINT})
 
     def _errno(self, n: Any) -> int:
         """The errno the profiles' program without notifications answers this call: the
@@ -161,9 +217,13 @@ class SeccompListener:
             self.lock.release()
 
     def summary(self) -> tuple[list[dict[str, Any]], int]:
-        """The records and the count so far. Without the lock, which an answer stuck in
-        progress may hold: a copy of a list is one step under the GIL."""
+        """The seccomp records and their count so far. Without the lock, which an answer
+        stuck in progress may hold: a copy of a list is one step under the GIL."""
         return list(self.records), self.count
+
+    def no_route_summary(self) -> tuple[list[dict[str, Any]], int]:
+        """The network records (connects that found no route) and their count so far."""
+        return list(self.no_route), self.no_route_count
 
 
 def receive_listener(channel: int) -> int:
@@ -299,7 +359,10 @@ def denial_layers(plan: Any) -> dict[str, str]:
     if plan.landlock is not None:
         out["landlock"] = "unavailable"  # complete() says why, off the spawn's path
     if plan.proxy:
-        out["network"] = "recorded (the egress proxy's refusals)"
+        out["network"] = "recorded (the egress proxy's refusals" + (
+            "; connect() attempts that find no route)"
+            if plan.seccomp_listener and OBSERVED_PROFILE in plan.seccomp_names
+            else "; not connect() attempts that find no route: no seccomp listener)")
     if "mountns" in plan.layers:
         out["mount"] = "unavailable: " + MOUNT_HINT
     return out
@@ -321,10 +384,18 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> Non
                 f"incomplete: the listener stopped: {listener.error}"
     decisions = receipt.get("network", {}).get("decisions") or []
     net = network_records(decisions)
+    net_count = len(net)
+    if listener is not None:
+        no_route, no_route_count = listener.no_route_summary()
+        net += no_route
+        net_count += no_route_count
     denials += net[:MAX_RECORDED]
-    if len(net) > MAX_RECORDED:
-        dropped["network"] = len(net) - MAX_RECORDED
+    if net_count > MAX_RECORDED:
+        dropped["network"] = net_count - MAX_RECORDED
     layers = receipt.get("denial_layers") or {}
+    if listener is not None and listener.unread and "network" in layers:
+        layers["network"] = ("incomplete: the destination of a connect() could not be read "
+                             f"({listener.unread}); the kernel refused it all the same")
     if layers.get("landlock") == "unavailable":
         layers["landlock"] = landlock_source()
     receipt["denials"] = denials
@@ -345,6 +416,11 @@ def explain(denial: dict[str, Any]) -> str:
             else "seccomp"
         return (f"blocked: {what} (pid {denial.get('pid')}, {denial.get('errno')}; {who}) "
                 f"— not allowed in the sandbox")
+    if layer == "network" and denial.get("what") == "connect":
+        address, port = denial.get("address"), denial.get("port")
+        shown = f"[{address}]" if ":" in str(address) else address
+        return (f"blocked: connect to {shown}:{port} (pid {denial.get('pid')}, "
+                f"{denial.get('errno')}) — {denial.get('reason')}; {denial.get('hint')}")
     if layer == "network":
         host, port = denial.get("host"), denial.get("port")
         reason = str(denial.get("reason") or "refused")

@@ -12,6 +12,7 @@ import os
 import hcp_linux.landlock as landlock
 import hcp_linux.seccomp_profiles as seccomp_profiles
 
+from .denials import OBSERVED_PROFILE
 from .errors import ChildSetupError, LayerUnavailableError, PolicyError
 from .policy import Policy
 from .remedies import REMEDIES, remedy
@@ -116,7 +117,8 @@ def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Rulese
 def seccomp_filter(policy: Policy, layers: frozenset[str]
                    ) -> tuple[seccomp_profiles.PreparedFilter, tuple[str, ...], str] | None:
     """The prepared filter of ``policy``'s profiles (plus network-off where no network
-    namespace fences the network), the profiles' names, and "" when the filter hands its
+    namespace fences the network, network-observe where :func:`observes_connect`), the
+    profiles' names, and "" when the filter hands its
     policy denials to a listener that records them (SECCOMP_RET_USER_NOTIF), else why not
     ("unavailable: ..."; the filter then answers them itself, as before). None without the
     seccomp layer."""
@@ -126,6 +128,11 @@ def seccomp_filter(policy: Policy, layers: frozenset[str]
     if "netns" not in layers and policy.network == "none" and "network-off" not in names:
         names += ("network-off",)
     unrecorded = denials_unavailable()
+    # the runtime's to add, where the listener knows the routes (named in a policy file
+    # for a host network, it would record connects the host does route)
+    names = tuple(n for n in names if n != OBSERVED_PROFILE)
+    if observes_connect(policy, layers, unrecorded):
+        names += (OBSERVED_PROFILE,)
     try:
         bpf = seccomp_profiles.compile_profiles(names, notify=not unrecorded)
     except seccomp_profiles.SeccompCompileError as e:
@@ -139,6 +146,14 @@ def seccomp_filter(policy: Policy, layers: frozenset[str]
     if prepared is None:  # read-only once made: plans (and threads) share it
         prepared = _prepared_filters[bpf] = seccomp_profiles.PreparedFilter(bpf)
     return prepared, names, unrecorded
+
+
+def observes_connect(policy: Policy, layers: frozenset[str], unrecorded: str) -> bool:
+    """Whether this run's filter hands connect() to the listener: only under network =
+    "allow" in the sandbox's own network namespace (whose routes the listener knows: lo and
+    the synthetic range) and with a listener. Every other policy's program is unchanged, so
+    its connect() pays nothing."""
+    return policy.network == "allow" and "netns" in layers and not unrecorded
 
 
 def answered_by_filter(names: tuple[str, ...]) -> "seccomp_profiles.PreparedFilter":

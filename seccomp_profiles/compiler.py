@@ -20,7 +20,7 @@ from . import bpf as _bpf
 from .conditions import Comparison, expand
 from .errors import SeccompCompileError
 from .machines import X32_SYSCALL_BIT, Machine
-from .model import Profile
+from .model import OBSERVE, Profile
 from .syscalls import native_number
 
 BPF_MAXINSNS = 4096
@@ -41,6 +41,8 @@ def action_value(action: str, notify: bool = False) -> int:
     that a listener records it and answers the same errno (:func:`notified`)."""
     if notify and notified(action):
         return _bpf.RET_USER_NOTIF
+    if action == OBSERVE:  # looked at by a listener; without one, nothing to look
+        return _bpf.RET_USER_NOTIF if notify else _bpf.RET_ALLOW
     if action.startswith("errno:"):
         return _bpf.RET_ERRNO | int(getattr(errno, action[6:]))
     return _SIMPLE[action]
@@ -66,7 +68,8 @@ def compile_bpf(profiles: Sequence[Profile], machine: Machine, notify: bool = Fa
     native = pyseccomp.system_arch()
     if native != machine.audit_arch:
         raise SeccompCompileError(f"libseccomp's native arch {native:#x} is not {machine.name}'s")
-    flt = pyseccomp.SyscallFilter(action_value(defaults.pop()))
+    default = action_value(defaults.pop())
+    flt = pyseccomp.SyscallFilter(default)
     try:
         flt.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.KILL_PROCESS)
         flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
@@ -97,6 +100,8 @@ def compile_bpf(profiles: Sequence[Profile], machine: Machine, notify: bool = Fa
                         if added[key][0] != plain:
                             raise SeccompCompileError(f"{where}: {name}: conflicts with {added[key][1]}")
                         continue
+                    if rule.action == OBSERVE and act == default:
+                        continue  # no listener to look: libseccomp refuses a default's action
                     _add_rule(pyseccomp, flt, act, nr, conj, f"{where}: {name}")
                     added[key] = (plain, where)
     program = _export(flt)

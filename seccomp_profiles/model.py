@@ -21,6 +21,11 @@ from .machines import MACHINES
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "masked_eq")
 #: Actions without data; "errno:NAME" is the one with data.
 SIMPLE_ACTIONS = ("allow", "log", "trap", "kill_process", "kill_thread")
+#: A rule's action (never a default): hand the call to the listener (SECCOMP_RET_USER_NOTIF),
+#: which lets the kernel run it as usual (SECCOMP_USER_NOTIF_FLAG_CONTINUE) after looking at
+#: it, to record; a program compiled without notifications allows it. For observing, never
+#: for deciding: the call's memory may change between the look and the kernel's own read.
+OBSERVE = "notify"
 MAX_ARGS = 6
 U64 = (1 << 64) - 1
 
@@ -99,12 +104,14 @@ def parse_action(text: Any, path: str, rule_index: Optional[int], field: str) ->
     low = text.strip().lower()
     if low in SIMPLE_ACTIONS:
         return low
+    if low == OBSERVE and rule_index is not None:
+        return low
     if low.startswith("errno:"):
         name = text.strip()[6:].strip().upper()
         if name.startswith("E") and isinstance(getattr(_errno, name, None), int):
             return "errno:" + name
         raise ProfileFormatError(path, f"unknown errno name {name!r}", rule_index, field)
-    expected = ", ".join(SIMPLE_ACTIONS + ("errno:NAME",))
+    expected = ", ".join(SIMPLE_ACTIONS + ("errno:NAME",) + ((OBSERVE,) if rule_index is not None else ()))
     raise ProfileFormatError(path, f"unknown action {text!r} (expected one of {expected})", rule_index, field)
 
 

@@ -341,3 +341,19 @@ def test_empty_profile_list() -> None:
 def test_errors_are_typed() -> None:
     for cls in (sp.ProfileNotFoundError, sp.ProfileFormatError, sp.UnknownSyscallError, sp.SeccompCompileError):
         assert issubclass(cls, sp.SeccompProfileError)
+
+
+def test_notify_is_a_rules_action_only(tmp_path: Path) -> None:
+    """"notify" (observe: the listener looks, the kernel runs the call) is for rules: as a
+    default it would send every syscall to the listener."""
+    bad = tmp_path / "observe-all.toml"
+    bad.write_text(HEADER.replace('"allow"', '"notify"') + rule(syscall='"read"', action='"errno:EPERM"'))
+    with pytest.raises(sp.ProfileFormatError, match="unknown action"):
+        sp.compile_profiles([str(bad)])
+    ok = tmp_path / "observe-read.toml"
+    ok.write_text(HEADER + rule(syscall='"read"', action='"notify"'))
+    read = nr("read")
+    assert bpf.run(sp.compile_profiles([str(ok)], notify=True), read, MACHINE.audit_arch) == \
+        bpf.RET_USER_NOTIF
+    # without a listener the rule is left out: read is allowed, as by the default
+    assert bpf.run(sp.compile_profiles([str(ok)]), read, MACHINE.audit_arch) == bpf.RET_ALLOW

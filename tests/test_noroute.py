@@ -1,0 +1,345 @@
+"""Connect attempts that find no route under `network = "allow"` are recorded (issue #20).
+
+Inside the sandbox's own network namespace a raw address outside loopback and the synthetic
+range has no route: the kernel refuses connect() ENETUNREACH and nothing is sent anywhere.
+The filter hands connect() to the runtime's listener, which records those attempts and lets
+the kernel run every call ("continue"). Raw destinations are documentation addresses
+(192.0.2.1, 2001:db8::1: RFC 5737, 3849) that have no route inside; servers are the
+sandbox's own loopback or the host's 127.0.0.1. Each refusal has its control: the same
+client's loopback connect inside works, and the filter without the observer gives the same
+errno (the kernel decides, not the listener). Both executors, root and nobody.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxing import TIMEOUT, hcp_argv, jail  # noqa: F401
+
+import hcp_linux.seccomp_profiles as seccomp_profiles
+from hcp_linux import Policy, Sandbox, native, rulesets
+from hcp_linux import denials as denials_mod
+from hcp_linux.egress.routes import unrouted
+from hcp_linux.seccomp_profiles import bpf
+from hcp_linux.seccomp_profiles.machines import native_machine
+from hcp_linux.seccomp_profiles.syscalls import native_number
+
+EXECUTORS = ["ctypes"] + (["native"] if native.binary() is not None else [])
+
+#: A client: for each "tcp:ADDR:PORT" / "udp:ADDR:PORT" a connect(), its errno name ("ok");
+#: "echo" first serves a line on the sandbox's own 127.0.0.1 and reaches it by connect().
+#: Prints JSON: {target: result}.
+_CLIENT = r"""
+import errno, json, socket, sys, threading
+out = {}
+def connect(kind, address, port):
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM)
+    s.settimeout(5)
+    try:
+        s.connect((address, port))
+        return s, "ok"
+    except OSError as e:
+        s.close()
+        return None, errno.errorcode.get(e.errno, str(e.errno))
+for target in sys.argv[1:]:
+    if target == "echo":
+        srv = socket.create_server(("127.0.0.1", 0))
+        srv.settimeout(5)
+        got = []
+        def serve():
+            try:
+                c, _ = srv.accept()
+            except OSError as e:
+                got.append("accept " + type(e).__name__)
+                return
+            got.append(c.recv(10).decode())
+            c.close()
+        t = threading.Thread(target=serve)
+        t.start()
+        s, r = connect("tcp", "127.0.0.1", srv.getsockname()[1])
+        if s is not None:
+            s.sendall(b"hello")
+            s.close()
+        t.join()
+        out[target] = [r] + got
+        continue
+    kind, rest = target.split(":", 1)
+    address, port = rest.rsplit(":", 1)
+    s, out[target] = connect(kind, address, int(port))
+    if s is not None:
+        s.close()
+print(json.dumps(out))
+"""
+
+_RAW = ["tcp:192.0.2.1:9", "udp:192.0.2.1:53", "tcp:2001:db8::1:443", "tcp:::ffff:192.0.2.7:80"]
+
+
+def _policy(jail: Path, **kw) -> Policy:
+    return Policy(jail=str(jail), network="allow", allow_hosts=("example.com",), **kw)
+
+
+def _run(jail: Path, executor: str, *targets: str, **kw):  # type: ignore[no-untyped-def]
+    run = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", _CLIENT, *targets], capture_output=True, timeout=TIMEOUT, **kw)
+    assert run.returncode == 0, run.stderr.decode()
+    return json.loads(run.stdout), run.receipt
+
+
+def _no_route(receipt: dict) -> list[tuple]:
+    return [(d["address"], d["port"]) for d in receipt["denials"]
+            if d["layer"] == "network" and d.get("what") == "connect"]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_raw_connects_are_refused_and_recorded(jail: Path, executor: str) -> None:
+    out, receipt = _run(jail, executor, "echo", *_RAW)
+    # control in the same run: the sandbox's own loopback is reached (the listener let it run)
+    assert out["echo"] == ["ok", "hello"]
+    assert {t: out[t] for t in _RAW} == dict.fromkeys(_RAW, "ENETUNREACH")
+    assert _no_route(receipt) == [("192.0.2.1", 9), ("192.0.2.1", 53), ("2001:db8::1", 443),
+                                  ("::ffff:192.0.2.7", 80)]
+    records = [d for d in receipt["denials"] if d.get("what") == "connect"]
+    assert len({d["pid"] for d in records}) == 1 and records[0]["pid"] > 0
+    for d in records:
+        assert d["errno"] == "ENETUNREACH" and d["reason"] == denials_mod.NO_ROUTE
+        assert "--allow-host" in d["hint"]
+    assert "no route" in receipt["denial_layers"]["network"]
+    assert "network-observe" in receipt["layers"]["seccomp"]["profiles"]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_kernel_decides_the_same_without_the_observer(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter without notifications (today's, byte for byte): the same errnos, so the
+    listener's "continue" changes no answer; and nothing is recorded."""
+    monkeypatch.setattr(rulesets, "_recording", False)  # set_denial_records(False)
+    out, receipt = _run(jail, executor, "echo", *_RAW)
+    assert out["echo"] == ["ok", "hello"]
+    assert {t: out[t] for t in _RAW} == dict.fromkeys(_RAW, "ENETUNREACH")
+    assert _no_route(receipt) == []
+    assert "no seccomp listener" in receipt["denial_layers"]["network"]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_loopback_connects_record_nothing(jail: Path, executor: str) -> None:
+    out, receipt = _run(jail, executor, "echo", "udp:127.0.0.53:53", "tcp:::1:9",
+                        "tcp:0.0.0.0:9", "tcp:198.18.0.1:9", "udp:::ffff:127.0.0.1:9")
+    assert out["echo"] == ["ok", "hello"]
+    assert out["udp:127.0.0.53:53"] == "ok" and out["udp:::ffff:127.0.0.1:9"] == "ok"
+    assert out["tcp:::1:9"] == "ECONNREFUSED" and out["tcp:0.0.0.0:9"] == "ECONNREFUSED"
+    assert out["tcp:198.18.0.1:9"] == "ECONNREFUSED"  # local, no capture on port 9
+    assert receipt["denials"] == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_an_allowed_name_through_the_capture_records_nothing(jail: Path, tmp_path: Path,
+                                                             executor: str) -> None:
+    from test_egress_capture import _CLIENT as NAME_CLIENT
+    from test_egress_capture import LineServer
+
+    server = LineServer()
+    try:
+        run = Sandbox(Policy(jail=str(jail), network="allow", allow_hosts=(
+            f"localhost:{server.port}", f"127.0.0.1:{server.port}")), executor=executor).run(
+            ["python3", "-c", NAME_CLIENT, str(server.port), "localhost"],
+            capture_output=True, timeout=TIMEOUT)
+    finally:
+        server.close()
+    assert run.returncode == 0, run.stderr.decode()
+    assert json.loads(run.stdout)["localhost"]["talk"] == "SSH-2.0-line-server\r\necho hello\n"
+    assert server.accepted == 1
+    assert run.receipt["denials"] == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_an_unreadable_sockaddr_is_the_kernels_to_answer(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """connect() with a sockaddr pointer nothing is mapped at: the listener cannot read it
+    (EFAULT), records nothing, and lets the kernel answer: EFAULT, as without the observer;
+    the run's other connect is recorded as ever."""
+    code = ("import ctypes, errno, socket\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.connect(s.fileno(), ctypes.c_void_p(8), 16)\n"
+            "print(r, errno.errorcode[ctypes.get_errno()])\n"
+            "try:\n    socket.create_connection(('192.0.2.1', 9))\n"
+            "except OSError as e:\n    print(errno.errorcode[e.errno])\n")
+    run = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", code], capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout == b"-1 EFAULT\nENETUNREACH\n"
+    assert _no_route(run.receipt) == [("192.0.2.1", 9)]
+    assert run.receipt["denial_layers"]["network"].startswith("recorded")
+    monkeypatch.setattr(rulesets, "_recording", False)  # control: today's filter, same answers
+    control = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", code], capture_output=True, timeout=TIMEOUT)
+    assert control.stdout == run.stdout and _no_route(control.receipt) == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_listener_gone_connects_still_refused(jail: Path, executor: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener fd is closed (as when the runtime dies): the kernel answers every
+    notified connect() ENOSYS itself: the raw one is refused, and so is the loopback one,
+    which reaches nothing (the server inside accepts no connection)."""
+    def drop(self):  # type: ignore[no-untyped-def]
+        import os
+        os.close(self.listener)
+        self.listener = -1
+
+    monkeypatch.setattr(denials_mod.SeccompListener, "start", drop)
+    out, receipt = _run(jail, executor, "echo", "tcp:192.0.2.1:9")
+    assert out == {"echo": ["ENOSYS", "accept TimeoutError"], "tcp:192.0.2.1:9": "ENOSYS"}
+    assert receipt["denials"] == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_stuck_listener_the_timeout_still_kills(jail: Path, executor: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener does not answer: the connect() waits in the kernel, never made, and the
+    run's timeout kills the sandbox all the same."""
+    import threading
+
+    release = threading.Event()
+    answer = denials_mod.SeccompListener.answer_one
+
+    def stuck(self):  # type: ignore[no-untyped-def]
+        release.wait(TIMEOUT)
+        return answer(self)
+
+    monkeypatch.setattr(denials_mod.SeccompListener, "answer_one", stuck)
+    code = ("import socket; print('before', flush=True); "
+            "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).connect(('127.0.0.1', 9)); "
+            "print('after', flush=True)")
+    try:
+        run = Sandbox(_policy(jail), executor=executor).run(
+            ["python3", "-c", code], capture_output=True, timeout=3)
+    finally:
+        release.set()
+    assert run.timed_out
+    assert run.stdout == b"before\n"  # never returned from connect
+    assert run.receipt["denial_layers"]["seccomp"].startswith("incomplete: ")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_flood_of_raw_connects_is_bounded(jail: Path, executor: str) -> None:
+    n = denials_mod.MAX_RECORDED + 50
+    out, receipt = _run(jail, executor, *(f"udp:192.0.2.{i % 250 + 1}:{i + 1}" for i in range(n)))
+    assert set(out.values()) == {"ENETUNREACH"} and len(out) == n
+    assert len(_no_route(receipt)) == denials_mod.MAX_RECORDED
+    assert receipt["denials_not_recorded"] == {"network": 50}
+
+
+def test_explain_prints_the_no_route_line(jail: Path) -> None:
+    p = subprocess.run(hcp_argv(jail, "python3", "-c", _CLIENT, "tcp:192.0.2.1:22",
+                                "tcp:2001:db8::1:443",
+                                extra=["--network", "allow", "--allow-host", "example.com",
+                                       "--explain"]),
+                       capture_output=True, timeout=TIMEOUT, cwd=jail)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.decode().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("blocked: connect to 192.0.2.1:22 (pid ")
+    assert lines[1].startswith("blocked: connect to [2001:db8::1]:443 (pid ")
+    for line in lines:
+        assert "no route" in line and "--allow-host NAME:PORT" in line
+
+
+def _connect_answers(policy: Policy, layers: frozenset[str]) -> tuple[tuple[str, ...], bytes]:
+    found = rulesets.seccomp_filter(policy, layers)
+    assert found is not None
+    prepared, names, _ = found
+    return names, prepared.bpf
+
+
+def test_only_allow_mode_programs_notify_connect(jail: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """network none (the default) and host: the very program they had (no connect rule);
+    allow: the same program but for connect(), which goes to the listener."""
+    machine = native_machine()
+    assert machine is not None
+    connect = native_number("connect", (), machine)
+    layers = frozenset({"seccomp", "netns"})
+    base = seccomp_profiles.compile_profiles(("baseline", "socket-families"), notify=True)
+    for network in ("none", "host"):
+        names, program = _connect_answers(Policy(jail=str(jail), network=network), layers)
+        assert "network-observe" not in names
+        assert program == base
+    names, program = _connect_answers(_policy(jail), layers)
+    assert names[-1] == "network-observe"
+    assert bpf.run(program, connect, machine.audit_arch) == bpf.RET_USER_NOTIF
+    assert bpf.run(base, connect, machine.audit_arch) == bpf.RET_ALLOW
+    insns = bpf.decode(program)
+    base_insns = bpf.decode(base)
+    for nr in range(0, 460):
+        if nr != connect:
+            assert bpf.run(insns, nr, machine.audit_arch) == bpf.run(base_insns, nr,
+                                                                     machine.audit_arch), nr
+    # named in a policy, it is dropped where the runtime would not add it
+    names, program = _connect_answers(Policy(jail=str(jail), seccomp_profiles=(
+        "baseline", "socket-families", "network-observe")), layers)
+    assert "network-observe" not in names and program == base
+    # without its own network namespace, or without a listener: no observer
+    names, _ = _connect_answers(_policy(jail), frozenset({"seccomp"}))
+    assert "network-observe" not in names
+    monkeypatch.setattr(rulesets, "_recording", False)  # set_denial_records(False)
+    names, program = _connect_answers(_policy(jail), layers)
+    assert "network-observe" not in names
+    assert program == seccomp_profiles.compile_profiles(("baseline", "socket-families"))
+
+
+def test_unrouted_matches_the_namespace() -> None:
+    """The addresses the listener calls unrouted, as sockaddrs; the kernel's answers for
+    them are the tests above (and egress.routes' docstring)."""
+    import socket
+    import struct
+
+    def v4(a: str, port: int = 80) -> bytes:
+        return struct.pack("=H", socket.AF_INET) + struct.pack("!H", port) + \
+            socket.inet_aton(a) + bytes(8)
+
+    def v6(a: str, port: int = 80) -> bytes:
+        return struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", port, 0) + \
+            socket.inet_pton(socket.AF_INET6, a) + bytes(4)
+
+    for reached in ("127.0.0.1", "127.9.9.9", "0.0.0.0", "198.18.0.1", "198.19.255.254"):
+        assert unrouted(v4(reached)) is None, reached
+    for reached in ("::1", "::", "::ffff:127.0.0.1", "::ffff:198.18.3.4", "::ffff:0.0.0.0",
+                    "fe80::1", "ff02::1"):
+        assert unrouted(v6(reached)) is None, reached
+    assert unrouted(v4("192.0.2.1", 22)) == ("192.0.2.1", 22)
+    assert unrouted(v4("198.20.0.1")) == ("198.20.0.1", 80)
+    assert unrouted(v4("1.0.0.1")) == ("1.0.0.1", 80)
+    assert unrouted(v6("2001:db8::1", 443)) == ("2001:db8::1", 443)
+    assert unrouted(v6("::ffff:192.0.2.1")) == ("::ffff:192.0.2.1", 80)
+    assert unrouted(v6("::127.0.0.1")) == ("::127.0.0.1", 80)  # v4-compatible: no route
+    assert unrouted(v4("192.0.2.1")[:15]) is None  # too short: the kernel says EINVAL
+    assert unrouted(v6("2001:db8::1")[:23]) is None
+    assert unrouted(struct.pack("=H", socket.AF_UNIX) + b"/tmp/x\0") is None
+    assert unrouted(b"") is None
+
+
+@pytest.mark.skipif(native.binary() is None, reason="no hcp-exec")
+def test_ready_spares_of_allow_plans_record_too(jail: Path) -> None:
+    """An allow-mode plan repeats: ready spares, prepared with its program (which notifies
+    connect), take it, and their raw connects are recorded like a direct spawn's."""
+    native.set_spares("auto")
+    native.spares.clear()
+    try:
+        before = dict(native.stats)
+        outs = []
+        for _ in range(6):
+            outs.append(_run(jail, "native", "tcp:192.0.2.1:9"))
+            time.sleep(0.05)  # let the keeper have one ready
+        assert native.stats["ready"] > before["ready"], native.stats
+    finally:
+        native.spares.clear()
+    for out, receipt in outs:
+        assert out == {"tcp:192.0.2.1:9": "ENETUNREACH"}
+        assert _no_route(receipt) == [("192.0.2.1", 9)]
+
