@@ -15,9 +15,7 @@ Rows, measured in interleaved passes (timing.measure_rows), each mode before eve
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -26,7 +24,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from hcp_linux import Policy, Sandbox, rulesets  # noqa: E402
-from timing import measure_rows, summary  # noqa: E402
+from timing import measure_rows, report  # noqa: E402
 
 FLOOD = r"""
 import ctypes, sys, time
@@ -73,17 +71,8 @@ def main() -> None:
             (f"{a.blocked} blocked calls, recorded (USER_NOTIF)", flood(True), a.runs // 4),
             (f"{a.blocked} blocked calls, not recorded (RET_ERRNO)", flood(False), a.runs // 4)]
     samples = measure_rows(rows, warmup=2)
-    out = {name: summary(s) for name, s in samples.items()}
-    for mode, values in per_call.items():
-        out[f"per blocked call, {mode} (us, in the command)"] = {
-            "median": round(statistics.median(values), 2)}
-    print(f"executor {a.executor}, runs {a.runs}, {a.blocked} blocked calls per flood run")
-    for name, s in out.items():
-        print(f"{name:55} {json.dumps(s)}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-
+    report(f"executor {a.executor}, runs {a.runs}, {a.blocked} blocked calls per flood run", samples, per_call,
+           "per blocked call, {} (us, in the command)", a.json)
 
 if __name__ == "__main__":
     main()

@@ -16,9 +16,7 @@ Timing only: nothing is asserted but what each run must record.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -27,7 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from hcp_linux import Policy, Sandbox, rulesets  # noqa: E402
-from timing import measure_rows, summary  # noqa: E402
+from timing import measure_rows, report  # noqa: E402
 
 CONNECTS = r"""
 import socket, sys, time
@@ -75,17 +73,8 @@ def main() -> None:
             ("default policy /bin/true, listener", true(True), a.runs),
             ("default policy /bin/true, no listener", true(False), a.runs)]
     samples = measure_rows(rows, warmup=2)
-    out = {name: summary(s) for name, s in samples.items()}
-    for mode, values in per_call.items():
-        out[f"per loopback connect, {mode} (us, in the command)"] = {
-            "median": round(statistics.median(values), 2)}
-    print(f"executor {a.executor}, runs {a.runs}, {a.connects} connects per run")
-    for name, s in out.items():
-        print(f"{name:55} {json.dumps(s)}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-
+    report(f"executor {a.executor}, runs {a.runs}, {a.connects} connects per run", samples, per_call,
+           "per loopback connect, {} (us, in the command)", a.json)
 
 if __name__ == "__main__":
     main()

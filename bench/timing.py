@@ -65,3 +65,20 @@ def summary(samples: list[float], digits: int = 3) -> dict[str, float]:
     p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
     return {"median_ms": round(statistics.median(ordered), digits),
             "p95_ms": round(p95, digits), "runs": len(ordered)}
+
+
+def report(header: str, samples: dict[str, list[float]], per_call: dict[str, list[float]],
+           per_call_label: str, json_path: str | None) -> None:
+    """Print a bench's rows (median/p95 of each) and the median of each per-call series
+    (measured inside the command), one line each under ``header``; also to ``json_path``."""
+    import json
+    import statistics
+    out: dict[str, dict[str, float]] = {name: summary(s) for name, s in samples.items()}
+    for mode, values in per_call.items():
+        out[per_call_label.format(mode)] = {"median": round(statistics.median(values), 2)}
+    print(header)
+    for name, s in out.items():
+        print(f"{name:55} {json.dumps(s)}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=1)

@@ -7,6 +7,7 @@ Fixtures are imported by the test modules (``from sandboxing import jail, ...``)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -302,3 +303,22 @@ class LoopbackServer:
         self.sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(5)
         self.sock.close()
+
+
+@contextlib.contextmanager
+def stuck_seccomp_listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Within the block the runtime's seccomp listener answers nothing (a stopped or starved
+    thread): a notified call waits in the kernel. Released (answering again) on leaving."""
+    from hcp_linux import denials
+    release = threading.Event()
+    answer = denials.SeccompListener.answer_one
+
+    def stuck(self):  # type: ignore[no-untyped-def]
+        release.wait(TIMEOUT)
+        return answer(self)
+
+    monkeypatch.setattr(denials.SeccompListener, "answer_one", stuck)
+    try:
+        yield
+    finally:
+        release.set()

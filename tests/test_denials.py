@@ -10,12 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from sandboxing import EXECUTOR_ARGS, TIMEOUT, hcp_argv
+from sandboxing import EXECUTOR_ARGS, TIMEOUT, hcp_argv, stuck_seccomp_listener
 
 from hcp_linux import Policy, Sandbox
 from hcp_linux import denials as denials_mod
@@ -129,20 +128,10 @@ def test_stuck_listener_the_timeout_still_kills(jail: Path, executor: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The runtime's listener does not answer: the blocked call waits, and the run's timeout
     kills the sandbox all the same; nothing of the call happened."""
-    release = threading.Event()
-    answer = denials_mod.SeccompListener.answer_one
-
-    def stuck(self):  # type: ignore[no-untyped-def]
-        release.wait(TIMEOUT)
-        return answer(self)
-
-    monkeypatch.setattr(denials_mod.SeccompListener, "answer_one", stuck)
     code = ("import ctypes; print('before', flush=True); "
             "ctypes.CDLL(None).unshare(0x00020000); print('after', flush=True)")
-    try:
+    with stuck_seccomp_listener(monkeypatch):
         run = _run(jail, executor, "python3", "-c", code, timeout=3)
-    finally:
-        release.set()
     assert run.timed_out
     assert run.stdout == b"before\n"  # never returned from unshare
     assert run.receipt["denial_layers"]["seccomp"].startswith("incomplete: ")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import TIMEOUT, hcp_argv, jail  # noqa: F401
+from sandboxing import TIMEOUT, hcp_argv, jail, stuck_seccomp_listener  # noqa: F401
 
 import hcp_linux.seccomp_profiles as seccomp_profiles
 from hcp_linux import Policy, Sandbox, native, rulesets
@@ -203,24 +203,12 @@ def test_stuck_listener_the_timeout_still_kills(jail: Path, executor: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The listener does not answer: the connect() waits in the kernel, never made, and the
     run's timeout kills the sandbox all the same."""
-    import threading
-
-    release = threading.Event()
-    answer = denials_mod.SeccompListener.answer_one
-
-    def stuck(self):  # type: ignore[no-untyped-def]
-        release.wait(TIMEOUT)
-        return answer(self)
-
-    monkeypatch.setattr(denials_mod.SeccompListener, "answer_one", stuck)
     code = ("import socket; print('before', flush=True); "
             "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).connect(('127.0.0.1', 9)); "
             "print('after', flush=True)")
-    try:
+    with stuck_seccomp_listener(monkeypatch):
         run = Sandbox(_policy(jail), executor=executor).run(
             ["python3", "-c", code], capture_output=True, timeout=3)
-    finally:
-        release.set()
     assert run.timed_out
     assert run.stdout == b"before\n"  # never returned from connect
     assert run.receipt["denial_layers"]["seccomp"].startswith("incomplete: ")
