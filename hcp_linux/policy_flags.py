@@ -262,7 +262,8 @@ FIELDS: tuple[Field, ...] = (
     Field("seccomp_profiles", "--seccomp-profile", APPEND, _replace_set("seccomp_profile"),
           _replacing("--seccomp-profile", DEFAULT_SECCOMP_PROFILES, "seccomp_profiles"),
           "list", "`[" + ", ".join(f'"{p}"' for p in DEFAULT_SECCOMP_PROFILES) + "]`",
-          "seccomp profiles from `seccomp_profiles/profiles/`", metavar="NAME",
+          "seccomp profiles from `seccomp_profiles/profiles/` (`network-observe` is the "
+          "runtime's: added under `network = \"allow\"`, dropped elsewhere)", metavar="NAME",
           help="a seccomp profile to apply; given, these replace the default set "
                f"({' '.join(DEFAULT_SECCOMP_PROFILES)}) (repeatable)"),
     Field("sandbox", "--no-sandbox", SWITCH,
