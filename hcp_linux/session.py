@@ -21,6 +21,7 @@ or the zygote is killed (by a command, say): then each command in flight fails w
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import selectors
@@ -97,7 +98,8 @@ class Session:
             argv.append("kill-rest")
         # the zygote itself is ours, not the agent's: run whatever the allow-list says (every
         # command it starts is checked against the allow-list here, in run())
-        zygote_box = Sandbox(_without_allow_list(self.policy), executor=sandbox.executor)
+        zygote_box = Sandbox(dataclasses.replace(self.policy, allow_bins=()),
+                             executor=sandbox.executor)
         try:
             self._proc = zygote_box.spawn(argv, stdin=theirs.fileno(),
                                           stdout=subprocess.DEVNULL,
@@ -305,11 +307,6 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _without_allow_list(policy):  # type: ignore[no-untyped-def]
-    """The policy the zygote runs under: the same in every field but the allow-list."""
-    import dataclasses
-    return dataclasses.replace(policy, allow_bins=())
 
 
 def _host_pid(root: int, inner: int) -> int | None:

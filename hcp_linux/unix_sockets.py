@@ -69,7 +69,8 @@ def validate(granted: tuple[str, ...], acknowledged: tuple[str, ...], hidden: tu
     that was checked."""
     lists = {"allow_unix_sockets": tuple(dict.fromkeys(granted)),
              "allow_dangerous_sockets": tuple(dict.fromkeys(acknowledged))}
-    ok_dangerous = set(lists["allow_dangerous_sockets"])
+    # acknowledged as written or as resolved (/var/run/docker.sock names /run/docker.sock)
+    ok_dangerous = {q for p in lists["allow_dangerous_sockets"] for q in (p, os.path.realpath(p))}
     pairs: list[tuple[str, str]] = []
     for name, paths in lists.items():
         for given in paths:
@@ -78,8 +79,7 @@ def validate(granted: tuple[str, ...], acknowledged: tuple[str, ...], hidden: tu
             if not stat.S_ISSOCK(st.st_mode):
                 raise PolicyError(f"{name}: {shown} is not a unix socket")
             why = danger(given) or danger(real)
-            if why and name == "allow_unix_sockets" and given not in ok_dangerous \
-                    and real not in {os.path.realpath(p) for p in ok_dangerous}:
+            if why and name == "allow_unix_sockets" and not {given, real} & ok_dangerous:
                 raise PolicyError(
                     f"allow_unix_sockets: {shown} is {why}; to grant it anyway, name it with "
                     f"--allow-dangerous-socket (allow_dangerous_sockets)")
