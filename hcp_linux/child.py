@@ -196,7 +196,7 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     _step("drop-capabilities", _drop_capabilities, plan.cap_last_cap, plan.holds_setpcap)
     if ruleset is not None:
         _step("landlock-rules", _add_late_rules, plan, ruleset)
-        _step("landlock-restrict", ruleset.restrict_self)
+        _step("landlock-restrict", ruleset.restrict_self, plan.landlock_restrict)
     if plan.seccomp is not None and plan.seccomp_listener:
         # Last before exec, so the filter need not allow any of the setup calls above. The
         # listener that answers its denials goes to the runtime, and only there: a process

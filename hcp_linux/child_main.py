@@ -200,7 +200,7 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         "pid_max": plan.pid_max, "proxy": plan.proxy,
         "capture_ports": tuple(plan.capture_ports), "proc_fresh": plan.proc_fresh,
         "pty": plan.pty, "late_rules": tuple(plan.late_rules), "canary": plan.canary,
-        "seccomp_listener": plan.seccomp_listener,
+        "seccomp_listener": plan.seccomp_listener, "landlock_restrict": plan.landlock_restrict,
     }
 
 
@@ -243,8 +243,8 @@ class _Ruleset:
             attr = struct.pack("<Qi", effective, fd)
             _call(_NR_LANDLOCK_ADD_RULE, self.fd, _LANDLOCK_RULE_PATH_BENEATH, attr, 0)
 
-    def restrict_self(self) -> None:
-        _call(_NR_LANDLOCK_RESTRICT_SELF, self.fd, 0)
+    def restrict_self(self, flags: int = 0) -> None:
+        _call(_NR_LANDLOCK_RESTRICT_SELF, self.fd, flags)
 
 
 class _Filter:

@@ -33,6 +33,7 @@ import socket
 import threading
 from typing import Any
 
+from . import landlock_log
 from .seccomp_profiles.model import OBSERVE
 
 #: Records kept per run and layer; past it, only counted (a flood of blocked calls must not
@@ -226,17 +227,28 @@ class SeccompListener:
         return list(self.no_route), self.no_route_count
 
 
-def receive_listener(channel: int) -> int:
-    """The listener the executor sent on ``channel`` before exec, or -1; closes the channel.
-    Called once the exec is confirmed, so it is there if it was sent: no wait."""
+def receive_listener(channel: int) -> tuple[int, int]:
+    """The listener the executor sent on ``channel`` before exec, or -1, and the pid of the
+    process that sent it (the kernel's SCM_CREDENTIALS, in our pid namespace: the channel
+    has SO_PASSCRED from its start), or 0; closes the channel. Called once the exec is
+    confirmed, so it is there if it was sent: no wait."""
+    import array
+    fds: list[int] = []
+    sender = 0
     with socket.socket(fileno=channel) as ch:
         try:
-            _, fds, _, _ = socket.recv_fds(ch, 1, 1, socket.MSG_DONTWAIT)
+            _, ancillary, _, _ = ch.recvmsg(
+                1, socket.CMSG_SPACE(4) + socket.CMSG_SPACE(12), socket.MSG_DONTWAIT)
         except BlockingIOError:
-            return -1
+            return -1, 0
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += array.array("i", data[:len(data) - len(data) % 4])
+        elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 4:
+            sender = int.from_bytes(data[:4], "little", signed=True)
     for extra in fds[1:]:
         os.close(extra)
-    return fds[0] if fds else -1
+    return (fds[0] if fds else -1), sender
 
 
 class _Service(threading.Thread):
@@ -308,48 +320,6 @@ def network_records(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-_landlock_source = ""
-
-
-def landlock_source() -> str:
-    """What the receipt says about Landlock's denial records on this host (asked once per
-    process). Landlock (ABI >= 7) logs its denials through the audit subsystem only: with
-    audit disabled there is nothing to read; with it enabled, reading the records takes an
-    audit netlink socket and CAP_AUDIT_READ, and matching them to this run's domain. This
-    runtime does not read them: it says which of these stands in the way."""
-    global _landlock_source
-    if not _landlock_source:
-        _landlock_source = "unavailable: " + _audit_state() + "; the kernel logs Landlock " \
-            "denials to the audit subsystem only, and this runtime does not read audit records"
-    return _landlock_source
-
-
-def _audit_state() -> str:
-    """The kernel's audit state by AUDIT_GET on a NETLINK_AUDIT socket, in words."""
-    import struct
-    try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 9) as q:
-            q.settimeout(1.0)
-            q.sendto(struct.pack("=IHHII", 16, 1000, 1, 1, 0), (0, 0))  # AUDIT_GET, NLM_F_REQUEST
-            for _ in range(4):
-                reply = q.recv(4096)
-                kind = struct.unpack_from("=IH", reply)[1]
-                if kind == 2:  # NLMSG_ERROR
-                    err = -struct.unpack_from("=i", reply, 16)[0]
-                    if err:
-                        name = errno.errorcode.get(err, str(err))
-                        return (f"the audit status is not readable here ({name}: needs "
-                                "CAP_AUDIT_CONTROL in the initial user namespace)")
-                    continue
-                if kind == 1000:
-                    enabled = struct.unpack_from("=II", reply, 16)[1]
-                    return ("the kernel's audit is disabled (enabled=0: boot with audit=1)"
-                            if not enabled else "the kernel's audit is enabled")
-    except OSError as e:
-        return f"no audit netlink socket ({e.strerror})"
-    return "the audit status did not come"
-
-
 def denial_layers(plan: Any) -> dict[str, str]:
     """Per layer, whether this run's denials are recorded ("recorded") or why not."""
     out: dict[str, str] = {}
@@ -357,7 +327,7 @@ def denial_layers(plan: Any) -> dict[str, str]:
         out["seccomp"] = ("recorded (ENOSYS fallback answers, such as clone3's, are not)"
                           if plan.seccomp_listener else plan.seccomp_unrecorded)
     if plan.landlock is not None:
-        out["landlock"] = "unavailable"  # complete() says why, off the spawn's path
+        out["landlock"] = landlock_unrecorded(plan)
     if plan.proxy:
         out["network"] = "recorded (the egress proxy's refusals" + (
             "; connect() attempts that find no route)"
@@ -368,11 +338,26 @@ def denial_layers(plan: Any) -> dict[str, str]:
     return out
 
 
-def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> None:
+def landlock_unrecorded(plan: Any) -> str:
+    """``denial_layers.landlock`` as the run starts: "recorded" where its records are read
+    (complete() then says whether they all came), else why not."""
+    if plan.landlock_log:
+        return "recorded"
+    why = landlock_log.available()
+    if why:
+        return why
+    seccomp_why = (plan.seccomp_unrecorded or "no seccomp layer").removeprefix("unavailable: ")
+    return (f"unavailable: the seccomp listener's message names the process that makes the "
+            f"run's Landlock domain, and this run has no listener ({seccomp_why})")
+
+
+def complete(receipt: dict[str, Any], listener: "SeccompListener | None",
+             landlock: "landlock_log.Watch | None" = None) -> None:
     """At the end of a run: the receipt's ``denials`` (and ``denials_not_recorded``, the
     count past MAX_RECORDED per layer)."""
     denials: list[dict[str, Any]] = []
     dropped: dict[str, int] = {}
+    layers = receipt.setdefault("denial_layers", {})
     if listener is not None:
         listener.finish()
         records, count = listener.summary()
@@ -380,8 +365,7 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> Non
         if count > len(records):
             dropped["seccomp"] = count - len(records)
         if listener.error:
-            receipt.setdefault("denial_layers", {})["seccomp"] = \
-                f"incomplete: the listener stopped: {listener.error}"
+            layers["seccomp"] = f"incomplete: the listener stopped: {listener.error}"
     decisions = receipt.get("network", {}).get("decisions") or []
     net = network_records(decisions)
     net_count = len(net)
@@ -392,12 +376,17 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> Non
     denials += net[:MAX_RECORDED]
     if net_count > MAX_RECORDED:
         dropped["network"] = net_count - MAX_RECORDED
-    layers = receipt.get("denial_layers") or {}
+    if landlock is not None:  # after the listener is closed: it holds nothing of the run
+        layers["landlock"] = landlock.finish()
+        denials += landlock.records
+        if landlock.count > len(landlock.records):
+            dropped["landlock"] = landlock.count - len(landlock.records)
+    elif layers.get("landlock") == "recorded":  # the maker's pid never came
+        layers["landlock"] = ("unavailable: the process that made the run's Landlock domain "
+                              "was not learned (no credentials with the listener)")
     if listener is not None and listener.unread and "network" in layers:
         layers["network"] = ("incomplete: the destination of a connect() could not be read "
                              f"({listener.unread}); the kernel refused it all the same")
-    if layers.get("landlock") == "unavailable":
-        layers["landlock"] = landlock_source()
     receipt["denials"] = denials
     if dropped:
         receipt["denials_not_recorded"] = dropped
@@ -416,6 +405,8 @@ def explain(denial: dict[str, Any]) -> str:
             else "seccomp"
         return (f"blocked: {what} (pid {denial.get('pid')}, {denial.get('errno')}; {who}) "
                 f"— not allowed in the sandbox")
+    if layer == "landlock":
+        return landlock_log.explain(denial)
     if layer == "network" and denial.get("what") == "connect":
         address, port = denial.get("address"), denial.get("port")
         shown = f"[{address}]" if ":" in str(address) else address

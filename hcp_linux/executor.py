@@ -16,8 +16,8 @@ import subprocess
 import time
 from typing import IO, Any, Callable
 
-from . import child_main, native, spawner, teardown
-from .denials import SeccompListener, denial_layers, receive_listener
+from . import child_main, landlock_log, native, spawner, teardown
+from .denials import MAX_RECORDED, SeccompListener, denial_layers, receive_listener
 from .errors import ChildSetupError, SetupTimeoutError
 from .plan import Plan
 from .popen import Stdio
@@ -106,6 +106,8 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     ends: list[int | None] = []
     fds: list[int] = []
     pidns = plan.confined and "pidns" in plan.layers
+    if plan.landlock_log:
+        landlock_log.prepare()  # subscribed before the run can log anything
     notify_end = notify_child = -1  # the seccomp listener's channel, once an attempt makes it
     try:
         for i, spec in enumerate((stdin, stdout, stderr)):
@@ -198,13 +200,15 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                           stdio=stdio)
     proc.receipt["executor"] = ran
     if notify_end >= 0:
-        listener = receive_listener(notify_end)
+        listener, maker = receive_listener(notify_end)
         if listener < 0:  # its blocked calls would wait for an answer that never comes
             proc.kill()
             proc.wait()
             raise ChildSetupError("seccomp", errno.EPROTO, "no seccomp listener received")
         proc._denials = SeccompListener(listener, plan.seccomp_names)
         proc._denials.start()
+        if plan.landlock_log and maker > 0:  # the init (or monitor) that made the domain
+            proc._landlock = landlock_log.watch(maker, MAX_RECORDED)
     proc.receipt["denial_layers"] = denial_layers(plan)
     if ready_ok is False:
         proc.receipt.setdefault("spawn", {})["notes"] = [
@@ -221,8 +225,11 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
 
 
 def _channel() -> tuple[int, int]:
-    """A socketpair (ours, the child's) for the seccomp listener, both close-on-exec."""
+    """A socketpair (ours, the child's) for the seccomp listener, both close-on-exec. Ours
+    passes credentials: the kernel attaches the sender's pid to what the child sends, which
+    tells the Landlock domain's maker (landlock_log)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     return ours.detach(), theirs.detach()
 
 

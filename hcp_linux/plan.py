@@ -18,6 +18,7 @@ import hcp_linux.landlock as landlock
 import hcp_linux.seccomp_profiles as seccomp_profiles
 
 from . import _libc as L
+from . import landlock_log
 from .allowlist import install_prefixes, resolve_bin
 from .confinement import Bind, Confinement, clear_cache, covered, search_path, shared_confinement
 from .environment import build_env
@@ -63,6 +64,10 @@ class Plan:
     proc_fresh: bool = False
     pty: bool = False  # a private devpts instance at /dev/pts, /dev/ptmx -> pts/ptmx
     landlock: "landlock.Ruleset | None" = None
+    # landlock_restrict_self's flags (landlock_log.restrict_flags), and whether this run's
+    # Landlock denials are read from the audit records (landlock_log.available)
+    landlock_restrict: int = 0
+    landlock_log: bool = False
     late_rules: Sequence[tuple[bytes, int]] = ()
     canary: str | None = None
     seccomp: "seccomp_profiles.PreparedFilter | None" = None
@@ -203,6 +208,10 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     if seccomp is not None:
         plan.seccomp, plan.seccomp_names, plan.seccomp_unrecorded = seccomp
         plan.seccomp_listener = not plan.seccomp_unrecorded
+    if plan.landlock is not None:
+        # Read where the runtime learns the domain's maker: from the listener's message.
+        plan.landlock_log = plan.seccomp_listener and not landlock_log.available()
+        plan.landlock_restrict = landlock_log.restrict_flags(plan.landlock_log)
     return plan
 
 

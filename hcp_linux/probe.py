@@ -78,6 +78,8 @@ def host_facts() -> dict[str, Any]:
         "unix_sockets_by_path": "the mount view and Landlock RESOLVE_UNIX"
         if isinstance(abi, int) and abi >= 9 else f"the mount view only (Landlock ABI {abi} "
         "does not mediate connect())",
+        # whether runs' receipts hold Landlock's denials (the kernel's audit records)
+        "landlock_denials": _landlock_denials(),
         "max_user_namespaces": _read("/proc/sys/user/max_user_namespaces"),
         "unprivileged_userns_clone": _read("/proc/sys/kernel/unprivileged_userns_clone"),
         "apparmor_restrict_unprivileged_userns":
@@ -89,6 +91,18 @@ def host_facts() -> dict[str, Any]:
         "already_seccomp_filtered": "Seccomp:\t2" in status,
         "no_new_privs_already": "NoNewPrivs:\t1" in status,
     }
+
+
+def _landlock_denials() -> str:
+    from . import audit, landlock_log
+    why = landlock_log.available()
+    if why:
+        return why
+    try:
+        on = audit.status().enabled
+    except OSError as e:
+        return f"readable; the audit status could not be read now ({e})"
+    return "recorded (audit is enabled)" if on else landlock_log.DISABLED
 
 
 def _userns_hint(facts: dict[str, Any]) -> str:

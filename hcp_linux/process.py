@@ -49,6 +49,7 @@ class SandboxProcess:
         self._pending_in: memoryview | None = None
         self._proxy: Any = None  # the egress proxy serving this run (network = "allow")
         self._denials: Any = None  # the seccomp listener answering this run's denials
+        self._landlock: Any = None  # the watch on this run's Landlock audit records
         self._monitor = teardown.Monitor(pid, pidns)
         # with a pid namespace: the init writes the command's wait status here once every
         # process of the run is gone, before the namespaces are torn down
@@ -105,8 +106,8 @@ class SandboxProcess:
             self._proxy.stop()
             self._proxy = None
         if "denial_layers" in self.receipt and "denials" not in self.receipt:  # once
-            complete(self.receipt, self._denials)
-            self._denials = None
+            complete(self.receipt, self._denials, self._landlock)
+            self._denials = self._landlock = None
         end: dict[str, Any] = {"by": self._ended_by or "exit"}
         if self._monitor.notes:
             end["notes"] = list(self._monitor.notes)

@@ -32,13 +32,18 @@ FLAGS = {
     "CONFINED": 1 << 5, "PROXY": 1 << 6, "HOLDS_SETPCAP": 1 << 7, "PROC_FRESH": 1 << 8,
     "WAIT_FOR_TREE": 1 << 9, "LANDLOCK": 1 << 10, "CANARY": 1 << 11, "SECCOMP": 1 << 12,
     "PID_MAX": 1 << 13, "PTY": 1 << 14, "SECCOMP_LISTENER": 1 << 15,
+    # landlock_restrict_self's flags (LANDLOCK_RESTRICT_SELF_*, bits 0-2), shifted by 16
+    "LL_LOG_SAME_EXEC_OFF": 1 << 16, "LL_LOG_NEW_EXEC_ON": 1 << 17,
+    "LL_LOG_SUBDOMAINS_OFF": 1 << 18,
 }
+#: Where landlock_restrict_self's flags sit in the plan's flags.
+LL_FLAGS_SHIFT = 16
 #: The namespace layers of a Plan and their flags.
 LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 9
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 10
 
 #: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
 #: message carries, and whether the plan is in the message itself rather than in a memfd.
@@ -133,6 +138,7 @@ def c_header() -> str:
            "#ifndef HCP_EXEC_PROTOCOL_H", "#define HCP_EXEC_PROTOCOL_H", "",
            f"#define PLAN_MAGIC {PLAN_MAGIC:#x}u", f"#define PLAN_VERSION {PLAN_VERSION}",
            f"#define INLINE_MAX {INLINE_MAX}", f"#define DETAIL_MAX {DETAIL_MAX}",
+           f"#define LL_FLAGS_SHIFT {LL_FLAGS_SHIFT}",
            f"#define RESOLVER_ADDR {_ipv4(RESOLVER_ADDRESS[0]):#x}u",
            f"#define RESOLVER_PORT {RESOLVER_ADDRESS[1]}",
            f"#define SYNTHETIC_ADDR {_ipv4(SYNTHETIC_NET[0]):#x}u",

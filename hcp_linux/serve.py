@@ -31,7 +31,7 @@ import stat
 import sys
 from typing import Any
 
-from . import child, native, protocol
+from . import child, landlock_log, native, protocol
 from .cli_args import build_parser, check_outputs, command_of, policy_from_args
 from .errors import ChildSetupError, SandboxError, printable
 from .hcp_spawn import hard_limits
@@ -296,6 +296,9 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
                 # denials itself, as before, and the receipt says they are not recorded.
                 plan.seccomp = answered_by_filter(plan.seccomp_names)
                 plan.seccomp_listener = False
+            if plan.landlock_log:  # nor does it read the Landlock domain's records
+                plan.landlock_log = False
+                plan.landlock_restrict = landlock_log.restrict_flags(False)
                 plan.seccomp_unrecorded = SERVED_UNRECORDED
             blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
                                      process=state["process"])

@@ -33,6 +33,8 @@ def _libseccomp() -> ctypes.CDLL:
             raise SeccompCompileError(f"libseccomp not found ({exc}); install libseccomp2") from None
         lib.seccomp_syscall_resolve_name_arch.argtypes = (ctypes.c_uint32, ctypes.c_char_p)
         lib.seccomp_syscall_resolve_name_arch.restype = ctypes.c_int
+        lib.seccomp_syscall_resolve_num_arch.argtypes = (ctypes.c_uint32, ctypes.c_int)
+        lib.seccomp_syscall_resolve_num_arch.restype = ctypes.c_void_p  # malloc'd: freed here
         lib.seccomp_version.argtypes = ()
         lib.seccomp_version.restype = ctypes.POINTER(_Version)
         _lib = lib
@@ -68,6 +70,27 @@ def numbers(name: str, fallback: Sequence[tuple[str, int]] = ()) -> dict[str, Op
     if not known and not extra:
         return {}
     return out
+
+
+def name_of(nr: int, audit_arch: int) -> Optional[str]:
+    """The name of syscall ``nr`` on the machine of ``audit_arch`` (an AUDIT_ARCH_* value, as
+    seccomp data and audit records give it), or None when libseccomp does not know it."""
+    lib = _libseccomp()
+    if not 0 <= nr < 1 << 31:
+        return None
+    ptr = lib.seccomp_syscall_resolve_num_arch(audit_arch & 0xFFFFFFFF, nr)
+    if not ptr:
+        return None
+    try:
+        return ctypes.string_at(ptr).decode("ascii", "replace")
+    finally:
+        _free(ptr)
+
+
+def _free(ptr: int) -> None:
+    libc = ctypes.CDLL(None)
+    libc.free.argtypes = (ctypes.c_void_p,)
+    libc.free(ptr)
 
 
 def native_number(name: str, fallback: Sequence[tuple[str, int]], machine: Machine) -> Optional[int]:

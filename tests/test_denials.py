@@ -156,7 +156,9 @@ def test_listener_gone_calls_still_refused(jail: Path, executor: str,
 
 def test_landlock_denial_said_unavailable(jail: Path) -> None:
     """A real Landlock denial (the canary at the view's root: in the view, not granted) is
-    not recorded on this host, and the receipt says why instead of an empty silence."""
+    not recorded where audit is off (this host's default) or not readable (as nobody), and
+    the receipt says why instead of an empty silence (tests/test_landlock_audit.py reads
+    them with audit on)."""
     code = ("import errno\ntry:\n    open('/.hcp-canary')\nexcept OSError as e:\n"
             "    print(errno.errorcode[e.errno])\nelse:\n    print('opened')")
     run = _run(jail, EXECUTORS[0], "python3", "-c", code)

@@ -52,7 +52,7 @@ def test_the_binary_was_built_from_protocol_py():
     out = subprocess.run([native.binary(), "--protocol"], capture_output=True, text=True,
                          check=True).stdout
     assert out == protocol.table()
-    assert len(protocol.FLAGS) == 16 and f"step {len(protocol.STEPS) - 1} helper\n" in out
+    assert len(protocol.FLAGS) == 19 and f"step {len(protocol.STEPS) - 1} helper\n" in out
 
 
 def test_the_header_is_generated_and_named_in_the_binary():

@@ -70,7 +70,8 @@
 
 #define VIEW_FLAGS                                                                        \
     (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_SECCOMP_LISTENER \
-     | F_LANDLOCK | F_PTY | F_PROXY)
+     | F_LANDLOCK | F_PTY | F_PROXY | F_LL_LOG_SAME_EXEC_OFF | F_LL_LOG_NEW_EXEC_ON           \
+     | F_LL_LOG_SUBDOMAINS_OFF)
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -1170,8 +1171,13 @@ static void confine(void) {
         add_late_rules();
         if (failed())
             return;
+        /* what the domain logs to the audit trail (landlock_log.restrict_flags) */
+        unsigned ll_flags = (P.flags >> LL_FLAGS_SHIFT)
+                            & ((F_LL_LOG_SAME_EXEC_OFF | F_LL_LOG_NEW_EXEC_ON
+                                | F_LL_LOG_SUBDOMAINS_OFF) >> LL_FLAGS_SHIFT);
         if (ruleset_fd() >= 0)
-            STEP(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, ruleset_fd(), 0), NULL);
+            STEP(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, ruleset_fd(), ll_flags),
+                 NULL);
     }
     if (P.flags & F_SECCOMP)
         STEP(S_SECCOMP, install_seccomp(), NULL);

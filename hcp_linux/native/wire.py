@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Sequence
 
 from ..peer import parse_status
-from ..protocol import FLAGS, LAYER_FLAGS, PLAN_MAGIC, PLAN_VERSION
+from ..protocol import FLAGS, LAYER_FLAGS, LL_FLAGS_SHIFT, PLAN_MAGIC, PLAN_VERSION
 
 if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
@@ -44,11 +44,16 @@ def view_bytes(plan: "Plan") -> bytes:
           | F["SECCOMP"] * (plan.seccomp is not None)
           | F["SECCOMP_LISTENER"] * (plan.seccomp is not None and plan.seccomp_listener)
           | F["LANDLOCK"] * (plan.landlock is not None) | F["PTY"] * plan.pty
-          | F["PROXY"] * plan.proxy)
+          | F["PROXY"] * plan.proxy | _ll_flags(plan))
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
                          plan.cap_last_cap, bpf, plan.capture_ports),
                         lambda: _view_bytes(plan, vf, bpf))
+
+
+def _ll_flags(plan: "Plan") -> int:
+    """landlock_restrict_self's flags, as plan flags."""
+    return (plan.landlock_restrict << LL_FLAGS_SHIFT) if plan.landlock is not None else 0
 
 
 def makes_ruleset(plan: "Plan") -> bool:
@@ -135,7 +140,8 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
               | F["CANARY"] * (plan.canary is not None)
               | F["SECCOMP"] * (plan.seccomp is not None)
               | F["SECCOMP_LISTENER"] * (plan.seccomp is not None and plan.seccomp_listener)
-              | F["PID_MAX"] * (plan.pid_max is not None) | F["PTY"] * plan.pty)
+              | F["PID_MAX"] * (plan.pid_max is not None) | F["PTY"] * plan.pty
+              | _ll_flags(plan))
     host, port = PROXY_ADDRESS
     a, b, c, d = (int(x) for x in host.split("."))
     if (ruleset is not None) == makes_ruleset(plan) and plan.landlock is not None:

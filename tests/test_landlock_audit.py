@@ -1,0 +1,306 @@
+"""Landlock's denials of a run, read from the kernel's audit records (issue #20, item 1).
+
+The kernel logs a Landlock denial (ABI >= 7) to the audit subsystem only; the runtime reads
+the records where it may (root in the initial namespaces: CAP_AUDIT_CONTROL, _READ, _WRITE)
+and audit is enabled. This host boots with audit off, so the tests that need records turn it
+on for their own duration and restore the state they found (``audit_on``); nothing else of
+the host's audit configuration is touched.
+
+Each denial is real: the sandboxed command opens a file Landlock refuses (the canary at the
+view's root, not granted; /proc/self/oom_score_adj for writing, /proc granted read-only), and
+gets EACCES. Controls: the same open for writing succeeds unconfined; with audit off the
+layer says so and has no records; a run with no denial records nothing; the executor's own canary check, made on every run, is not in
+the host's audit trail (LOG_SAME_EXEC_OFF), while a command's open of the same file is.
+Both executors; root here, and the unavailable answer as nobody.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from sandboxing import TIMEOUT, hcp_argv
+
+import hcp_linux.landlock as landlock
+from hcp_linux import Policy, Sandbox, audit, landlock_log
+from hcp_linux.native import binary
+
+EXECUTORS = ["ctypes"] + (["native"] if binary() is not None else [])
+
+#: Opens the canary (read) and /proc/self/oom_score_adj (write) N times each, printing the
+#: errno names; then, if asked, waits for a line on stdin before the next round.
+_DENIED = r"""
+import errno, sys
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+for i in range(n):
+    for path, mode in (("/.hcp-canary", "r"), ("/proc/self/oom_score_adj", "w")):
+        try:
+            with open(path, mode) as f:
+                if mode == "w":
+                    f.write("0")
+            print(path, "ok", flush=True)
+        except OSError as e:
+            print(path, errno.errorcode[e.errno], flush=True)
+    if len(sys.argv) > 2:
+        sys.stdin.readline()
+"""
+
+
+def _kernel_logs() -> bool:
+    try:
+        return landlock.abi_version() >= 7
+    except OSError:
+        return False
+
+
+needs_reader = pytest.mark.skipif(
+    not _kernel_logs() or landlock_log.available() != "",
+    reason="reading Landlock's audit records needs Landlock ABI 7 and root in the initial "
+           "namespaces (CAP_AUDIT_CONTROL, CAP_AUDIT_READ, CAP_AUDIT_WRITE)")
+
+
+def _set_enabled(value: int) -> None:
+    """AUDIT_SET enabled=value (the tests' own: the runtime never changes audit's state)."""
+    body = struct.pack("=10I", 1, value, 0, 0, 0, 0, 0, 0, 0, 0)  # mask: AUDIT_STATUS_ENABLED
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, audit.NETLINK_AUDIT) as s:
+        s.sendto(struct.pack("=IHHII", 16 + len(body), 1001, 1 | 4, 1, 0) + body, (0, 0))
+        reply = s.recv(8192)
+    err = -struct.unpack_from("=i", reply, 16)[0]
+    if err:
+        raise OSError(err, "AUDIT_SET")
+
+
+@contextlib.contextmanager
+def _audit(value: int) -> Iterator[None]:
+    before = audit.status().enabled
+    if before == 2:
+        pytest.skip("audit's configuration is locked (enabled=2)")
+    _set_enabled(value)
+    landlock_log.status_changed()
+    try:
+        yield
+    finally:
+        _set_enabled(before)
+        landlock_log.status_changed()
+
+
+@pytest.fixture
+def audit_on() -> Iterator[None]:
+    with _audit(1):
+        yield
+
+
+@pytest.fixture
+def audit_off() -> Iterator[None]:
+    with _audit(0):
+        yield
+
+
+@pytest.fixture
+def jail(tmp_path: Path) -> Path:
+    d = tmp_path / "jail"
+    d.mkdir()
+    (d / "denied.py").write_text(_DENIED)
+    os.chmod(tmp_path, 0o755)
+    return d
+
+
+def _run(jail: Path, executor: str, *argv: str, **policy: object):  # type: ignore[no-untyped-def]
+    return Sandbox(Policy(jail=str(jail), **policy), executor=executor).run(  # type: ignore[arg-type]
+        list(argv), capture_output=True, timeout=TIMEOUT)
+
+
+def _landlock(receipt: dict) -> list[dict]:
+    return [d for d in receipt["denials"] if d["layer"] == "landlock"]
+
+
+@needs_reader
+@pytest.mark.root_only
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_landlock_denials_are_recorded(jail: Path, executor: str, audit_on: None) -> None:
+    run = _run(jail, executor, "python3", "denied.py")
+    assert run.returncode == 0, run.stderr
+    # refused for real: EACCES, and the write did not happen (the value is unchanged below)
+    assert run.stdout.decode().split("\n")[:2] == [
+        "/.hcp-canary EACCES", "/proc/self/oom_score_adj EACCES"]
+    assert run.receipt["denial_layers"]["landlock"].startswith("recorded"), run.receipt
+    got = _landlock(run.receipt)
+    read = [d for d in got if d["blockers"] == ["fs.read_file"]]
+    write = [d for d in got if "fs.write_file" in d["blockers"]]
+    assert [d["path"] for d in read] == ["/.hcp-canary"], got
+    assert len(write) == 1 and write[0]["path"].endswith("/oom_score_adj"), got
+    for d in read + write:
+        assert d["syscall"] in ("open", "openat") and d["errno"] == "EACCES", d
+        assert d["pid"] > 0 and d["pid"] != os.getpid()
+    assert len({d["pid"] for d in read + write}) == 1  # one process made every call
+
+
+@pytest.mark.root_only
+def test_the_write_succeeds_unconfined(tmp_path: Path) -> None:
+    """Control: the refused write is one a process may make outside the sandbox."""
+    p = subprocess.run([sys.executable, "-c", "open('/proc/self/oom_score_adj', 'w').write('0')"],
+                       capture_output=True, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stderr
+
+
+@needs_reader
+@pytest.mark.root_only
+def test_audit_off_is_said_and_records_nothing(jail: Path, audit_off: None) -> None:
+    run = _run(jail, EXECUTORS[-1], "python3", "denied.py")
+    assert "/.hcp-canary EACCES" in run.stdout.decode()  # still refused
+    assert run.receipt["denial_layers"]["landlock"].startswith(
+        "unavailable: the kernel's audit is disabled")
+    assert _landlock(run.receipt) == []
+
+
+@needs_reader
+@pytest.mark.root_only
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_executors_own_check_is_not_logged(jail: Path, executor: str,
+                                               audit_on: None) -> None:
+    """Every run proves its ruleset is in force by an open Landlock must refuse (the
+    canary); the kernel would log that into the host's audit trail on every run. It is
+    not logged: what is seen on the audit multicast for a run of /bin/true is nothing of
+    Landlock's, while a command's own open of the canary is seen (the control)."""
+    def landlock_records(*argv: str) -> list[bytes]:
+        seen: list[bytes] = []
+        with audit.subscribe() as sub:
+            sub.settimeout(0.2)
+            run = _run(jail, executor, *argv)
+            nonce = os.urandom(8).hex()
+            audit.send_user(f"test-flush={nonce}")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    data = sub.recv(1 << 16)
+                except socket.timeout:
+                    continue
+                done = False
+                for kind, payload in audit.messages(data):
+                    if kind == audit.AUDIT_LANDLOCK_ACCESS and b"hcp-canary" in payload:
+                        seen.append(payload)
+                    done = done or (kind == audit.AUDIT_USER and nonce.encode() in payload)
+                if done:
+                    break
+            else:
+                pytest.fail("the flush marker did not come back")
+        assert run.returncode == 0, run.stderr
+        return seen
+    assert landlock_records("/bin/true") == []
+    assert len(landlock_records("python3", "-c", "import os\ntry: open('/.hcp-canary')\n"
+                                "except OSError: pass")) == 1
+
+
+@needs_reader
+@pytest.mark.root_only
+def test_concurrent_runs_get_their_own_records(jail: Path, audit_on: None) -> None:
+    """Records go to the run whose domain refused: two runs at once, 3 and 5 rounds."""
+    box = Sandbox(Policy(jail=str(jail)))
+    results: dict[int, object] = {}
+
+    def one(n: int) -> None:
+        results[n] = box.run(["python3", "denied.py", str(n)], capture_output=True,
+                             timeout=TIMEOUT)
+    threads = [threading.Thread(target=one, args=(n,)) for n in (3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n in (3, 5):
+        run = results[n]
+        assert run.returncode == 0, run.stderr  # type: ignore[attr-defined]
+        got = _landlock(run.receipt)  # type: ignore[attr-defined]
+        assert sum(d["blockers"] == ["fs.read_file"] for d in got) == n, got
+
+
+@needs_reader
+@pytest.mark.root_only
+def test_a_flood_is_capped_and_counted(jail: Path, audit_on: None) -> None:
+    """1,000 rounds: at most 100 records kept, the rest counted; if the kernel dropped
+    records (its backlog limit), the layer says so instead of claiming them all."""
+    run = _run(jail, EXECUTORS[-1], "python3", "denied.py", "1000")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.decode().count("EACCES") == 2000
+    said = run.receipt["denial_layers"]["landlock"]
+    assert len(_landlock(run.receipt)) == 100
+    counted = 100 + run.receipt.get("denials_not_recorded", {}).get("landlock", 0)
+    if said.startswith("recorded"):
+        assert counted >= 2000  # each open's denial (a write open may log two blockers' worth)
+    else:
+        assert said.startswith("incomplete: the kernel dropped"), said
+        assert 100 <= counted <= 4000
+
+
+@needs_reader
+@pytest.mark.root_only
+def test_audit_turned_off_mid_run_is_said(jail: Path) -> None:
+    """The records before audit was turned off are kept; the layer says it is incomplete."""
+    with _audit(1):
+        proc = Sandbox(Policy(jail=str(jail))).spawn(
+            ["python3", "denied.py", "2", "wait"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline() == b"/.hcp-canary EACCES\n"
+            proc.stdout.readline()
+            time.sleep(0.2)  # the first round's records reach the reader
+            _set_enabled(0)
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+            proc.stdin.close()
+            assert proc.wait(timeout=TIMEOUT) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        said = proc.receipt["denial_layers"]["landlock"]
+        assert said.startswith("incomplete: audit was turned off during the run"), said
+        assert [d["path"] for d in _landlock(proc.receipt)][:1] == ["/.hcp-canary"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="the answer of a process without the capabilities")
+def test_unavailable_without_the_capabilities_says_why(jail: Path) -> None:
+    run = _run(jail, EXECUTORS[-1], "python3", "denied.py")
+    assert "/.hcp-canary EACCES" in run.stdout.decode()
+    said = run.receipt["denial_layers"]["landlock"]
+    assert said.startswith("unavailable: ") and ("CAP_AUDIT" in said or "ABI" in said), said
+    assert _landlock(run.receipt) == []
+
+
+@needs_reader
+@pytest.mark.root_only
+def test_explain_says_what_to_do(jail: Path, audit_on: None) -> None:
+    p = subprocess.run(hcp_argv(jail, "python3", "denied.py", extra=["--explain"]),
+                       capture_output=True, timeout=TIMEOUT, cwd=jail)
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stderr.decode().splitlines() if "landlock:" in line]
+    assert any(line.startswith("blocked: read /.hcp-canary (pid ") and
+               "EACCES; landlock: fs.read_file) — not granted in the sandbox; if it is needed, "
+               "add --read-only-root DIR" in line for line in lines), lines
+    assert any(line.startswith("blocked: write /proc/") and "a kernel interface" in line
+               for line in lines), lines
+
+
+def test_the_kernels_record_text_is_read() -> None:
+    """The record format of Documentation/admin-guide/LSM/landlock.rst, and the kernel's
+    untrusted-string encodings: quoted, or hexadecimal when the text has a space, a quote,
+    a control character or a byte above 0x7e."""
+    got = audit.record(b'audit(1729738800.268:30): domain=195ba459b blockers=fs.refer '
+                       b'path="/usr/bin" dev="vda2" ino=351\0')
+    assert got == ("1729738800.268:30", {"domain": "195ba459b", "blockers": "fs.refer",
+                                          "path": "/usr/bin", "dev": "vda2", "ino": "351"})
+    hexed = "/tmp/a b\"c\n".encode().hex().upper().encode()
+    assert audit.fields(b"domain=1 path=" + hexed + b" comm=(null)")["path"] == "/tmp/a b\"c\n"
+    assert audit.fields(b"comm=(null) ocomm=\"sh\"") == {"comm": "(null)", "ocomm": "sh"}
+    assert audit.record(b"type=1423 not a record") is None
+    assert audit.record(b"audit(1.2:3") is None
+    # a SYSCALL record's numbers (arch=c000003e syscall=257) give the call's name
+    from hcp_linux.seccomp_profiles.syscalls import name_of
+    assert name_of(257, 0xC000003E) == "openat" and name_of(1 << 20, 0xC000003E) is None
