@@ -1,9 +1,9 @@
-"""Connect attempts that find no route under `network = "allow"` are recorded (issue #20).
+"""Connect and send attempts that find no route under `network = "allow"` are recorded (#20).
 
 Inside the sandbox's own network namespace a raw address outside loopback and the synthetic
 range has no route: the kernel refuses connect() ENETUNREACH and nothing is sent anywhere.
-The filter hands connect() to the runtime's listener, which records those attempts and lets
-the kernel run every call ("continue"). Raw destinations are documentation addresses
+The filter hands connect() and every sendto() that names a destination to the runtime's
+listener, which records those attempts and lets the kernel run every call ("continue"). Raw destinations are documentation addresses
 (192.0.2.1, 2001:db8::1: RFC 5737, 3849) that have no route inside; servers are the
 sandbox's own loopback or the host's 127.0.0.1. Each refusal has its control: the same
 client's loopback connect inside works, and the filter without the observer gives the same
@@ -223,6 +223,149 @@ def test_a_flood_of_raw_connects_is_bounded(jail: Path, executor: str) -> None:
     assert receipt["denials_not_recorded"] == {"network": 50}
 
 
+#: A sender: for each "udp:ADDR:PORT" a sendto() of one datagram, "tfo:ADDR:PORT" a TCP Fast
+#: Open sendto() (MSG_FASTOPEN on an unconnected socket: a connect with data), "tcp:ADDR:PORT"
+#: a sendto() on an unconnected TCP socket (the kernel ignores the address: EPIPE); "loop"
+#: first: a UDP server on the sandbox's own 127.0.0.1 gets a sendto() (and says what it got),
+#: then a TCP peer there gets 20 send()s and a sendto() naming a raw address, which the
+#: kernel ignores on a connected socket (the data goes to the peer). Prints JSON.
+_SENDER = r"""
+import errno, json, socket, sys
+out = {}
+def name(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+for target in sys.argv[1:]:
+    if target == "loop":
+        srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        srv.bind(("127.0.0.1", 0))
+        srv.settimeout(5)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.sendto(b"to-loopback", srv.getsockname())
+        out["udp-loop"] = srv.recv(100).decode()
+        lst = socket.create_server(("127.0.0.1", 0))
+        c = socket.create_connection(lst.getsockname(), timeout=5)
+        peer, _ = lst.accept()
+        for _ in range(20):
+            c.send(b"s")
+        c.sendto(b"T", ("192.0.2.1", 80))
+        c.close()
+        got = b""
+        while len(got) < 21:
+            chunk = peer.recv(100)
+            if not chunk:
+                break
+            got += chunk
+        out["tcp-loop"] = got.decode()
+        continue
+    kind, rest = target.split(":", 1)
+    address, port = rest.rsplit(":", 1)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+    try:
+        if kind == "tfo":
+            s.sendto(b"x", socket.MSG_FASTOPEN, (address, int(port)))
+        else:
+            s.sendto(b"x", (address, int(port)))
+        out[target] = "ok"
+    except OSError as e:
+        out[target] = name(e)
+    s.close()
+print(json.dumps(out))
+"""
+
+_RAW_SENDS = ["udp:192.0.2.1:53", "udp:2001:db8::1:123", "udp:::ffff:192.0.2.9:53",
+              "tfo:192.0.2.1:443", "tfo:2001:db8::1:22"]
+
+
+def _send_records(receipt: dict) -> list[tuple]:
+    return [(d["what"], d["address"], d["port"]) for d in receipt["denials"]
+            if d["layer"] == "network" and d.get("what") != "connect" and "what" in d]
+
+
+def _send(jail: Path, executor: str, *targets: str):  # type: ignore[no-untyped-def]
+    run = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", _SENDER, *targets], capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr.decode()
+    return json.loads(run.stdout), run.receipt
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_raw_sendtos_are_refused_and_recorded(jail: Path, executor: str) -> None:
+    out, receipt = _send(jail, executor, "loop", *_RAW_SENDS, "tcp:192.0.2.1:80")
+    # controls in the same run: loopback datagrams and a connected TCP peer are reached
+    assert out["udp-loop"] == "to-loopback"
+    assert out["tcp-loop"] == "s" * 20 + "T"
+    assert {t: out[t] for t in _RAW_SENDS} == dict.fromkeys(_RAW_SENDS, "ENETUNREACH")
+    assert out["tcp:192.0.2.1:80"] == "EPIPE"  # the address is ignored: not recorded
+    assert _send_records(receipt) == [
+        ("sendto", "192.0.2.1", 53), ("sendto", "2001:db8::1", 123),
+        ("sendto", "::ffff:192.0.2.9", 53), ("sendto", "192.0.2.1", 443),
+        ("sendto", "2001:db8::1", 22)]
+    assert _no_route(receipt) == []  # no connect()
+    records = [d for d in receipt["denials"] if d["layer"] == "network"]
+    assert len(records) == 5 and len({d["pid"] for d in records}) == 1
+    for d in records:
+        assert d["errno"] == "ENETUNREACH" and d["reason"] == denials_mod.NO_ROUTE
+    assert [d["hint"] for d in records] == [denials_mod.NO_ROUTE_UDP_HINT] * 3 + \
+        [denials_mod.NO_ROUTE_HINT] * 2
+    assert "sendto()" in receipt["denial_layers"]["network"]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_sendto_the_kernel_decides_the_same_without_the_observer(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rulesets, "_recording", False)  # set_denial_records(False)
+    out, receipt = _send(jail, executor, "loop", *_RAW_SENDS, "tcp:192.0.2.1:80")
+    assert out["udp-loop"] == "to-loopback" and out["tcp-loop"] == "s" * 20 + "T"
+    assert {t: out[t] for t in _RAW_SENDS} == dict.fromkeys(_RAW_SENDS, "ENETUNREACH")
+    assert out["tcp:192.0.2.1:80"] == "EPIPE"
+    assert receipt["denials"] == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_send_without_a_destination_is_not_handed_over(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """send() is sendto() with a NULL destination: the filter keeps it in the kernel. The
+    listener sees the run's 2 addressed sendto()s (loopback UDP, the connected TCP socket's
+    raw address) and not one of its 20 send()s."""
+    seen: list[str] = []
+    observe = denials_mod.SeccompListener._observe
+
+    def counted(self, n, what):  # type: ignore[no-untyped-def]
+        seen.append(what)
+        return observe(self, n, what)
+
+    monkeypatch.setattr(denials_mod.SeccompListener, "_observe", counted)
+    out, receipt = _send(jail, executor, "loop")
+    assert out == {"udp-loop": "to-loopback", "tcp-loop": "s" * 20 + "T"}
+    assert seen.count("sendto") == 2
+    assert receipt["denials"] == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_an_unreadable_sendto_address_is_the_kernels_to_answer(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sendto() with a destination pointer nothing is mapped at: EFAULT, as without the
+    observer, and no record; the run's raw sendto() is recorded as ever."""
+    code = ("import ctypes, errno, socket\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.sendto(s.fileno(), b'x', 1, 0, ctypes.c_void_p(8), 16)\n"
+            "print(r, errno.errorcode[ctypes.get_errno()])\n"
+            "try:\n    s.sendto(b'x', ('192.0.2.1', 9))\n"
+            "except OSError as e:\n    print(errno.errorcode[e.errno])\n")
+    run = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", code], capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout == b"-1 EFAULT\nENETUNREACH\n"
+    assert _send_records(run.receipt) == [("sendto", "192.0.2.1", 9)]
+    assert run.receipt["denial_layers"]["network"].startswith("recorded")
+    monkeypatch.setattr(rulesets, "_recording", False)  # control: today's filter, same answers
+    control = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", code], capture_output=True, timeout=TIMEOUT)
+    assert control.stdout == run.stdout and control.receipt["denials"] == []
+
+
 def test_explain_prints_the_no_route_line(jail: Path) -> None:
     p = subprocess.run(hcp_argv(jail, "python3", "-c", _CLIENT, "tcp:192.0.2.1:22",
                                 "tcp:2001:db8::1:443",
@@ -238,6 +381,21 @@ def test_explain_prints_the_no_route_line(jail: Path) -> None:
         assert "no route" in line and "--allow-host NAME:PORT" in line
 
 
+def test_explain_prints_the_send_line(jail: Path) -> None:
+    p = subprocess.run(hcp_argv(jail, "python3", "-c", _SENDER, "udp:192.0.2.1:53",
+                                "tfo:2001:db8::1:443",
+                                extra=["--network", "allow", "--allow-host", "example.com",
+                                       "--explain"]),
+                       capture_output=True, timeout=TIMEOUT, cwd=jail)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.decode().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("blocked: send to 192.0.2.1:53 (pid ")
+    assert "ENETUNREACH) — no route" in lines[0] and "--network host" in lines[0]
+    assert lines[1].startswith("blocked: send to [2001:db8::1]:443 (pid ")
+    assert "--allow-host NAME:PORT" in lines[1]
+
+
 def _connect_answers(policy: Policy, layers: frozenset[str]) -> tuple[tuple[str, ...], bytes]:
     found = rulesets.seccomp_filter(policy, layers)
     assert found is not None
@@ -248,7 +406,8 @@ def _connect_answers(policy: Policy, layers: frozenset[str]) -> tuple[tuple[str,
 def test_only_allow_mode_programs_notify_connect(jail: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """network none (the default) and host: the very program they had (no connect rule);
-    allow: the same program but for connect(), which goes to the listener."""
+    allow: the same program but for connect() and addressed sendto(), which go to the
+    listener."""
     machine = native_machine()
     assert machine is not None
     connect = native_number("connect", (), machine)
@@ -262,6 +421,12 @@ def test_only_allow_mode_programs_notify_connect(jail: Path,
     assert names[-1] == "network-observe"
     assert bpf.run(program, connect, machine.audit_arch) == bpf.RET_USER_NOTIF
     assert bpf.run(base, connect, machine.audit_arch) == bpf.RET_ALLOW
+    # sendto(): handed over only with a destination (argument 4); send() stays in the kernel
+    sendto = native_number("sendto", (), machine)
+    addressed, unaddressed = (3, 1, 1, 0, 0x7FFC0000, 16), (3, 1, 1, 0, 0, 0)
+    assert bpf.run(program, sendto, machine.audit_arch, addressed) == bpf.RET_USER_NOTIF
+    assert bpf.run(program, sendto, machine.audit_arch, unaddressed) == bpf.RET_ALLOW
+    assert bpf.run(base, sendto, machine.audit_arch, addressed) == bpf.RET_ALLOW
     insns = bpf.decode(program)
     base_insns = bpf.decode(base)
     for nr in range(0, 460):
