@@ -2,12 +2,13 @@
 
     python bench/noroute.py [--runs N] [--calls N] [--executor native|ctypes] [--json FILE]
 
-Under network = "allow" the filter hands every connect() and every sendto() with a
-destination to the runtime's listener, which reads the destination, records it if it has no
-route, and answers "continue". Rows, measured in interleaved passes (timing.measure_rows),
-each mode set before every call:
+Under network = "allow" the filter hands every connect(), every sendto() with a
+destination and every sendmsg()/sendmmsg() to the runtime's listener, which reads the
+destination, records it if it has no route, and answers "continue". Rows, measured in
+interleaved passes (timing.measure_rows), each mode set before every call:
 - a python3 command making N calls of one kind to 127.0.0.1 (the "continue" path: the kernel
-  runs each, nothing is recorded): UDP connect(), UDP sendto() with the address, and, as the
+  runs each, nothing is recorded): UDP connect(), UDP sendto() with the address, UDP
+  sendmsg() with the address (every sendmsg() is handed over, addressed or not), and, as the
   control that is never handed over, send() on a connected UDP socket (sendto() with a NULL
   address); observed (the default) and not (set_denial_records(False): the program without
   the rules, the calls allowed in the kernel): the whole run, and the command's own timing
@@ -48,6 +49,9 @@ if kind == "connect":
 elif kind == "sendto":
     def one():
         tx.sendto(b"x", to)
+elif kind == "sendmsg":
+    def one():
+        tx.sendmsg([b"x"], [], 0, to)
 elif kind == "send":
     tx.connect(to)
     def one():
@@ -58,7 +62,7 @@ for _ in range(n):
 print((time.perf_counter() - t) / max(n, 1) * 1e6)
 """
 
-KINDS = ("connect", "sendto", "send")
+KINDS = ("connect", "sendto", "sendmsg", "send")
 
 
 def main() -> None:

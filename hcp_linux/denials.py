@@ -11,12 +11,13 @@ caused, deterministically, from the layer that refused:
   records it with its rule (profile, ``why``). Calls the filter allows never reach it: a
   run with no denial pays nothing per syscall.
 - network: the egress proxy's refusals (its decisions are in the receipt already), and,
-  under network = "allow", connect() and sendto() attempts that find no route in the
-  sandbox's namespace (a raw address: only allowed names reach the network). The filter
-  hands every connect() and every sendto() that names a destination to the listener there
-  (the network-observe profile); it reads the destination, records it if it has no route
-  (egress.routes) and the socket uses it, and answers "continue" in every case: the kernel
-  runs the call and refuses it by its own routes, so the record never decides anything.
+  under network = "allow", connect() and send attempts that find no route in the sandbox's
+  namespace (a raw address: only allowed names reach the network). The filter hands every
+  connect(), every sendto() that names a destination, and every sendmsg()/sendmmsg() to the
+  listener there (the network-observe profile); it reads the destination, records it if it
+  has no route (egress.routes) and the socket uses it, and answers "continue" in every case:
+  the kernel runs the call and refuses it by its own routes, so the record never decides
+  anything.
 - Landlock: the kernel logs denials (ABI >= 7) to the audit subsystem only; reading them
   needs the audit netlink socket (CAP_AUDIT_READ) in the initial namespaces, which this
   runtime does not hold open: said as unavailable, with why.
@@ -40,7 +41,7 @@ from .seccomp_profiles.model import OBSERVE
 #: grow the runtime's memory or the receipt).
 MAX_RECORDED = 100
 
-#: The profile that hands connect() and addressed sendto() to the listener, which records
+#: The profile that hands connect() and the sends to the listener, which records
 #: the attempts that find no route (rulesets.observes_connect says where: "allow" only).
 OBSERVED_PROFILE = "network-observe"
 
@@ -168,7 +169,10 @@ class SeccompListener:
     def _destination(n: Any, what: str) -> "tuple[str, int, int] | None":
         """(address, port, socket type) of the call's destination when it has no route and
         the call goes there; None otherwise. Reads the caller's memory (OSError as the
-        kernel says): connect(fd, addr, len); sendto(fd, buf, size, flags, addr, len), whose
+        kernel says): connect(fd, addr, len); sendto(fd, buf, size, flags, addr, len);
+        sendmsg(fd, msghdr, flags); sendmmsg(fd, vector, count, flags), of which the first
+        :data:`routes.MMSG_READ` entries, and the first with no route among them (the kernel
+        stops at a vector's first failure; later entries, unread, are not recorded). A send's
         socket, borrowed, says whether it uses the address (routes.send_uses_address)."""
         from hcp_linux.egress import routes
         from hcp_linux.seccomp_profiles import notify
@@ -184,6 +188,15 @@ class SeccompListener:
             return None if found is None else (found[0], found[1], socket.SOCK_STREAM)
         if what == "sendto":
             flags, names = a[3], [(a[4], a[5] & 0xFFFFFFFF)]
+        elif what == "sendmsg":
+            flags = a[2]
+            names = routes.msg_names(notify.read_memory(n.pid, a[1], routes.MSGHDR_SIZE)
+                                     if a[1] else b"", routes.MSGHDR_SIZE)
+        elif what == "sendmmsg":
+            count, flags = min(a[2] & 0xFFFFFFFF, routes.MMSG_READ), a[3]
+            names = routes.msg_names(notify.read_memory(
+                n.pid, a[1], count * routes.MMSGHDR_SIZE) if a[1] and count else b"",
+                routes.MMSGHDR_SIZE)
         else:
             return None
         for address, length in names:
@@ -424,9 +437,9 @@ def denial_layers(plan: Any) -> dict[str, str]:
         out["landlock"] = "unavailable"  # complete() says why, off the spawn's path
     if plan.proxy:
         out["network"] = "recorded (the egress proxy's refusals" + (
-            "; connect() and sendto() attempts that find no route)"
+            "; connect() and send attempts that find no route)"
             if plan.seccomp_listener and OBSERVED_PROFILE in plan.seccomp_names
-            else "; not connect() nor sendto() attempts that find no route: no seccomp "
+            else "; not connect() nor send attempts that find no route: no seccomp "
             "listener)")
     if "mountns" in plan.layers:
         out["mount"] = "unavailable: " + MOUNT_HINT
@@ -459,7 +472,7 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> Non
         dropped["network"] = net_count - MAX_RECORDED
     layers = receipt.get("denial_layers") or {}
     if listener is not None and listener.unread and "network" in layers:
-        layers["network"] = ("incomplete: the destination of a connect() or sendto() could "
+        layers["network"] = ("incomplete: the destination of a connect() or a send could "
                              f"not be read ({listener.unread}); the kernel refused it all the "
                              "same")
     if layers.get("landlock") == "unavailable":
@@ -470,7 +483,8 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None") -> Non
 
 
 #: The calls whose no-route attempts are recorded, and the word --explain says for each.
-_NO_ROUTE_CALLS = {"connect": "connect", "sendto": "send"}
+_NO_ROUTE_CALLS = {"connect": "connect", "sendto": "send", "sendmsg": "send",
+                   "sendmmsg": "send"}
 
 MOUNT_HINT = ("a path outside the mount view is absent (ENOENT), not refused: no layer "
               "records it; the view is the receipt's roots")

@@ -2,8 +2,9 @@
 
 Inside the sandbox's own network namespace a raw address outside loopback and the synthetic
 range has no route: the kernel refuses connect() ENETUNREACH and nothing is sent anywhere.
-The filter hands connect() and every sendto() that names a destination to the runtime's
-listener, which records those attempts and lets the kernel run every call ("continue"). Raw destinations are documentation addresses
+The filter hands connect(), every sendto() that names a destination, and every sendmsg() and
+sendmmsg() to the runtime's listener, which records those attempts and lets the kernel run
+every call ("continue"). Raw destinations are documentation addresses
 (192.0.2.1, 2001:db8::1: RFC 5737, 3849) that have no route inside; servers are the
 sandbox's own loopback or the host's 127.0.0.1. Each refusal has its control: the same
 client's loopback connect inside works, and the filter without the observer gives the same
@@ -23,7 +24,8 @@ from sandboxing import TIMEOUT, hcp_argv, jail, stuck_seccomp_listener  # noqa: 
 import hcp_linux.seccomp_profiles as seccomp_profiles
 from hcp_linux import Policy, Sandbox, native, rulesets
 from hcp_linux import denials as denials_mod
-from hcp_linux.egress.routes import unrouted
+from hcp_linux.egress.routes import MMSG_READ, unrouted
+from hcp_linux.protocol import HANDOVER_MARK
 from hcp_linux.seccomp_profiles import bpf
 from hcp_linux.seccomp_profiles.machines import native_machine
 from hcp_linux.seccomp_profiles.syscalls import native_number
@@ -308,7 +310,7 @@ def test_raw_sendtos_are_refused_and_recorded(jail: Path, executor: str) -> None
         assert d["errno"] == "ENETUNREACH" and d["reason"] == denials_mod.NO_ROUTE
     assert [d["hint"] for d in records] == [denials_mod.NO_ROUTE_UDP_HINT] * 3 + \
         [denials_mod.NO_ROUTE_HINT] * 2
-    assert "sendto()" in receipt["denial_layers"]["network"]
+    assert "connect() and send attempts" in receipt["denial_layers"]["network"]
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
@@ -366,6 +368,179 @@ def test_an_unreadable_sendto_address_is_the_kernels_to_answer(
     assert control.stdout == run.stdout and control.receipt["denials"] == []
 
 
+#: sendmsg() and sendmmsg() (through ctypes: the socket module has no sendmmsg, and its
+#: sendmsg cannot pass a bad pointer). argv: tests "name=kind:ADDR:PORT[,kind:ADDR:PORT...]"
+#: where a kind is "udp" (a sendmsg, or a sendmmsg of the list), "tfo" (sendmsg
+#: MSG_FASTOPEN on a TCP socket), "mmsg" (one sendmmsg of every address in the list, "loop"
+#: standing for the own 127.0.0.1 receiver), "badmsg" (sendmsg with a msghdr at address 8),
+#: "badname" (a msghdr whose msg_name is at 8), "longname" (msg_namelen 200: the kernel
+#: reads the first 128 bytes), "negname" (msg_namelen negative as an int), "marked"
+#: (sendmsg with HANDOVER_MARK in its flags), "unix" (fds over a socketpair); prints JSON
+#: {name: result}, a result "ok N" or the errno's name; "received": what the receiver got.
+_MSG_SENDER = r"""
+import ctypes, errno, json, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+class Iov(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+class Msg(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                ("iov", ctypes.POINTER(Iov)), ("iovlen", ctypes.c_size_t),
+                ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+class MMsg(ctypes.Structure):
+    _fields_ = [("hdr", Msg), ("len", ctypes.c_uint)]
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("127.0.0.1", 0))
+rx.settimeout(0.5)
+keep = []
+def sockaddr(address, port):
+    if address == "loop":
+        address, port = rx.getsockname()
+    if ":" in address:
+        raw = struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", port, 0) + \
+            socket.inet_pton(socket.AF_INET6, address) + bytes(4)
+    else:
+        raw = struct.pack("=H", socket.AF_INET) + struct.pack("!H", port) + \
+            socket.inet_aton(address) + bytes(8)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    keep.append(buf)
+    return ctypes.cast(buf, ctypes.c_void_p).value, len(raw)
+def header(target, name=None):
+    data = ctypes.create_string_buffer(b"x", 1)
+    iov = Iov(ctypes.cast(data, ctypes.c_void_p), 1)
+    keep.extend((data, iov))
+    msg = Msg(None, 0, ctypes.pointer(iov), 1, None, 0, 0)
+    if name is not None:
+        msg.name, msg.namelen = name
+    elif target:
+        address, port = target.rsplit(":", 1)
+        msg.name, msg.namelen = sockaddr(address, int(port))
+    return msg
+def result(r):
+    return "ok %d" % r if r >= 0 else errno.errorcode[ctypes.get_errno()]
+def family(target):
+    return socket.AF_INET6 if ":" in target.rsplit(":", 1)[0] else socket.AF_INET
+out = {}
+for arg in sys.argv[1:]:
+    name, spec = arg.split("=", 1)
+    kind, _, rest = spec.partition(":")
+    targets = rest.split(",") if rest else []
+    if kind == "unix":
+        a, b = socket.socketpair()
+        r, w = __import__("os").pipe()
+        a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", w))])
+        _, fds, _, _ = socket.recv_fds(b, 1, 1)
+        out[name] = "ok %d" % len(fds)
+        continue
+    if kind == "tfo":
+        s = socket.socket(family(targets[0]), socket.SOCK_STREAM)
+        msg = header(targets[0])
+        out[name] = result(libc.sendmsg(s.fileno(), ctypes.byref(msg), socket.MSG_FASTOPEN))
+        continue
+    s = socket.socket(family(targets[0]) if targets else socket.AF_INET, socket.SOCK_DGRAM)
+    if kind == "udp":
+        msg = header(targets[0])
+        out[name] = result(libc.sendmsg(s.fileno(), ctypes.byref(msg), 0))
+    elif kind == "mmsg":
+        vec = (MMsg * len(targets))()
+        for i, t in enumerate(targets):
+            vec[i].hdr = header(t if t != "loop" else "loop:0")
+        out[name] = result(libc.sendmmsg(s.fileno(), vec, len(targets), 0))
+    elif kind == "badmsg":
+        out[name] = result(libc.sendmsg(s.fileno(), ctypes.c_void_p(8), 0))
+    elif kind == "badname":
+        msg = header(None, (8, 16))
+        out[name] = result(libc.sendmsg(s.fileno(), ctypes.byref(msg), 0))
+    elif kind in ("longname", "negname"):
+        msg = header(targets[0])
+        msg.namelen = 200 if kind == "longname" else 0x80000000
+        out[name] = result(libc.sendmsg(s.fileno(), ctypes.byref(msg), 0))
+    elif kind == "marked":
+        msg = header(targets[0])
+        out[name] = result(libc.syscall(ctypes.c_long(int(sys.argv[0] and NR)), s.fileno(),
+                                        ctypes.byref(msg), ctypes.c_ulong(MARK)))
+got = 0
+try:
+    while True:
+        rx.recv(10)
+        got += 1
+except socket.timeout:
+    pass
+out["received"] = got
+print(json.dumps(out))
+"""
+
+
+def _msg_send(jail: Path, executor: str, *tests: str):  # type: ignore[no-untyped-def]
+    machine = native_machine()
+    assert machine is not None
+    code = _MSG_SENDER.replace("int(sys.argv[0] and NR)", str(
+        native_number("sendmsg", (), machine))).replace("MARK", str(HANDOVER_MARK))
+    run = Sandbox(_policy(jail), executor=executor).run(
+        ["python3", "-c", code, *tests], capture_output=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr.decode()
+    return json.loads(run.stdout), run.receipt
+
+
+_MSG_TESTS = ["v4=udp:192.0.2.1:53", "v6=udp:2001:db8::1:123", "loop=mmsg:loop",
+              "tfo=tfo:192.0.2.1:443", "unix=unix", "mmsg=mmsg:loop,192.0.2.2:53,192.0.2.3:53",
+              "mmsg-raw=mmsg:2001:db8::2:53"]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_raw_sendmsgs_are_refused_and_recorded(jail: Path, executor: str) -> None:
+    out, receipt = _msg_send(jail, executor, *_MSG_TESTS)
+    assert out == {"v4": "ENETUNREACH", "v6": "ENETUNREACH", "loop": "ok 1",
+                   "tfo": "ENETUNREACH", "unix": "ok 1",
+                   "mmsg": "ok 1",  # the loopback entry sent, the kernel stopped at the next
+                   "mmsg-raw": "ENETUNREACH", "received": 2}
+    # one record per call: sendmmsg's first entry with no route (the kernel stopped there)
+    assert _send_records(receipt) == [
+        ("sendmsg", "192.0.2.1", 53), ("sendmsg", "2001:db8::1", 123),
+        ("sendmsg", "192.0.2.1", 443), ("sendmmsg", "192.0.2.2", 53),
+        ("sendmmsg", "2001:db8::2", 53)]
+    hints = [d["hint"] for d in receipt["denials"]]
+    assert hints == [denials_mod.NO_ROUTE_UDP_HINT] * 2 + [denials_mod.NO_ROUTE_HINT] + \
+        [denials_mod.NO_ROUTE_UDP_HINT] * 2
+    assert all(d["errno"] == "ENETUNREACH" for d in receipt["denials"])
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_sendmsg_the_kernel_decides_the_same_without_the_observer(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    observed, _ = _msg_send(jail, executor, *_MSG_TESTS)
+    monkeypatch.setattr(rulesets, "_recording", False)  # set_denial_records(False)
+    out, receipt = _msg_send(jail, executor, *_MSG_TESTS)
+    assert out == observed
+    assert receipt["denials"] == []
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_malformed_msghdrs_are_the_kernels_to_answer(
+        jail: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A msghdr pointer nothing is mapped at (EFAULT), a msg_name there (EFAULT), a
+    negative msg_namelen (EINVAL): no record, the kernel's answer unchanged (control: the
+    program without the observer); one past sockaddr_storage is cut to it by the kernel,
+    which refuses the address ENETUNREACH: recorded. A sendmmsg() whose entry with no route
+    comes after the first MMSG_READ is sent up to it and not recorded (the bound); a
+    sendmsg() carrying the executors' mark is refused by the kernel all the same, unrecorded
+    (the mark hides a call from the records, never from the routes)."""
+    late = "late=mmsg:" + ",".join(["loop"] * MMSG_READ + ["192.0.2.4:53"])
+    tests = ["fault=badmsg", "name=badname", "neg=negname:192.0.2.1:53",
+             "long=longname:192.0.2.1:53", "marked=marked:192.0.2.1:53", late,
+             "v4=udp:192.0.2.1:9"]
+    out, receipt = _msg_send(jail, executor, *tests)
+    assert out == {"fault": "EFAULT", "name": "EFAULT", "neg": "EINVAL",
+                   "long": "ENETUNREACH", "marked": "ENETUNREACH", "late": f"ok {MMSG_READ}",
+                   "v4": "ENETUNREACH", "received": MMSG_READ}
+    assert _send_records(receipt) == [("sendmsg", "192.0.2.1", 53), ("sendmsg", "192.0.2.1", 9)]
+    assert receipt["denial_layers"]["network"].startswith("recorded")
+    monkeypatch.setattr(rulesets, "_recording", False)
+    control, plain = _msg_send(jail, executor, *tests)
+    assert control == out and plain["denials"] == []
+
+
 def test_explain_prints_the_no_route_line(jail: Path) -> None:
     p = subprocess.run(hcp_argv(jail, "python3", "-c", _CLIENT, "tcp:192.0.2.1:22",
                                 "tcp:2001:db8::1:443",
@@ -406,8 +581,8 @@ def _connect_answers(policy: Policy, layers: frozenset[str]) -> tuple[tuple[str,
 def test_only_allow_mode_programs_notify_connect(jail: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """network none (the default) and host: the very program they had (no connect rule);
-    allow: the same program but for connect() and addressed sendto(), which go to the
-    listener."""
+    allow: the same program but for connect(), addressed sendto(), sendmsg() and sendmmsg(),
+    which go to the listener."""
     machine = native_machine()
     assert machine is not None
     connect = native_number("connect", (), machine)
@@ -427,10 +602,23 @@ def test_only_allow_mode_programs_notify_connect(jail: Path,
     assert bpf.run(program, sendto, machine.audit_arch, addressed) == bpf.RET_USER_NOTIF
     assert bpf.run(program, sendto, machine.audit_arch, unaddressed) == bpf.RET_ALLOW
     assert bpf.run(base, sendto, machine.audit_arch, addressed) == bpf.RET_ALLOW
+    # sendmsg(), sendmmsg(): every one, but the executors' marked hand-overs
+    sendmsg = native_number("sendmsg", (), machine)
+    sendmmsg = native_number("sendmmsg", (), machine)
+    for flags in (0, 0x4000, 0x20000000, 0xFFFFFFFF):
+        assert bpf.run(program, sendmsg, machine.audit_arch, (3, 1, flags)) == \
+            bpf.RET_USER_NOTIF, hex(flags)
+    for flags in (HANDOVER_MARK, HANDOVER_MARK | 0x4000, 1 << 63):
+        assert bpf.run(program, sendmsg, machine.audit_arch, (3, 1, flags)) == bpf.RET_ALLOW
+    assert bpf.run(program, sendmmsg, machine.audit_arch, (3, 1, 2, 0)) == bpf.RET_USER_NOTIF
+    assert bpf.run(program, sendmmsg, machine.audit_arch,
+                   (3, 1, 2, HANDOVER_MARK)) == bpf.RET_USER_NOTIF
+    for nr in (sendmsg, sendmmsg):
+        assert bpf.run(base, nr, machine.audit_arch, (3, 1, 0, 0)) == bpf.RET_ALLOW
     insns = bpf.decode(program)
     base_insns = bpf.decode(base)
     for nr in range(0, 460):
-        if nr != connect:
+        if nr not in (connect, sendmsg, sendmmsg):
             assert bpf.run(insns, nr, machine.audit_arch) == bpf.run(base_insns, nr,
                                                                      machine.audit_arch), nr
     # named in a policy, it is dropped where the runtime would not add it
