@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
+
+import _socket
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -19,6 +22,7 @@ _OLD_NUMBERS = {
     # name: (x86_64, aarch64/asm-generic)
     "pivot_root": (155, 41),
     "capset": (126, 91),
+    "sendmsg": (46, 211),
 }
 _ARCH_INDEX = 0 if _MACHINE == "x86_64" else 1
 
@@ -144,6 +148,37 @@ def close_range(first: int, last: int, flags: int) -> None:
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
     return _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3),
                               ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)), "prctl")
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _Msghdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                ("iov", ctypes.POINTER(_Iovec)), ("iovlen", ctypes.c_size_t),
+                ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+
+
+SOL_SOCKET, SCM_RIGHTS = 1, 1
+
+
+def sendmsg_fds(channel: int, data: bytes, fds: tuple[int, ...], flags: int) -> int:
+    """sendmsg(2) of ``data`` with ``fds`` (SCM_RIGHTS), by the raw syscall with ``flags``
+    as given, all 64 bits: the socket module's sendmsg() cannot pass the upper half, which
+    the kernel ignores and a seccomp filter sees (protocol.HANDOVER_MARK)."""
+    body = ctypes.create_string_buffer(data, len(data))
+    iov = _Iovec(ctypes.cast(body, ctypes.c_void_p), len(data))
+    rights = struct.pack(f"@{len(fds)}i", *fds)
+    space = _socket.CMSG_SPACE(len(rights))
+    control = ctypes.create_string_buffer(
+        struct.pack("@Nii", _socket.CMSG_LEN(len(rights)), SOL_SOCKET, SCM_RIGHTS) + rights,
+        space)
+    msg = _Msghdr(None, 0, ctypes.pointer(iov), 1, ctypes.cast(control, ctypes.c_void_p),
+                  space, 0)
+    return _check(_syscall(ctypes.c_long(NR["sendmsg"]), ctypes.c_long(channel),
+                           ctypes.byref(msg), ctypes.c_ulong(flags)), "sendmsg")
 
 
 class _CapHeader(ctypes.Structure):

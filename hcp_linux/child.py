@@ -36,7 +36,7 @@ import _socket
 from . import _libc as L
 from .protocol import (CANARY, PROXY_ADDRESS, RESOLVER_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP,
                        STATUS_SETPCAP, SYNTHETIC_NET)
-from .protocol import DETAILS, encode_error_record, status_lacks
+from .protocol import DETAILS, HANDOVER_MARK, encode_error_record, status_lacks
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
@@ -502,13 +502,19 @@ def _proxy_listen(channel: int) -> None:
 
 def _send_listener(channel: int, listener: int) -> None:
     """Hand the seccomp listener to the runtime (SCM_RIGHTS) and close our copies: once
-    sendmsg returns, the runtime's copy is in flight and this one may go."""
-    ch = _socket.socket(fileno=channel)
+    sendmsg returns, the runtime's copy is in flight and this one may go. Marked
+    (protocol.HANDOVER_MARK): the filter, installed, hands every other sendmsg() to the
+    listener, which no one could answer before the runtime holds it."""
     try:
-        ch.sendmsg([b"N"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", listener))])
+        while True:
+            try:  # marked: the filter hands every other sendmsg() to this very listener
+                L.sendmsg_fds(channel, b"N", (listener,), HANDOVER_MARK)
+                break
+            except InterruptedError:
+                continue
     finally:
         os.close(listener)
-        ch.close()
+        os.close(channel)
 
 
 def _drop_capabilities(last_cap: int, holds_setpcap: bool) -> None:

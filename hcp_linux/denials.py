@@ -11,11 +11,13 @@ caused, deterministically, from the layer that refused:
   records it with its rule (profile, ``why``). Calls the filter allows never reach it: a
   run with no denial pays nothing per syscall.
 - network: the egress proxy's refusals (its decisions are in the receipt already), and,
-  under network = "allow", connect() attempts that find no route in the sandbox's namespace
-  (a raw address: only allowed names reach the network). The filter hands every connect() to
-  the listener there (the network-observe profile); it reads the destination, records it if
-  it has no route (egress.routes), and answers "continue" in every case: the kernel runs the
-  call and refuses it by its own routes, so the record never decides anything.
+  under network = "allow", connect() and send attempts that find no route in the sandbox's
+  namespace (a raw address: only allowed names reach the network). The filter hands every
+  connect(), every sendto() that names a destination, and every sendmsg()/sendmmsg() to the
+  listener there (the network-observe profile); it reads the destination, records it if it
+  has no route (egress.routes) and the socket uses it, and answers "continue" in every case:
+  the kernel runs the call and refuses it by its own routes, so the record never decides
+  anything.
 - Landlock: the kernel logs denials (ABI >= 7) to the audit subsystem only; reading them
   needs the audit netlink socket (CAP_AUDIT_READ) in the initial namespaces, which this
   runtime does not hold open: said as unavailable, with why.
@@ -40,13 +42,17 @@ from .seccomp_profiles.model import OBSERVE
 #: grow the runtime's memory or the receipt).
 MAX_RECORDED = 100
 
-#: The profile that hands connect() to the listener, which records the attempts that find no
-#: route (rulesets.observes_connect says where: network = "allow" only).
+#: The profile that hands connect() and the sends to the listener, which records
+#: the attempts that find no route (rulesets.observes_connect says where: "allow" only).
 OBSERVED_PROFILE = "network-observe"
 
-#: Why a connect() to a raw address fails under network = "allow", and what to do instead.
+#: Why a connect() or a send to a raw address fails under network = "allow", and what to do
+#: instead (a TCP connect, or a TCP Fast Open sendto()).
 NO_ROUTE = "no route: only allowed names reach the network (raw addresses are not routed)"
 NO_ROUTE_HINT = "use the host name with --allow-host NAME:PORT"
+#: A datagram's: only the sandbox's resolver answers UDP there (docs/network-modes.md).
+NO_ROUTE_UDP_HINT = ("UDP reaches only the sandbox's resolver (127.0.0.53, in "
+                     "/etc/resolv.conf); a tool that needs other UDP needs --network host")
 
 #: How long the end of a run waits for the listener's answers in progress.
 _FINISH = 2.0
@@ -71,9 +77,9 @@ class SeccompListener:
         self.closed = False
         self.records: list[dict[str, Any]] = []
         self.count = 0
-        self.no_route: list[dict[str, Any]] = []  # network records: connects with no route
+        self.no_route: list[dict[str, Any]] = []  # network records: no-route connect/sendto
         self.no_route_count = 0
-        self.unread = ""  # why a connect()'s destination could not be read, if one could not
+        self.unread = ""  # why a call's destination could not be read, if one could not
         self.error = ""  # why the records may be incomplete, if they may
         self._answers: Any = None  # the program that answers itself, decoded on first use
         self._explainer: Any = None
@@ -105,7 +111,7 @@ class SeccompListener:
             self._explainer = Explainer(self._profiles)
         found = self._explainer.match(n.nr, n.args)
         if found is not None and found.action == OBSERVE:
-            self._observe(n)
+            self._observe(n, found.syscall)
             return
         err = self._errno(n)
         # Answered at once, with no read of the caller's memory in between: a caller gone
@@ -123,30 +129,30 @@ class SeccompListener:
         if len(self.records) < MAX_RECORDED:
             self.records.append(record)
 
-    def _observe(self, n: Any) -> None:
-        """A connect() handed over to be looked at: record it if its destination has no
-        route in the sandbox's namespace, and let the kernel run it in every case.
+    def _observe(self, n: Any, what: str) -> None:
+        """A connect() or an addressed send (``what``: the syscall's name) handed over to be
+        looked at: record it if its destination has no route in the sandbox's namespace,
+        and let the kernel run it in every case.
 
-        The sockaddr is read from the caller's memory by its pid, then the notification is
-        checked still pending (SECCOMP_IOCTL_NOTIF_ID_VALID: the pid was still the caller's
-        when read, not a recycled one). The look never decides: the kernel reads the
-        sockaddr again when it runs the call and refuses it by the namespace's own routes
-        (none there but lo's), so a sockaddr rewritten meanwhile (TOCTOU) widens nothing; at
-        worst a record is missing or names an address the call no longer held. Memory that
-        cannot be read (EFAULT, a caller gone) is not recorded: the kernel answers the call;
-        memory this runtime may not read (EPERM: a ptrace policy such as Yama's) is said in
-        the receipt (``denial_layers.network``: incomplete)."""
-        from hcp_linux.egress.routes import SOCKADDR_MAX, unrouted
+        The destination is read from the caller's memory by its pid (:meth:`_destination`),
+        then the notification is checked still pending (SECCOMP_IOCTL_NOTIF_ID_VALID: the pid
+        was still the caller's when read, not a recycled one). The look never decides: the
+        kernel reads the destination again when it runs the call and refuses it by the
+        namespace's own routes (none there but lo's), so memory rewritten meanwhile (TOCTOU)
+        widens nothing; at worst a record is missing or names an address the call no longer
+        held. Memory that cannot be read (EFAULT, a caller gone) is not recorded: the kernel
+        answers the call; memory this runtime may not read (EPERM: a ptrace policy such as
+        Yama's) is said in the receipt (``denial_layers.network``: incomplete)."""
         from hcp_linux.seccomp_profiles import notify
 
         dest = None
-        size = min(n.args[2] & 0xFFFFFFFF, SOCKADDR_MAX)
-        if n.pid > 0 and n.args[1] and size:
+        if n.pid > 0:
             try:
-                dest = unrouted(notify.read_memory(n.pid, n.args[1], size))
+                dest = self._destination(n, what)
             except OSError as e:  # EFAULT: the kernel cannot read it either; ESRCH: gone
-                if e.errno not in (errno.EFAULT, errno.ESRCH):  # EPERM: not ours to read
-                    self.unread = self.unread or f"process_vm_readv: {e.strerror}"
+                if e.errno not in (errno.EFAULT, errno.ESRCH, errno.EBADF, errno.ENOTSOCK):
+                    # EPERM: not ours to read; ENOSYS: no pidfd_getfd (before 5.6)
+                    self.unread = self.unread or f"{what}: {e.strerror}"
         if dest is not None and not notify.still_pending(self.listener, n.id):
             dest = None  # the pid may not have been the caller's when read
         notify.let_run(self.listener, n.id)  # gone meanwhile (False): nothing to answer
@@ -154,9 +160,54 @@ class SeccompListener:
             return
         self.no_route_count += 1
         if len(self.no_route) < MAX_RECORDED:
+            udp = what != "connect" and dest[2] == socket.SOCK_DGRAM
             self.no_route.append({
-                "layer": "network", "what": "connect", "address": dest[0], "port": dest[1],
-                "pid": n.pid, "errno": "ENETUNREACH", "reason": NO_ROUTE, "hint": NO_ROUTE_HINT})
+                "layer": "network", "what": what, "address": dest[0], "port": dest[1],
+                "pid": n.pid, "errno": "ENETUNREACH", "reason": NO_ROUTE,
+                "hint": NO_ROUTE_UDP_HINT if udp else NO_ROUTE_HINT})
+
+    @staticmethod
+    def _destination(n: Any, what: str) -> "tuple[str, int, int] | None":
+        """(address, port, socket type) of the call's destination when it has no route and
+        the call goes there; None otherwise. Reads the caller's memory (OSError as the
+        kernel says): connect(fd, addr, len); sendto(fd, buf, size, flags, addr, len);
+        sendmsg(fd, msghdr, flags); sendmmsg(fd, vector, count, flags), of which the first
+        :data:`routes.MMSG_READ` entries, and the first with no route among them (the kernel
+        stops at a vector's first failure; later entries, unread, are not recorded). A send's
+        socket, borrowed, says whether it uses the address (routes.send_uses_address)."""
+        from hcp_linux.egress import routes
+        from hcp_linux.seccomp_profiles import notify
+
+        def read_sockaddr(address: int, length: int) -> bytes:
+            if not address or not 0 < length <= routes.SOCKADDR_STORAGE:
+                return b""  # none, or one the kernel refuses (EINVAL) before any route
+            return notify.read_memory(n.pid, address, min(length, routes.SOCKADDR_MAX))
+
+        a = n.args
+        if what == "connect":
+            found = routes.unrouted(read_sockaddr(a[1], a[2] & 0xFFFFFFFF))
+            return None if found is None else (found[0], found[1], socket.SOCK_STREAM)
+        if what == "sendto":
+            flags, names = a[3], [(a[4], a[5] & 0xFFFFFFFF)]
+        elif what == "sendmsg":
+            flags = a[2]
+            names = routes.msg_names(notify.read_memory(n.pid, a[1], routes.MSGHDR_SIZE)
+                                     if a[1] else b"", routes.MSGHDR_SIZE)
+        elif what == "sendmmsg":
+            count, flags = min(a[2] & 0xFFFFFFFF, routes.MMSG_READ), a[3]
+            names = routes.msg_names(notify.read_memory(
+                n.pid, a[1], count * routes.MMSGHDR_SIZE) if a[1] and count else b"",
+                routes.MMSGHDR_SIZE)
+        else:
+            return None
+        for address, length in names:
+            sockaddr = read_sockaddr(address, length)
+            found = routes.unrouted(sockaddr)
+            if found is not None:
+                kind = _sends_there(n.pid, a[0] & 0xFFFFFFFF, routes.sockaddr_family(sockaddr),
+                                    flags & 0xFFFFFFFF)
+                return None if kind is None else (found[0], found[1], kind)
+        return None
 
     def _errno(self, n: Any) -> int:
         """The errno the profiles' program without notifications answers this call: the
@@ -223,8 +274,34 @@ class SeccompListener:
         return list(self.records), self.count
 
     def no_route_summary(self) -> tuple[list[dict[str, Any]], int]:
-        """The network records (connects that found no route) and their count so far."""
+        """The network records (connects and sends that found no route) and their count
+        so far."""
         return list(self.no_route), self.no_route_count
+
+
+def _sends_there(pid: int, fd: int, family: int, flags: int) -> "int | None":
+    """The type of the socket ``fd`` of process ``pid`` when a send on it with a destination
+    of ``family`` and ``flags`` goes there (egress.routes.send_uses_address), else None.
+    Looked at on a copy of the fd (notify.borrow_fd), closed here: the caller's socket is
+    left as it was. OSError as the kernel says (EBADF, ENOTSOCK: the call's own answer)."""
+    from hcp_linux.egress.routes import send_uses_address
+    from hcp_linux.seccomp_profiles import notify
+
+    copy = notify.borrow_fd(pid, fd)
+    try:
+        held = socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        raise
+    with held:
+        try:
+            held.getpeername()
+            connected = True
+        except OSError:  # ENOTCONN
+            connected = False
+        if send_uses_address(held.type, held.family, family, flags, connected):
+            return int(held.type)
+    return None
 
 
 def receive_listener(channel: int) -> tuple[int, int]:
@@ -330,9 +407,10 @@ def denial_layers(plan: Any) -> dict[str, str]:
         out["landlock"] = landlock_unrecorded(plan)
     if plan.proxy:
         out["network"] = "recorded (the egress proxy's refusals" + (
-            "; connect() attempts that find no route)"
+            "; connect() and send attempts that find no route)"
             if plan.seccomp_listener and OBSERVED_PROFILE in plan.seccomp_names
-            else "; not connect() attempts that find no route: no seccomp listener)")
+            else "; not connect() nor send attempts that find no route: no seccomp "
+            "listener)")
     if "mountns" in plan.layers:
         out["mount"] = "unavailable: " + MOUNT_HINT
     return out
@@ -385,12 +463,17 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None",
         layers["landlock"] = ("unavailable: the process that made the run's Landlock domain "
                               "was not learned (no credentials with the listener)")
     if listener is not None and listener.unread and "network" in layers:
-        layers["network"] = ("incomplete: the destination of a connect() could not be read "
-                             f"({listener.unread}); the kernel refused it all the same")
+        layers["network"] = ("incomplete: the destination of a connect() or a send could "
+                             f"not be read ({listener.unread}); the kernel refused it all the "
+                             "same")
     receipt["denials"] = denials
     if dropped:
         receipt["denials_not_recorded"] = dropped
 
+
+#: The calls whose no-route attempts are recorded, and the word --explain says for each.
+_NO_ROUTE_CALLS = {"connect": "connect", "sendto": "send", "sendmsg": "send",
+                   "sendmmsg": "send"}
 
 MOUNT_HINT = ("a path outside the mount view is absent (ENOENT), not refused: no layer "
               "records it; the view is the receipt's roots")
@@ -407,10 +490,11 @@ def explain(denial: dict[str, Any]) -> str:
                 f"— not allowed in the sandbox")
     if layer == "landlock":
         return landlock_log.explain(denial)
-    if layer == "network" and denial.get("what") == "connect":
+    if layer == "network" and denial.get("what") in _NO_ROUTE_CALLS:
         address, port = denial.get("address"), denial.get("port")
         shown = f"[{address}]" if ":" in str(address) else address
-        return (f"blocked: connect to {shown}:{port} (pid {denial.get('pid')}, "
+        verb = _NO_ROUTE_CALLS[str(denial.get("what"))]
+        return (f"blocked: {verb} to {shown}:{port} (pid {denial.get('pid')}, "
                 f"{denial.get('errno')}) — {denial.get('reason')}; {denial.get('hint')}")
     if layer == "network":
         host, port = denial.get("host"), denial.get("port")

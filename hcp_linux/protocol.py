@@ -73,6 +73,14 @@ SYNTHETIC_NET = ("198.18.0.0", 15)
 #: At most this many TCP ports are captured (one listener on 0.0.0.0 per allowed port).
 CAPTURE_PORTS_MAX = 32
 
+#: Set in the flags of the executors' own sendmsg()s (the fds they hand to the runtime: the
+#: capture and proxy sockets, the seccomp listener), past the 32 bits the kernel reads
+#: (sendmsg's flags are an unsigned int: it ignores the upper half). Some of them run after the
+#: filter is installed and before the runtime holds its listener; the network-observe
+#: profile hands every sendmsg() whose flags fit in 32 bits, as every libc passes them, to
+#: that listener, so these, which it could not answer yet, stay in the kernel.
+HANDOVER_MARK = 1 << 32
+
 #: The lines of /proc/self/status that the verify step requires before exec (the last two
 #: only when the plan holds CAP_SETPCAP, resp. installs seccomp).
 STATUS_ALWAYS = (b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n",
@@ -119,7 +127,8 @@ def table() -> str:
     can tell that a binary was built against exactly these values."""
     lines = [f"version {PLAN_VERSION} magic {PLAN_MAGIC:#x}", f"inline_max {INLINE_MAX}",
              f"detail_max {DETAIL_MAX}", "resolver %s:%d" % RESOLVER_ADDRESS,
-             "synthetic %s/%d" % SYNTHETIC_NET, f"capture_ports_max {CAPTURE_PORTS_MAX}"]
+             "synthetic %s/%d" % SYNTHETIC_NET, f"capture_ports_max {CAPTURE_PORTS_MAX}",
+             f"handover_mark {HANDOVER_MARK:#x}"]
     lines += [f"step {i} {name}" for i, name in enumerate(STEPS)]
     lines += [f"flag {name} {bit}" for name, bit in FLAGS.items()]
     lines += [f"message {name} {bit}" for name, bit in MESSAGE_BITS.items()]
@@ -143,7 +152,8 @@ def c_header() -> str:
            f"#define RESOLVER_PORT {RESOLVER_ADDRESS[1]}",
            f"#define SYNTHETIC_ADDR {_ipv4(SYNTHETIC_NET[0]):#x}u",
            f"#define SYNTHETIC_PREFIX {SYNTHETIC_NET[1]}",
-           f"#define CAPTURE_PORTS_MAX {CAPTURE_PORTS_MAX}", "",
+           f"#define CAPTURE_PORTS_MAX {CAPTURE_PORTS_MAX}",
+           f"#define HANDOVER_MARK {HANDOVER_MARK:#x}ull", "",
            "enum step {"]
     out += [f"    S_{name.upper().replace('-', '_')} = {i}," for i, name in enumerate(STEPS)]
     out += ["    N_STEPS", "};", "", "static const char *const step_names[N_STEPS] = {"]

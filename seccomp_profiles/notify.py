@@ -7,8 +7,9 @@ fd's holder answers it (SECCOMP_IOCTL_NOTIF_SEND). A denial is answered with an 
 suggestion. Only an observing rule ("notify") is answered "continue" (:func:`let_run`), after
 the listener has looked at the call (:func:`read_memory`): the kernel then runs it as usual
 and decides; the look is never a decision, as the call's memory may change before the kernel
-reads it. When every holder of the fd has closed it, the kernel answers pending and later
-notified calls ENOSYS itself: the call is refused. Knows nothing of HCP.
+reads it (nor is a look at one of its fds, through :func:`borrow_fd`'s copy). When every
+holder of the fd has closed it, the kernel answers pending and later notified calls ENOSYS
+itself: the call is refused. Knows nothing of HCP.
 
 Layouts (include/uapi/linux/seccomp.h): struct seccomp_notif {u64 id; u32 pid; u32 flags;
 struct seccomp_data data} (80 bytes) and struct seccomp_notif_resp {u64 id; s64 val;
@@ -123,3 +124,27 @@ def read_memory(pid: int, address: int, size: int) -> bytes:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return buf.raw[:got]
+
+
+#: pidfd_getfd(2)'s number: the same on every machine this package supports (since 5.6).
+_PIDFD_GETFD = 438
+
+
+def borrow_fd(pid: int, fd: int) -> int:
+    """A copy, in this process, of process ``pid``'s open file ``fd`` (pidfd_open, then
+    pidfd_getfd: the same ptrace-attach rights as :func:`read_memory`); the caller closes
+    it. Look, never act: the copy shares the caller's open file (its offset, its socket).
+    OSError with the kernel's errno (EBADF: no such fd; ESRCH: gone; EPERM: not ours;
+    ENOSYS: a kernel before 5.6). Check :func:`still_pending` after it, as after a read."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        got = _libc.syscall(_PIDFD_GETFD, pidfd, fd, 0)
+        if got < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return int(got)
+    finally:
+        os.close(pidfd)

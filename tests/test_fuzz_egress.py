@@ -3,7 +3,8 @@
 Targets: the HTTP request line and headers, CONNECT targets and Host headers, absolute-form
 URLs, the request rewrite for the origin, the response-head rewrite, the SOCKS5 handshake,
 the resolver's DNS queries (transparent egress: parse, decide, answer), the first bytes of a
-captured connection (TLS SNI, HTTP Host),
+captured connection (TLS SNI, HTTP Host), a send's destination as read from a sandboxed
+caller's memory (msghdr/mmsghdr vectors, sockaddrs: egress.routes),
 host/port/authority parsing, allow/deny patterns, address classification, the policy decision,
 and the whole proxy over loopback.
 
@@ -28,6 +29,7 @@ import ipaddress
 import re
 import socket
 import string
+import struct
 import threading
 import time
 from typing import Any, Iterator
@@ -38,7 +40,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import event, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from hcp_linux.egress import dnswire, httpwire, socks  # noqa: E402
+from hcp_linux.egress import dnswire, httpwire, routes, socks  # noqa: E402
 from hcp_linux.egress.capture import Resolver, SyntheticNames  # noqa: E402
 from hcp_linux.egress.sniff import named_host  # noqa: E402
 from hcp_linux.egress.addresses import canonical, classify, unlocked_by  # noqa: E402
@@ -709,6 +711,76 @@ def test_dns_query(data: bytes) -> None:
         assert logged[0]["host"] == "allowed.test" or logged[0]["host"].endswith(".sub.test")
     if logged[0]["allowed"] is False:
         assert answers == 0
+
+
+# -- a send's destination, read from the caller's memory (egress.routes) -------------------------
+
+@st.composite
+def msghdr_vectors(draw: st.DrawFn) -> tuple[bytes, int]:
+    """(bytes, stride): msghdr/mmsghdr vectors of up to MMSG_READ + 1 entries, each with a name
+    pointer (NULL or not) and a length (0, a sockaddr's, past sockaddr_storage, negative as an
+    int, any u32), the rest random; the whole cut anywhere, as a partial read leaves it."""
+    stride = draw(st.sampled_from((routes.MSGHDR_SIZE, routes.MMSGHDR_SIZE)))
+    out = b""
+    for _ in range(draw(st.integers(0, routes.MMSG_READ + 1))):
+        pointer = draw(st.sampled_from((0, 8, 0x7FFC_0000_1000, 2**64 - 1)))
+        length = draw(st.one_of(st.sampled_from((0, 16, 28, 128, 129, 200, 2**31, 2**32 - 1)),
+                                st.integers(0, 2**32 - 1)))
+        out += struct.pack("=QI", pointer, length) + draw(st.binary(min_size=stride - 12,
+                                                                    max_size=stride - 12))
+    cut = draw(mostly(st.just(len(out)), st.integers(0, len(out))))
+    return out[:cut], stride
+
+
+@fuzz(long=10_000)
+@given(mostly(msghdr_vectors(), st.tuples(st.binary(max_size=700),
+                                          st.sampled_from((0, 1, 11, 12, 56, 64)))))
+def test_msg_names(case: tuple[bytes, int]) -> None:
+    """Untrusted bytes: never an exception; one entry per whole msghdr read, each (0, 0) or
+    a pointer with a length the kernel would read (1..sockaddr_storage)."""
+    data, stride = case
+    names = routes.msg_names(data, stride)
+    if stride < 12:
+        assert names == []
+        return
+    assert len(names) == len(data) // stride
+    for i, (pointer, length) in enumerate(names):
+        raw_pointer, raw_length = struct.unpack_from("=QI", data, i * stride)
+        if (pointer, length) == (0, 0):
+            assert not raw_pointer or not raw_length or raw_length >= 2**31
+            event("no name")
+        else:
+            assert pointer == raw_pointer and 0 < length <= routes.SOCKADDR_STORAGE
+            assert length == min(raw_length, routes.SOCKADDR_STORAGE)
+            event("a name")
+
+
+@fuzz(long=10_000)
+@given(st.one_of(st.binary(max_size=40),
+                 st.tuples(st.sampled_from((socket.AF_INET, socket.AF_INET6, socket.AF_UNIX, 0)),
+                           st.binary(max_size=30)).map(
+                     lambda t: struct.pack("=H", t[0]) + t[1])))
+def test_unrouted(sockaddr: bytes) -> None:
+    """A sockaddr's bytes, as read from the caller: never an exception; a destination named
+    is an address the namespace has no route to, with a port."""
+    found = routes.unrouted(sockaddr)
+    family = routes.sockaddr_family(sockaddr)
+    if found is None:
+        event("routed or not an address")
+        return
+    address, port = found
+    assert family in (socket.AF_INET, socket.AF_INET6) and 0 <= port <= 0xFFFF
+    parsed = ipaddress.ip_address(address)
+    if isinstance(parsed, ipaddress.IPv6Address):
+        # link-local and multicast IPv6 are the kernel's own errors (EINVAL), not recorded
+        assert not parsed.is_link_local and not parsed.is_multicast
+        assert parsed not in (ipaddress.ip_address("::"), ipaddress.ip_address("::1"))
+        parsed = parsed.ipv4_mapped or parsed
+    if isinstance(parsed, ipaddress.IPv4Address):  # lo's, 0.0.0.0 and the synthetic range
+        assert parsed not in ipaddress.ip_network("127.0.0.0/8")
+        assert parsed not in ipaddress.ip_network("198.18.0.0/15")
+        assert parsed != ipaddress.ip_address("0.0.0.0")
+    event(f"no route, family {family}")
 
 
 # -- the first bytes of a captured connection ----------------------------------------------------

@@ -357,3 +357,27 @@ def test_notify_is_a_rules_action_only(tmp_path: Path) -> None:
         bpf.RET_USER_NOTIF
     # without a listener the rule is left out: read is allowed, as by the default
     assert bpf.run(sp.compile_profiles([str(ok)]), read, MACHINE.audit_arch) == bpf.RET_ALLOW
+
+
+def test_notify_when_a_pointer_is_not_null(tmp_path: Path) -> None:
+    """network-observe's sendto() rule: "ne 0" on argument 4 compiles to a 64-bit compare
+    (libseccomp SCMP_CMP_NE), so a sendto() without a destination (send() on a connected
+    socket: NULL) stays in the kernel, and any non-NULL pointer, high half alone included,
+    goes to the listener."""
+    path = tmp_path / "observe-addressed.toml"
+    path.write_text(HEADER + rule(syscall='"sendto"', action='"notify"',
+                                  extra='args = [{ index = 4, op = "ne", value = 0 }]'))
+    program = bpf.decode(sp.compile_profiles([str(path)], notify=True))
+    sendto = nr("sendto")
+
+    def run(dest: int) -> int:
+        return bpf.run(program, sendto, MACHINE.audit_arch, (3, 0x1000, 5, 0, dest, 16))
+
+    assert run(0) == bpf.RET_ALLOW
+    for dest in (1, 0x7FFC_0000_1000, 1 << 32, 1 << 63, 0xFFFF_FFFF_FFFF_FFFF):
+        assert run(dest) == bpf.RET_USER_NOTIF, hex(dest)
+    assert bpf.run(program, nr("sendmsg"), MACHINE.audit_arch, (3, 0x1000, 0)) == bpf.RET_ALLOW
+    shipped = bpf.decode(sp.compile_profiles(["network-observe"], notify=True))
+    assert bpf.run(shipped, sendto, MACHINE.audit_arch, (3, 1, 1, 0, 0, 0)) == bpf.RET_ALLOW
+    assert bpf.run(shipped, sendto, MACHINE.audit_arch, (3, 1, 1, 0, 8, 16)) == \
+        bpf.RET_USER_NOTIF

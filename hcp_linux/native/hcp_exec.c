@@ -719,7 +719,10 @@ fail:
 
 /* Listen inside this network namespace; hand the socket to the parent's egress proxy. */
 /* Send ``n`` fds to the runtime over ``channel`` in one message whose one byte says what they
- * are (SCM_RIGHTS). -1 with errno on failure; EINTR is retried. */
+ * are (SCM_RIGHTS). -1 with errno on failure; EINTR is retried. By the raw syscall, with
+ * HANDOVER_MARK in the flags' upper half, which the kernel ignores: the filter (installed
+ * already in a ready spare, and always before the listener goes) hands every other
+ * sendmsg() to a listener that the runtime holds only once this one has returned. */
 static int send_fds(int channel, char tag, const int *fds, int n, int flags) {
     struct iovec iov = {&tag, 1};
     union {
@@ -745,7 +748,7 @@ static int send_fds(int channel, char tag, const int *fds, int n, int flags) {
     cm->cmsg_len = CMSG_LEN(n * sizeof(int));
     memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
     do
-        sent = sendmsg(channel, &msg, flags);
+        sent = syscall(SYS_sendmsg, channel, &msg, (unsigned)flags | HANDOVER_MARK);
     while (sent < 0 && errno == EINTR);
     return sent < 0 ? -1 : 0;
 }
@@ -1489,6 +1492,7 @@ static void __attribute__((noreturn)) print_protocol(void) {
     printf("synthetic %u.%u.%u.%u/%d\ncapture_ports_max %d\n", SYNTHETIC_ADDR >> 24,
            SYNTHETIC_ADDR >> 16 & 255, SYNTHETIC_ADDR >> 8 & 255, SYNTHETIC_ADDR & 255,
            SYNTHETIC_PREFIX, CAPTURE_PORTS_MAX);
+    printf("handover_mark %#llx\n", (unsigned long long)HANDOVER_MARK);
     for (i = 0; i < N_STEPS; i++)
         printf("step %zu %s\n", i, step_names[i]);
     for (i = 0; i < sizeof flag_names / sizeof flag_names[0]; i++)
