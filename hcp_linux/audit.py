@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 NETLINK_AUDIT = 9
-AUDIT_GET, AUDIT_USER = 1000, 1005
+AUDIT_GET, AUDIT_SET, AUDIT_USER = 1000, 1001, 1005
 AUDIT_SYSCALL, AUDIT_CONFIG_CHANGE = 1300, 1305
 AUDIT_LANDLOCK_ACCESS, AUDIT_LANDLOCK_DOMAIN = 1423, 1424
 #: AUDIT_NLGRP_READLOG, as a bind() group mask: group 1 is bit 0.
@@ -38,6 +38,8 @@ _NLM_F_REQUEST, _NLM_F_ACK = 1, 4
 _HEADER = struct.Struct("=IHHII")  # struct nlmsghdr: len, type, flags, seq, pid
 #: struct audit_status: mask, enabled, failure, pid, rate_limit, backlog_limit, lost, backlog
 _STATUS = struct.Struct("=8I")
+_STATUS_SET = struct.Struct("=10I")  # AUDIT_SET's: the same, with the fields after backlog
+_STATUS_ENABLED = 1  # AUDIT_STATUS_ENABLED: the mask bit of ``enabled``
 
 #: Fields whose values the kernel logs as untrusted strings: quoted, or hex when unquoted.
 UNTRUSTED = frozenset({"path", "dev", "comm", "exe", "ocomm", "name", "cwd", "proctitle"})
@@ -111,6 +113,13 @@ def status_answer(s: socket.socket, timeout: float = 1.0) -> Status:
         raise OSError(0, "AUDIT_GET: no status in the reply")
     _, enabled, _, _, _, backlog_limit, lost, _ = _STATUS.unpack_from(body)
     return Status(enabled, lost, backlog_limit)
+
+
+def set_enabled(value: int) -> None:
+    """AUDIT_SET enabled=``value``: for the tests and benches that turn audit on for their own
+    duration (and restore it); the runtime itself never changes audit's state. OSError EPERM
+    without CAP_AUDIT_CONTROL."""
+    _exchange(AUDIT_SET, _STATUS_SET.pack(_STATUS_ENABLED, value, *(0,) * 8))
 
 
 def subscribe(rcvbuf: int = 4 << 20) -> socket.socket:

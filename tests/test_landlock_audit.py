@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -68,28 +67,17 @@ needs_reader = pytest.mark.skipif(
            "namespaces (CAP_AUDIT_CONTROL, CAP_AUDIT_READ, CAP_AUDIT_WRITE)")
 
 
-def _set_enabled(value: int) -> None:
-    """AUDIT_SET enabled=value (the tests' own: the runtime never changes audit's state)."""
-    body = struct.pack("=10I", 1, value, 0, 0, 0, 0, 0, 0, 0, 0)  # mask: AUDIT_STATUS_ENABLED
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, audit.NETLINK_AUDIT) as s:
-        s.sendto(struct.pack("=IHHII", 16 + len(body), 1001, 1 | 4, 1, 0) + body, (0, 0))
-        reply = s.recv(8192)
-    err = -struct.unpack_from("=i", reply, 16)[0]
-    if err:
-        raise OSError(err, "AUDIT_SET")
-
-
 @contextlib.contextmanager
 def _audit(value: int) -> Iterator[None]:
     before = audit.status().enabled
     if before == 2:
         pytest.skip("audit's configuration is locked (enabled=2)")
-    _set_enabled(value)
+    audit.set_enabled(value)
     landlock_log.status_changed()
     try:
         yield
     finally:
-        _set_enabled(before)
+        audit.set_enabled(before)
         landlock_log.status_changed()
 
 
@@ -252,7 +240,7 @@ def test_audit_turned_off_mid_run_is_said(jail: Path) -> None:
             assert proc.stdout.readline() == b"/.hcp-canary EACCES\n"
             proc.stdout.readline()
             time.sleep(0.2)  # the first round's records reach the reader
-            _set_enabled(0)
+            audit.set_enabled(0)
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
             proc.stdin.close()
