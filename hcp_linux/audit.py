@@ -163,13 +163,21 @@ def record(payload: bytes) -> tuple[str, dict[str, str]] | None:
     """``(serial, fields)`` of one record's text: ``serial`` is the event's ``SECONDS.MILLIS:
     SERIAL`` (records of one event share it); None when the text is not a record."""
     text = payload.split(b"\0", 1)[0]
-    if not text.startswith(b"audit("):
+    serial = serial_of(text)
+    if serial is None:
         return None
-    end = text.find(b"): ", 6)
+    return serial, fields(text[text.find(b"): ", 6) + 3:])
+
+
+def serial_of(payload: bytes) -> str | None:
+    """The event's ``SECONDS.MILLIS:SERIAL`` alone, without reading the fields: for a
+    reader that keeps few of the host's records."""
+    if not payload.startswith(b"audit("):
+        return None
+    end = payload.find(b"): ", 6)
     if end < 0:
         return None
-    serial = text[6:end].decode("ascii", "replace")
-    return serial, fields(text[end + 3:])
+    return payload[6:end].decode("ascii", "replace")
 
 
 def fields(body: bytes) -> dict[str, str]:

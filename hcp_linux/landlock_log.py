@@ -144,11 +144,14 @@ def prepare() -> None:
     there is no reader thread (none to pay for: the ctypes executor forks a runtime of one
     thread directly) and nothing to read."""
     global _the_reader
+    reader = _the_reader
+    if reader is not None and reader.is_alive():
+        return
     status = _recent_status()
-    if _the_reader is not None or status is None or not status.enabled:
+    if status is None or not status.enabled:
         return
     with _lock:
-        if _the_reader is None:
+        if _the_reader is None or not _the_reader.is_alive():  # none yet, or it stopped
             try:
                 sock = audit.subscribe()
             except OSError:
@@ -242,16 +245,21 @@ class Watch:
                         f"on were not logged")
             if reader is None:
                 return "incomplete: the audit records could not be subscribed to"
+            if reader.stopped:
+                return f"incomplete: the audit reader stopped ({reader.stopped})"
             nonce = os.urandom(8).hex()
             done = reader.expect(nonce)
             try:
-                audit.send_user(f"hcp-linux-flush={nonce}")
-            except OSError as e:
-                return f"incomplete: the end-of-run marker could not be sent ({e})"
-            if not done.wait(wait):
-                return (f"incomplete: the end-of-run marker did not come back within "
-                        f"{wait:g}s (this runtime must be in the initial network namespace, "
-                        f"where the kernel sends audit records)")
+                try:
+                    audit.send_user(f"hcp-linux-flush={nonce}")
+                except OSError as e:
+                    return f"incomplete: the end-of-run marker could not be sent ({e})"
+                if not done.wait(wait):
+                    return _marker_lost(reader, wait)
+                if reader.stopped:
+                    return f"incomplete: the audit reader stopped ({reader.stopped})"
+            finally:
+                reader.unexpect(nonce)
             if self.note:
                 return f"incomplete: {self.note}"
             if status.lost > self.start.lost:
@@ -262,6 +270,19 @@ class Watch:
         finally:
             if reader is not None:
                 reader.forget(self)
+
+
+def _marker_lost(reader: "_Reader", wait: float) -> str:
+    """The end-of-run marker did not come back in time. If nothing at all ever came to the
+    reader, the records do not reach this process (the kernel multicasts them in the initial
+    network namespace only): later runs are not read, rather than each waiting in vain."""
+    global _why_not
+    if not reader.received:
+        _why_not = ("unavailable: the audit records do not reach this process (the kernel "
+                    "sends them to the initial network namespace only)")
+        return "incomplete: " + _why_not.removeprefix("unavailable: ")
+    return (f"incomplete: the end-of-run marker did not come back within {wait:g}s (the "
+            f"reader thread was starved or the kernel's audit thread is behind)")
 
 
 def watch(pid: int, limit: int) -> Watch | None:
@@ -282,6 +303,8 @@ class _Reader(threading.Thread):
     def __init__(self, sock: Any) -> None:
         super().__init__(name="hcp-audit-reader", daemon=True)
         self._sock = sock
+        self.received = 0  # messages received, all kinds
+        self.stopped = ""  # why the thread ended, if it did
         self._lock = threading.Lock()
         self._by_pid: dict[int, Watch] = {}
         self._by_domain: dict[str, Watch] = {}
@@ -312,6 +335,10 @@ class _Reader(threading.Thread):
             self._markers[nonce] = event
         return event
 
+    def unexpect(self, nonce: str) -> None:
+        with self._lock:
+            self._markers.pop(nonce, None)
+
     # -- the thread --------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -325,7 +352,13 @@ class _Reader(threading.Thread):
                                             f"({errno.errorcode.get(e.errno or 0, e)})")
                 if e.errno == errno.ENOBUFS:
                     continue
+                self.stopped = f"recv: {e.strerror or e}"
+                self._sock.close()
+                with self._lock:  # the runs waiting for a marker learn it now
+                    for event in self._markers.values():
+                        event.set()
                 return
+            self.received += 1
             for kind, payload in audit.messages(data):
                 try:
                     self._one(kind, payload)
@@ -344,18 +377,21 @@ class _Reader(threading.Thread):
                 if event is not None:
                     event.set()
             return
-        if kind not in (audit.AUDIT_LANDLOCK_ACCESS, audit.AUDIT_LANDLOCK_DOMAIN,
-                        audit.AUDIT_SYSCALL):
+        if kind == audit.AUDIT_SYSCALL:  # the host's every audited call: read only ours
+            with self._lock:
+                waiting = self._awaiting.pop(audit.serial_of(payload) or "", ())
+            parsed = audit.record(payload) if waiting else None
+            for rec in waiting if parsed is not None else ():
+                _add_syscall(rec, parsed[1])
+            return
+        if kind not in (audit.AUDIT_LANDLOCK_ACCESS, audit.AUDIT_LANDLOCK_DOMAIN):
             return
         parsed = audit.record(payload)
         if parsed is None:
             return
         serial, fields = parsed
         with self._lock:
-            if kind == audit.AUDIT_SYSCALL:
-                for rec in self._awaiting.pop(serial, ()):
-                    _add_syscall(rec, fields)
-            elif kind == audit.AUDIT_LANDLOCK_ACCESS:
+            if kind == audit.AUDIT_LANDLOCK_ACCESS:
                 self._access(serial, fields)
             elif fields.get("status") == "allocated":
                 self._allocated_domain(fields)

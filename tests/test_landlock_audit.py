@@ -16,6 +16,7 @@ Both executors; root here, and the unavailable answer as nobody.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -292,3 +293,29 @@ def test_the_kernels_record_text_is_read() -> None:
     # a SYSCALL record's numbers (arch=c000003e syscall=257) give the call's name
     from hcp_linux.seccomp_profiles.syscalls import name_of
     assert name_of(257, 0xC000003E) == "openat" and name_of(1 << 20, 0xC000003E) is None
+
+
+_DEAF = r"""
+import json, sys
+from hcp_linux import Policy, Sandbox
+box = Sandbox(Policy(jail=sys.argv[1]))
+said = []
+for _ in range(2):
+    run = box.run(["python3", "denied.py"], capture_output=True)
+    said.append(run.receipt["denial_layers"]["landlock"])
+print(json.dumps(said))
+"""
+
+
+@needs_reader
+@pytest.mark.root_only
+def test_a_runtime_the_records_do_not_reach_says_so_once(jail: Path, audit_on: None) -> None:
+    """The kernel multicasts audit records in the initial network namespace only. A runtime
+    in another one has every capability and still gets nothing: its first run waits for the
+    end-of-run marker in vain (bounded) and says so; later runs do not wait at all."""
+    p = subprocess.run(["unshare", "--net", "--", sys.executable, "-c", _DEAF, str(jail)],
+                       capture_output=True, timeout=TIMEOUT, cwd=jail)
+    assert p.returncode == 0, p.stderr
+    first, second = json.loads(p.stdout)
+    assert first.startswith("incomplete: the audit records do not reach this process"), first
+    assert second.startswith("unavailable: the audit records do not reach this process"), second
