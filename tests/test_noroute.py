@@ -541,15 +541,20 @@ def test_malformed_msghdrs_are_the_kernels_to_answer(
     assert control == out and plain["denials"] == []
 
 
-def test_explain_prints_the_no_route_line(jail: Path) -> None:
-    p = subprocess.run(hcp_argv(jail, "python3", "-c", _CLIENT, "tcp:192.0.2.1:22",
-                                "tcp:2001:db8::1:443",
+def _explain_lines(jail: Path, script: str, *targets: str) -> list[str]:
+    """The --explain lines of a run of ``script`` at ``targets`` under --network allow."""
+    p = subprocess.run(hcp_argv(jail, "python3", "-c", script, *targets,
                                 extra=["--network", "allow", "--allow-host", "example.com",
                                        "--explain"]),
                        capture_output=True, timeout=TIMEOUT, cwd=jail)
     assert p.returncode == 0, p.stderr
     lines = p.stderr.decode().splitlines()
-    assert len(lines) == 2, lines
+    assert len(lines) == len(targets), lines
+    return lines
+
+
+def test_explain_prints_the_no_route_line(jail: Path) -> None:
+    lines = _explain_lines(jail, _CLIENT, "tcp:192.0.2.1:22", "tcp:2001:db8::1:443")
     assert lines[0].startswith("blocked: connect to 192.0.2.1:22 (pid ")
     assert lines[1].startswith("blocked: connect to [2001:db8::1]:443 (pid ")
     for line in lines:
@@ -557,14 +562,7 @@ def test_explain_prints_the_no_route_line(jail: Path) -> None:
 
 
 def test_explain_prints_the_send_line(jail: Path) -> None:
-    p = subprocess.run(hcp_argv(jail, "python3", "-c", _SENDER, "udp:192.0.2.1:53",
-                                "tfo:2001:db8::1:443",
-                                extra=["--network", "allow", "--allow-host", "example.com",
-                                       "--explain"]),
-                       capture_output=True, timeout=TIMEOUT, cwd=jail)
-    assert p.returncode == 0, p.stderr
-    lines = p.stderr.decode().splitlines()
-    assert len(lines) == 2, lines
+    lines = _explain_lines(jail, _SENDER, "udp:192.0.2.1:53", "tfo:2001:db8::1:443")
     assert lines[0].startswith("blocked: send to 192.0.2.1:53 (pid ")
     assert "ENETUNREACH) — no route" in lines[0] and "--network host" in lines[0]
     assert lines[1].startswith("blocked: send to [2001:db8::1]:443 (pid ")
