@@ -380,9 +380,10 @@ class _Reader(threading.Thread):
         if kind == audit.AUDIT_SYSCALL:  # the host's every audited call: read only ours
             with self._lock:
                 waiting = self._awaiting.pop(audit.serial_of(payload) or "", ())
-            parsed = audit.record(payload) if waiting else None
-            for rec in waiting if parsed is not None else ():
-                _add_syscall(rec, parsed[1])
+            syscall = audit.record(payload) if waiting else None
+            if syscall is not None:
+                for rec in waiting:
+                    _add_syscall(rec, syscall[1])
             return
         if kind not in (audit.AUDIT_LANDLOCK_ACCESS, audit.AUDIT_LANDLOCK_DOMAIN):
             return
