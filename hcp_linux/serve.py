@@ -296,10 +296,10 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
                 # denials itself, as before, and the receipt says they are not recorded.
                 plan.seccomp = answered_by_filter(plan.seccomp_names)
                 plan.seccomp_listener = False
+                plan.seccomp_unrecorded = SERVED_UNRECORDED
             if plan.landlock_log:  # nor does it read the Landlock domain's records
                 plan.landlock_log = False
                 plan.landlock_restrict = landlock_log.restrict_flags(False)
-                plan.seccomp_unrecorded = SERVED_UNRECORDED
             blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
                                      process=state["process"])
             receipt = make_receipt()
