@@ -141,6 +141,21 @@ def mount_setattr(fd: int, path: bytes, flags: int, attr_set: int) -> None:
     _check(ret, "mount_setattr")
 
 
+class _Pollfd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+_POLLOUT, _POLLERR = 0x4, 0x8
+
+
+def poll_error(fd: int) -> bool:
+    """Whether ``fd`` polls POLLERR now (a pipe's write end whose readers are all gone):
+    poll(2) by ctypes, for the child side, which imports nothing between fork and exec."""
+    p = _Pollfd(fd, _POLLOUT, 0)
+    _check(_libc.poll(ctypes.byref(p), 1, 0), "poll")
+    return bool(p.revents & _POLLERR)
+
+
 def close_range(first: int, last: int, flags: int) -> None:
     _sys("close_range", first, last, flags)
 

@@ -166,6 +166,12 @@ def _mirror(pid: int, status_r: int) -> NoReturn:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
+def _monitor_alive(status_w: int) -> None:
+    """OSError ESRCH once the monitor (the status pipe's only reader) is gone."""
+    if L.poll_error(status_w):
+        raise OSError(errno.ESRCH, "the monitor is gone")
+
+
 def _write_id_maps(uid: int, gid: int) -> None:
     for name, text in ((b"/proc/self/setgroups", b"deny"),
                        (b"/proc/self/uid_map", b"%d %d 1" % (uid, uid)),
@@ -178,6 +184,9 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     if "pidns" in plan.layers:
         # pid 1 of the sandbox dies with the monitor; the kernel then empties the namespace.
         _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, _signal.SIGKILL)
+        # A monitor that died between the fork and that prctl sent no signal: it alone holds
+        # the status pipe's read end, so the write end polls POLLERR once it is gone.
+        _step("pdeathsig", _monitor_alive, status_w, detail="the monitor is gone")
     if "mountns" in plan.layers:
         _build_mount_view(plan)
     if "netns" in plan.layers:

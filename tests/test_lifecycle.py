@@ -297,3 +297,78 @@ def test_cgroup_limits_fail_closed_where_they_cannot_apply(jail: Path) -> None:
         pytest.skip("this host has a delegated cgroup v2")
     with pytest.raises(PolicyError, match="cgroup v2 limits cannot be applied"):
         Policy(jail=str(jail), limits={"memory": "1g"})
+
+
+
+#: A runtime whose forks of the sandbox's init (ctypes executor: os.fork, which runs the
+#: at-fork hooks) wait a second before the child side goes on: the window between the fork
+#: and the init's PR_SET_PDEATHSIG, held open so that the test can kill the runtime in it.
+#: Only the init waits: it is the fork whose parent is not visible (getppid() 0, the parent
+#: is outside its new pid namespace); the monitor, forked from the runtime, does not.
+_SLOW_INIT_RUNTIME = textwrap.dedent("""
+    import os, sys, time
+    from hcp_linux import Policy, Sandbox
+    os.register_at_fork(after_in_child=lambda: time.sleep(1.0) if os.getppid() == 0 else None)
+    proc = Sandbox(Policy(jail=sys.argv[1]), executor="ctypes").spawn(
+        ["sh", "-c", sys.argv[2] + " sleep 60"])
+    print("spawned", flush=True)
+    proc.wait()
+""")
+
+
+def _grandchildren(pid: int) -> list[int]:
+    out: list[int] = []
+    for child in _children(pid):
+        out += _children(child)
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("kill", [True, False], ids=["killed", "control-not-killed"])
+def test_runtime_killed_before_the_init_sets_pdeathsig(jail: Path, kill: bool) -> None:
+    """The monitor dies (PDEATHSIG, its runtime SIGKILLed) after forking the sandbox's init
+    and before the init's own PR_SET_PDEATHSIG: no signal reaches the init then. It used to
+    go on and run the command with nobody left to end it (2 of 60 CLI runs killed early, in
+    tests/test_driver_none.py's loop). The init now checks, after that prctl, that the
+    monitor still holds its end of the status pipe, and exits. Control: the same held-open
+    window without the kill, and the run goes on (the daemon beats). The window is held open
+    in the ctypes executor, whose init is a Python fork; hcp-exec's init makes the same check
+    (hcp_exec.c monitor_alive), in a window no test can hold open."""
+    runtime = subprocess.Popen([sys.executable, "-c", _SLOW_INIT_RUNTIME, str(jail), DAEMON],
+                               stdout=subprocess.PIPE, text=True)
+    inits: list[int] = []
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not inits:  # the init exists, asleep before its prctl
+            assert runtime.poll() is None and time.monotonic() < deadline, "no init forked"
+            inits = _grandchildren(runtime.pid)
+            time.sleep(0.005)
+        if kill:
+            os.kill(runtime.pid, signal.SIGKILL)
+            runtime.wait(TIMEOUT)
+            time.sleep(2.0)  # the init's held-open second, then its setup
+            assert not (jail / "beat").exists() or not _beating(jail / "beat"), \
+                "the sandbox's init outlived its monitor and ran the command"
+        else:
+            assert runtime.stdout is not None and runtime.stdout.readline() == "spawned\n"
+            _wait_for(jail / "beat")
+            assert _beating(jail / "beat")
+    finally:
+        if runtime.poll() is None:
+            runtime.kill()
+            runtime.wait(TIMEOUT)
+        for pid in inits:  # an init that outlived its monitor (the failure): end its sandbox
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -62,6 +62,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <sched.h>
+#include <poll.h>
 
 /* PLAN_MAGIC, PLAN_VERSION, enum step, F_* (plan flags), M_* (message bits), INLINE_MAX,
  * DETAIL_MAX and the verify step's status lines: generated from hcp_linux/protocol.py by the
@@ -1103,6 +1104,22 @@ static void __attribute__((noreturn)) init(pid_t command, int status_w) {
     _exit(rc == 0 ? 0 : 125);
 }
 
+/* 0 while the monitor lives; -1 (ESRCH) once it is gone. The init asks right after setting
+ * PDEATHSIG: a monitor that died between the fork and that prctl sent no signal, and nothing
+ * else would end this init (the runtime killed mid-setup left the sandbox running). The
+ * monitor alone holds the status pipe's read end, and a pipe whose readers are all gone
+ * polls POLLERR at its write end. */
+static int monitor_alive(int status_w) {
+    struct pollfd p = {status_w, POLLOUT, 0};
+    if (poll(&p, 1, 0) < 0)
+        return -1;
+    if (p.revents & POLLERR) {
+        errno = ESRCH;
+        return -1;
+    }
+    return 0;
+}
+
 /* The monitor: hold nothing of the run's, wait for the init, exit as the command did. */
 static void __attribute__((noreturn)) mirror(pid_t pid, int status_r) {
     unsigned char data[4];
@@ -1188,8 +1205,10 @@ static void confine(void) {
 
 static void __attribute__((noreturn)) payload(int status_w) {
     pid_t pid;
-    if (P.flags & F_PIDNS)
+    if (P.flags & F_PIDNS) {
         TRY(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+        TRY(S_PDEATHSIG, monitor_alive(status_w), "the monitor is gone");
+    }
     if ((P.flags & F_MOUNTNS) && !view_done)
         build_mount_view();
     if ((P.flags & F_NETNS) && !lo_done)
@@ -1405,6 +1424,7 @@ static void early_steps(int sock, uint32_t flags, int status_pipe[2]) {
         close(status_pipe[0]);
         status_pipe[0] = -1;
         STEP(S_PDEATHSIG, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), NULL);
+        STEP(S_PDEATHSIG, monitor_alive(status_pipe[1]), "the monitor is gone");
     }
     if (flags & F_NETNS) {
         STEP(S_LOOPBACK_UP, loopback_up(), NULL);
