@@ -28,7 +28,7 @@ from typing import Iterator
 
 NETLINK_AUDIT = 9
 AUDIT_GET, AUDIT_SET, AUDIT_USER = 1000, 1001, 1005
-AUDIT_SYSCALL, AUDIT_CONFIG_CHANGE = 1300, 1305
+AUDIT_SYSCALL = 1300
 AUDIT_LANDLOCK_ACCESS, AUDIT_LANDLOCK_DOMAIN = 1423, 1424
 #: AUDIT_NLGRP_READLOG, as a bind() group mask: group 1 is bit 0.
 READLOG_GROUPS = 1
@@ -54,61 +54,35 @@ class Status:
     backlog_limit: int
 
 
-def _send(kind: int, payload: bytes = b"", reply: bool = False) -> socket.socket:
-    """A socket that has sent one request (the answer waits in it: see :func:`_answer`)."""
-    flags = _NLM_F_REQUEST | (0 if reply else _NLM_F_ACK)
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_AUDIT)
-    try:
-        s.sendto(_HEADER.pack(_HEADER.size + len(payload), kind, flags, 1, 0) + payload,
-                 (0, 0))
-    except BaseException:
-        s.close()
-        raise
-    return s
-
-
 def _exchange(kind: int, payload: bytes = b"", reply: bool = False,
               timeout: float = 1.0) -> bytes:
-    """Send one request and wait for its answer (:func:`_answer`)."""
-    with _send(kind, payload, reply) as s:
-        return _answer(s, kind, reply, timeout)
-
-
-def _answer(s: socket.socket, kind: int, reply: bool, timeout: float) -> bytes:
-    """The answer to the request ``s`` sent: with ``reply``, the message of the same type
-    (AUDIT_GET's status; no acknowledgement is asked for, as the kernel may send it before
-    the reply), else the kernel's acknowledgement (b""). An error acknowledgement raises
-    OSError with its errno; no answer within ``timeout``, TimeoutError."""
-    s.settimeout(timeout)
-    for _ in range(8):
-        for got, body in messages(s.recv(8192)):
-            if got == _NLMSG_ERROR:
-                err = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else 0
-                if err:
-                    raise OSError(err, f"audit netlink request {kind}")
-                if not reply:
-                    return b""
-            elif reply and got == kind:
-                return body
+    """Send one request and wait for its answer: with ``reply``, the message of the same
+    type (AUDIT_GET's status; no acknowledgement is asked for, as the kernel may send it
+    before the reply), else the kernel's acknowledgement (b""). An error acknowledgement
+    raises OSError with its errno; no answer within ``timeout``, TimeoutError."""
+    flags = _NLM_F_REQUEST | (0 if reply else _NLM_F_ACK)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                       NETLINK_AUDIT) as s:
+        s.settimeout(timeout)
+        s.sendto(_HEADER.pack(_HEADER.size + len(payload), kind, flags, 1, 0) + payload,
+                 (0, 0))
+        for _ in range(8):
+            for got, body in messages(s.recv(8192)):
+                if got == _NLMSG_ERROR:
+                    err = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else 0
+                    if err:
+                        raise OSError(err, f"audit netlink request {kind}")
+                    if not reply:
+                        return b""
+                elif reply and got == kind:
+                    return body
     raise OSError(0, f"audit netlink request {kind}: no answer")
 
 
 def status() -> Status:
     """The kernel's audit status. OSError: no audit netlink here (no CONFIG_AUDIT), or no
     CAP_AUDIT_CONTROL in the initial user namespace (EPERM, ECONNREFUSED)."""
-    with ask_status() as s:
-        return status_answer(s)
-
-
-def ask_status() -> socket.socket:
-    """Ask for the status now and read the answer later (:func:`status_answer`): the
-    kernel fills it in when it takes the request, so it is the status of this moment."""
-    return _send(AUDIT_GET, reply=True)
-
-
-def status_answer(s: socket.socket, timeout: float = 1.0) -> Status:
-    """The status that :func:`ask_status` asked for."""
-    body = _answer(s, AUDIT_GET, True, timeout)
+    body = _exchange(AUDIT_GET, reply=True)
     if len(body) < _STATUS.size:
         raise OSError(0, "AUDIT_GET: no status in the reply")
     _, enabled, _, _, _, backlog_limit, lost, _ = _STATUS.unpack_from(body)

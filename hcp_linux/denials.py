@@ -18,9 +18,9 @@ caused, deterministically, from the layer that refused:
   has no route (egress.routes) and the socket uses it, and answers "continue" in every case:
   the kernel runs the call and refuses it by its own routes, so the record never decides
   anything.
-- Landlock: the kernel logs denials (ABI >= 7) to the audit subsystem only; reading them
-  needs the audit netlink socket (CAP_AUDIT_READ) in the initial namespaces, which this
-  runtime does not hold open: said as unavailable, with why.
+- Landlock: the kernel logs denials (ABI >= 7) to the audit subsystem only; where this
+  process may read them (root in the initial namespaces, audit on), :mod:`landlock_log`
+  gives each run its domain's records; elsewhere the layer is said unavailable, with why.
 - the mount view: a path that is not in the view is not refused, it is absent (ENOENT); no
   kernel layer sees it. The receipt's roots are the view; :func:`explain_lines` says so.
 

@@ -11,7 +11,8 @@ libseccomp 2.5 answers a name lookup for an architecture with the number, with a
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Sequence
+import functools
+from typing import Any, Optional, Sequence
 
 from .errors import SeccompCompileError
 from .machines import MACHINES, Machine
@@ -84,13 +85,15 @@ def name_of(nr: int, audit_arch: int) -> Optional[str]:
     try:
         return ctypes.string_at(ptr).decode("ascii", "replace")
     finally:
-        _free(ptr)
+        _libc_free()(ptr)
 
 
-def _free(ptr: int) -> None:
-    libc = ctypes.CDLL(None)
-    libc.free.argtypes = (ctypes.c_void_p,)
-    libc.free(ptr)
+@functools.lru_cache(maxsize=1)
+def _libc_free() -> Any:
+    """libc's free(), for the strings libseccomp allocates (loaded once)."""
+    free = ctypes.CDLL(None).free
+    free.argtypes = (ctypes.c_void_p,)
+    return free
 
 
 def native_number(name: str, fallback: Sequence[tuple[str, int]], machine: Machine) -> Optional[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hcp_linux import Policy, Sandbox
+from hcp_linux import Policy, Sandbox, teardown
 
 TIMEOUT = 60
 DAEMON = ("setsid sh -c 'echo $$ > daemon.pid; "
@@ -318,19 +318,8 @@ _SLOW_INIT_RUNTIME = textwrap.dedent("""
 
 def _grandchildren(pid: int) -> list[int]:
     out: list[int] = []
-    for child in _children(pid):
-        out += _children(child)
-    return out
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
+    for child in teardown._children(pid):
+        out += teardown._children(child)
     return out
 
 
