@@ -28,7 +28,7 @@ _ARCH_INDEX = 0 if _MACHINE == "x86_64" else 1
 
 NR = {name: nums[_ARCH_INDEX] for name, nums in _OLD_NUMBERS.items()}
 NR.update(open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432,
-          close_range=436, mount_setattr=442)
+          close_range=436, openat2=437, mount_setattr=442)
 
 # Namespaces (linux/sched.h)
 CLONE_NEWNS = 0x00020000
@@ -56,6 +56,10 @@ AT_RECURSIVE = 0x8000
 OPEN_TREE_CLONE = 1
 OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+
+# openat2(2) resolve flags (linux/openat2.h)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
@@ -127,6 +131,21 @@ def open_tree(dirfd: int, path: bytes, flags: int) -> int:
 
 def move_mount(from_fd: int, from_path: bytes, to_fd: int, to_path: bytes, flags: int) -> None:
     _sys("move_mount", from_fd, from_path, to_fd, to_path, flags)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dirfd: int, path: bytes, flags: int, resolve: int) -> int:
+    """openat2(2) with ``resolve`` (RESOLVE_*): the lookup itself refuses what the flags
+    forbid (ELOOP for a symlink under RESOLVE_NO_SYMLINKS), with no window between a check
+    and the open."""
+    how = _OpenHow(flags, 0, resolve)
+    ret = _syscall(ctypes.c_long(NR["openat2"]), ctypes.c_long(dirfd), path,
+                   ctypes.byref(how), ctypes.c_long(ctypes.sizeof(how)))
+    return _check(ret, "openat2")
 
 
 class _MountAttr(ctypes.Structure):

@@ -6,6 +6,7 @@ every path they were made from (the *stamp*) is unchanged.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
@@ -275,12 +276,16 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     # Each path is opened once, for its identity and (in a scratch copy of the ruleset, which
     # masks and strips as create() will) its effective rule, then closed: the confinement
     # keeps identities only. A plan's ruleset opens them again when it is made, and checks.
+    # The policy's own paths are canonical: a symlink on one now was put there since the
+    # policy was made (by a command, in a writable root): refused, never followed.
+    pinned = set(policy.readable_roots + policy.writable_roots + policy.read_only_paths
+                 + policy.hidden_paths) | set(pinned_ancestors(policy))
     opened = []
     fds: list[int] = []
     try:
         scratch = template.copy() if template is not None else None
         for path, access, attrs, writable in grants:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            fd = _open_grant(path, path in pinned)
             fds.append(fd)
             st = os.fstat(fd)
             opened.append((path, access, fd, st, attrs, writable))
@@ -321,6 +326,48 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
         conf.ruleset = GrantedRuleset.of(template, tuple(
             (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened)
             + tuple((b.source.decode(), b.dev, b.ino, resolve) for b in bound.values()))
+
+
+def _open_grant(path: str, pinned: bool) -> int:
+    """An ``O_PATH`` fd of a granted path; for a path of the policy (``pinned``), opened with
+    no symlink followed anywhere on it (openat2 RESOLVE_NO_SYMLINKS), so that a link a
+    command left where a granted directory was cannot redirect the grant (DESIGN.md §3)."""
+    if not pinned:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        try:
+            return L.openat2(L.AT_FDCWD, os.fsencode(path), os.O_PATH | os.O_CLOEXEC,
+                             L.RESOLVE_NO_SYMLINKS | L.RESOLVE_NO_MAGICLINKS)
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.EPERM):
+                raise
+            # openat2 filtered (older container seccomp profiles): the same walk by hand,
+            # one component at a time, none followed
+            return _open_no_symlinks(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PolicyError(f"{printable(path)}: a symlink stands on this granted path since "
+                              f"the policy was made (a command can put one there); it is not "
+                              f"followed: restore the directory, or make the policy again") \
+                from None
+        raise
+
+
+def _open_no_symlinks(path: str) -> int:
+    """``path`` opened ``O_PATH`` component by component from /, each with O_NOFOLLOW; a
+    symlink anywhere is ELOOP, as openat2's RESOLVE_NO_SYMLINKS says it."""
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for name in [c for c in path.split("/") if c]:
+            nfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _socket_grants(pairs: Sequence[tuple[str, str]], resolve: int) -> list[Bind]:

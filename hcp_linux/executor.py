@@ -18,7 +18,7 @@ from typing import IO, Any, Callable
 
 from . import child_main, landlock_log, native, spawner, teardown
 from .denials import MAX_RECORDED, SeccompListener, denial_layers, receive_listener
-from .errors import ChildSetupError, SetupTimeoutError
+from .errors import ChildSetupError, SandboxError, SetupTimeoutError, printable
 from .plan import Plan
 from .popen import Stdio
 from .process import RAW, SandboxProcess
@@ -332,16 +332,51 @@ def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
                                              captured_ports=list(plan.capture_ports),
                                              decisions=decisions,
                                              **plan.policy.egress().describe())
-    log_path = plan.policy.proxy_log
+    log_file = _open_proxy_log(plan.policy.proxy_log)
 
     def log(decision: dict[str, Any]) -> None:
         if len(decisions) < 10_000:
             decisions.append(decision)
-        if log_path:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(decision, sort_keys=True) + "\n")
+        if log_file is not None:
+            log_file.write(json.dumps(decision, sort_keys=True) + "\n")
+            log_file.flush()
 
     proxy = ProxyThread(plan.policy.egress(), listener, log=log, captured=captured,
                         resolver=resolver)
-    proxy.start()
-    return proxy
+    try:
+        proxy.start()
+    except BaseException:
+        if log_file is not None:
+            log_file.close()
+        raise
+    return _ProxyRun(proxy, log_file)
+
+
+class _ProxyRun:
+    """The egress proxy of one run and its log file, stopped and closed together."""
+
+    def __init__(self, proxy: Any, log_file: IO[str] | None) -> None:
+        self._proxy, self._log_file = proxy, log_file
+
+    def stop(self) -> None:
+        try:
+            self._proxy.stop()
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+
+def _open_proxy_log(path: str | None) -> IO[str] | None:
+    """The proxy log, opened once for the run: appended to through this fd only, so a
+    command that replaces the file (or a directory above it) by a link while it runs cannot
+    make the runtime write elsewhere; an existing link is refused (O_NOFOLLOW: ELOOP)."""
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        why = "a symlink (not followed)" if e.errno == errno.ELOOP else e.strerror
+        raise SandboxError(f"proxy_log: {printable(path)}: {why}") from None
+    return open(fd, "a", closefd=True)

@@ -181,7 +181,7 @@ class Policy:
         if not isinstance(self.read_only_jail, bool):
             raise PolicyError(f"read_only_jail: expected true or false, got "
                               f"{values.show(self.read_only_jail)}")
-        self._check_roots(set_)
+        given_roots = self._check_roots(set_)
         set_("network", _choice(self.network, "network", NETWORK_MODES))
         self._check_egress(set_)
         bins = _str_tuple(self.allow_bins, "allow_bins")
@@ -216,15 +216,19 @@ class Policy:
         set_("on_exit", _choice(self.on_exit, "on_exit", ON_EXIT))
         system = tuple(os.path.realpath(p) for p in self.system_roots)  # resolved once
         self._check_overlaps(system)
+        for name, paths in given_roots.items():  # after the plainer overlap error
+            for given in paths:
+                self._check_pinned(name, given)
         mounts = values.mount_table()  # read once for every root and carve-out
         self._check_grantable(system, mounts)
         self._check_carve_outs(set_, mounts)
         self._check_sockets(set_)
 
-    def _check_roots(self, set_) -> None:  # type: ignore[no-untyped-def]
+    def _check_roots(self, set_) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
         """Jail, write and read-only roots: absolute paths of existing directories, made
         canonical. System roots: absolute paths (a missing one is simply absent from the
-        view, as documented)."""
+        view, as documented). Returns each field's paths as written (normalised), for
+        :meth:`_check_pinned` once every writable root is known."""
         if self.jail is None:
             try:
                 jail = os.getcwd()
@@ -239,10 +243,31 @@ class Policy:
         if not os.access(real, os.X_OK, effective_ids=True):
             raise PolicyError(f"jail: {printable(real)}: not searchable by uid {os.geteuid()}")
         set_("jail", real)
+        given: dict[str, tuple[str, ...]] = {"jail": (values.text_path(jail, "jail"),)}
         for name in ("write_roots", "read_only_roots"):
-            set_(name, tuple(values.existing_dir(p, name)
-                             for p in _path_tuple(getattr(self, name), name)))
+            given[name] = _path_tuple(getattr(self, name), name)
+            set_(name, tuple(values.existing_dir(p, name) for p in given[name]))
         set_("system_roots", _path_tuple(self.system_roots, "system_roots"))
+        given["system_roots"] = self.system_roots
+        return given
+
+    def _check_pinned(self, name: str, given: str) -> None:
+        """Refuse ``given`` (a path of field ``name`` as written) when resolving it passes
+        through a symlink inside one of this policy's writable roots. A command may replace
+        such a link (or rename a directory on the path and leave a link in its place), and
+        the next run, resolving the path again, would grant, mask or bind whatever the link
+        names then: a host directory read-write, a decoy masked instead of the secret, another
+        daemon's socket. Refused, not followed: what a path of the policy means must not be
+        the sandboxed command's to choose (docs/policy.md, "Paths a command can change")."""
+        found = values.unpinned_link(given, self.writable_roots)
+        if found is not None:
+            link, root = found
+            what = "is a symlink" if link == given else \
+                f"passes through the symlink {printable(link)}"
+            raise PolicyError(f"{name}: {printable(given)} {what} inside writable root "
+                              f"{printable(root)}, which a command can "
+                              f"re-point between runs; name the file or directory itself, "
+                              f"by a path with no symlink inside a writable root")
 
     def _check_grantable(self, system: tuple[str, ...], mounts: list[tuple[str, str]]) -> None:
         """No root is, holds or lies on a kernel pseudo file system (/proc, /sys, /dev, a
@@ -269,6 +294,7 @@ class Policy:
         for name in ("read_only_paths", "hidden_paths"):
             out: list[str] = []
             for given in _path_tuple(getattr(self, name), name):
+                self._check_pinned(name, given)
                 real, shown, st = values.resolved(
                     given, name, "a carve-out must exist when the policy is made (create it "
                     "first: it is never created for you)")
@@ -298,10 +324,15 @@ class Policy:
         """``allow_unix_sockets`` and ``allow_dangerous_sockets`` (hcp_linux.unix_sockets):
         kept as written; the canonical socket of each, resolved once here, is what the plan
         binds (:attr:`unix_socket_binds`)."""
+        lists = {name: _path_tuple(getattr(self, name), name)
+                 for name in ("allow_unix_sockets", "allow_dangerous_sockets")}
+        for name, paths in lists.items():
+            for given in paths:
+                # a grant inside a writable root is the socket file at that path or nothing:
+                # a link there could be re-pointed at another daemon's socket between runs
+                self._check_pinned(name, given)
         granted, acknowledged, pairs = unix_sockets.validate(
-            _path_tuple(self.allow_unix_sockets, "allow_unix_sockets"),
-            _path_tuple(self.allow_dangerous_sockets, "allow_dangerous_sockets"),
-            self.hidden_paths)
+            lists["allow_unix_sockets"], lists["allow_dangerous_sockets"], self.hidden_paths)
         set_("allow_unix_sockets", granted)
         set_("allow_dangerous_sockets", acknowledged)
         if pairs and self.native_local:
@@ -332,6 +363,9 @@ class Policy:
         EgressPolicy.parse(allow, deny)
         if self.proxy_log is not None:
             set_("proxy_log", values.output_file(self.proxy_log, "proxy_log"))
+            # the runtime appends to it while the command runs: never through a link the
+            # command can re-point (at a host file the runtime's user owns)
+            self._check_pinned("proxy_log", self.proxy_log)
 
     def egress(self):  # type: ignore[no-untyped-def]
         """The parsed allow/deny lists (network = "allow" only)."""

@@ -26,7 +26,8 @@ from .errors import PolicyError, printable
 
 __all__ = ["show", "bounded_int", "size", "duration", "decimal", "file_name", "text_path",
            "is_within", "pseudo_fs_reason", "mount_table", "existing_dir", "check_grantable",
-           "granted_root", "output_file", "check_depth", "read_document", "parse_document",
+           "granted_root", "output_file", "symlinks_followed", "unpinned_link", "check_depth",
+           "read_document", "parse_document",
            "RLIM_MAX", "SIZE_MAX", "PATH_MAX", "MAX_DEPTH", "MAX_DOCUMENT"]
 
 #: The largest finite value an rlimit or a size may take: rlim_t is a u64 whose top value is
@@ -348,6 +349,60 @@ def existing_dir(value: Any, field: str) -> str:
     if not os.path.isdir(real):
         raise PolicyError(f"{field}: {printable(path)} is not an existing directory")
     return real
+
+
+#: How many symlinks one path may pass through before it is refused (the kernel's
+#: MAXSYMLINKS for a whole lookup): a loop is refused, not followed forever.
+MAX_SYMLINKS = 40
+
+
+def symlinks_followed(given: str) -> list[str]:
+    """The symlinks that resolving ``given`` (absolute, normalised) passes through, each as
+    the canonical path of the link itself (its directory resolved, its own name not), in the
+    order they are met; the walk of ``realpath``, kept. A component that does not exist ends
+    the walk (the rest is taken as written). Raises PolicyError on a loop."""
+    links: list[str] = []
+    here = "/"
+    pending = [c for c in given.split("/") if c]
+    while pending:
+        name = pending.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            here = os.path.dirname(here)
+            continue
+        path = os.path.join(here, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return links  # absent (or unreadable): nothing further is followed
+        if not stat.S_ISLNK(st.st_mode):
+            here = path
+            continue
+        links.append(path)
+        if len(links) > MAX_SYMLINKS:
+            raise PolicyError(f"{printable(given)}: too many levels of symbolic links")
+        target = os.readlink(path)
+        if target.startswith("/"):
+            here = "/"
+        pending[:0] = [c for c in target.split("/") if c]
+    return links
+
+
+def unpinned_link(given: str, writable: tuple[str, ...]) -> tuple[str, str] | None:
+    """The first symlink that resolving ``given`` passes through which lies strictly inside
+    one of the ``writable`` roots (canonical), with that root; None when there is none.
+
+    Why: a command can replace such a link between runs (or rename a directory on the path
+    and put a link in its place), and the next run that resolves ``given`` again would grant
+    whatever the link then names: a host directory read-write, a secret's decoy masked
+    instead of the secret, another daemon's socket. A path whose every link lies outside the
+    writable roots means the same thing in every run (DESIGN.md §3, §8)."""
+    for link in symlinks_followed(given):
+        for root in writable:
+            if link != root and is_within(link, root):
+                return link, root
+    return None
 
 
 def resolved(given: str, field: str, if_missing: str) -> tuple[str, str, os.stat_result]:

@@ -274,9 +274,11 @@ def test_without_a_mount_view_carve_outs_refuse_the_run(tmp_path: Path) -> None:
 
 def test_toml_keys_and_canonical_paths(tmp_path: Path) -> None:
     project = _secrets(tmp_path / "project")
-    os.symlink("secrets", project / "link")
+    # a link outside every writable root is followed once, here (one inside the jail is
+    # refused: test_pinned_paths.py)
+    os.symlink(project / "secrets", tmp_path / "link")
     toml = tmp_path / "p.toml"
-    toml.write_text(f'jail = "{project}"\nread_only_paths = ["{project}/link"]\n'
+    toml.write_text(f'jail = "{project}"\nread_only_paths = ["{tmp_path}/link"]\n'
                     f'hidden_paths = ["{project}/.env", "{project}/.env"]\n')
     policy = Policy.from_toml(toml)
     assert policy.read_only_paths == (str(project / "secrets"),)
