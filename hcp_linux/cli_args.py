@@ -173,6 +173,17 @@ def check_outputs(a: argparse.Namespace, policy: Policy | None = None) -> None:
         check_output_path(a.proxy_log, "--proxy-log", replace=False)
     if policy is not None and policy.proxy_log and policy.proxy_log != a.proxy_log:
         check_output_path(policy.proxy_log, "proxy_log", replace=False)
+    if policy is not None and a.receipt not in (None, "-"):
+        # the receipt is written by the runtime, outside the sandbox: never into a directory
+        # a link left in a writable root by an earlier command names (docs/policy.md)
+        from .values import unpinned_link
+        found = unpinned_link(os.path.normpath(os.path.abspath(a.receipt)),
+                              policy.writable_roots)
+        if found is not None:
+            raise PolicyError(f"--receipt {printable(a.receipt)}: passes through the symlink "
+                              f"{printable(found[0])} inside writable root "
+                              f"{printable(found[1])}, which a command can re-point; name "
+                              f"a path with no symlink inside a writable root")
 
 
 def command_of(a: argparse.Namespace) -> list[str]:

@@ -236,3 +236,16 @@ def test_a_proxy_log_through_a_link_in_the_jail_is_refused(jail: Path, outside: 
         Policy(jail=str(jail), network="allow", allow_hosts=("127.0.0.1:1",),
                proxy_log=str(jail / "logs" / "profile"))
     assert (outside / "profile").read_text() == "# host file\n"
+
+
+def test_a_receipt_through_a_link_in_the_jail_is_refused_before_the_run(
+        jail: Path, outside: Path) -> None:
+    (jail / "out").mkdir()
+    receipt = jail / "out" / "receipt.json"
+    assert_ok(run_cli(jail, "true", extra=["--receipt", receipt]))  # negative control
+    assert receipt.exists()
+    # a run leaves a link where the receipt's directory was
+    assert_ok(run_cli(jail, "sh", "-c", f"rm -r out && ln -s {outside} out"))
+    p = run_cli(jail, "sh", "-c", "echo ran > ran", extra=["--receipt", receipt])
+    _refused(p, "--receipt", "symlink")
+    assert os.listdir(outside) == [] and not (jail / "ran").exists()
