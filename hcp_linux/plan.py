@@ -28,6 +28,7 @@ from .policy import LAYERS, NATIVE_LOCAL, Policy, _is_within
 from .protocol import PROXY_ADDRESS
 from .remedies import REMEDIES, remedy
 from .rulesets import seccomp_filter
+from .values import unpinned_link
 
 _T = TypeVar("_T")
 
@@ -149,13 +150,18 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
                           f"can be made here ({remedy('mountns')}); drop the carve-outs "
                           f"to run without one")
     shared = None
+    candidates = install_prefixes(exe)
+    if unpinned_link(os.path.abspath(exe), policy.writable_roots) is not None:
+        # reached through a link a command can re-point (the jail's tool -> ~/.local/bin/x):
+        # no grant is derived from where it leads; the binary runs only if the view holds it
+        candidates = ()
     if native:
-        prefixes = [p for p in install_prefixes(exe) if not covered(p, policy)]
+        prefixes = [p for p in candidates if not covered(p, policy)]
         path = search_path(prefixes)
     else:
         # Everything that depends on the policy's roots and the host's paths, not on argv or
         # the environment: made once, reused while those paths are unchanged.
-        shared = shared_confinement(policy, install_prefixes(exe), layers, tuple(terminals))
+        shared = shared_confinement(policy, candidates, layers, tuple(terminals))
         path = shared.search_path
     if view:
         home = tmpdir = "/tmp"

@@ -249,3 +249,28 @@ def test_a_receipt_through_a_link_in_the_jail_is_refused_before_the_run(
     p = run_cli(jail, "sh", "-c", "echo ran > ran", extra=["--receipt", receipt])
     _refused(p, "--receipt", "symlink")
     assert os.listdir(outside) == [] and not (jail / "ran").exists()
+
+
+def test_a_bin_re_pointed_by_a_run_brings_no_install_prefix(jail: Path, tmp_path: Path) -> None:
+    # a host toolchain with a secret beside it: an install prefix (bin/ and lib/)
+    home = tmp_path / "home" / ".local"
+    (home / "lib").mkdir(parents=True)
+    (home / "bin").mkdir()
+    (home / "bin" / "tool").write_text('#!/bin/sh\ncat "$@"\n')
+    (home / "bin" / "tool").chmod(0o755)
+    (home / "secret").write_text("HOMESECRET\n")
+    (jail / "tool").write_text("#!/bin/sh\necho hi\n")
+    (jail / "tool").chmod(0o755)
+    flags = ["--allow-bin", jail / "tool"]
+    p = run_cli(jail, jail / "tool", extra=flags)
+    assert_ok(p)
+    assert out(p) == "hi\n"
+    # negative control: the toolchain allow-listed itself brings its prefix, secret and all
+    p = run_cli(jail, home / "bin" / "tool", home / "secret",
+                extra=["--allow-bin", home / "bin" / "tool"])
+    assert out(p) == "HOMESECRET\n", show(p)
+    # a run replaces the allow-listed file by a link into the toolchain
+    assert_ok(run_cli(jail, "sh", "-c", f"rm tool && ln -s {home / 'bin' / 'tool'} tool"))
+    p = run_cli(jail, jail / "tool", home / "secret", extra=flags)
+    assert "HOMESECRET" not in out(p), show(p)
+    assert p.returncode == 127, show(p)
