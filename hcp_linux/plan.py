@@ -10,6 +10,7 @@ alone is made once and shared (:mod:`hcp_linux.confinement`), the kernel ruleset
 """
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping, Sequence, TypeVar
@@ -299,11 +300,35 @@ def _private_tmp_in_jail(jail: str) -> str:
     """Without a mount view there is no private /tmp: use a self-ignored dir in the jail
     (the first writable root: :func:`_tmp_root`)."""
     tmp = os.path.join(jail, ".hcp-tmp")
-    os.makedirs(tmp, mode=0o700, exist_ok=True)
-    ignore = os.path.join(tmp, ".gitignore")
-    if not os.path.exists(ignore):
-        with open(ignore, "w") as f:
-            f.write("*\n")
+    # Made and entered by fd with no symlink followed: an earlier command could have left
+    # .hcp-tmp (or its .gitignore) as a link, and the runtime must not create files where
+    # it points (nor hand it to the command as HOME).
+    try:
+        jail_fd = os.open(jail, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            try:
+                os.mkdir(".hcp-tmp", 0o700, dir_fd=jail_fd)
+            except FileExistsError:
+                pass
+            tmp_fd = os.open(".hcp-tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, dir_fd=jail_fd)
+        finally:
+            os.close(jail_fd)
+        try:
+            fd = os.open(".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644, dir_fd=tmp_fd)
+        except FileExistsError:
+            pass
+        else:
+            with open(fd, "w") as f:
+                f.write("*\n")
+        finally:
+            os.close(tmp_fd)
+    except OSError as e:
+        why = "a symlink or not a directory (not followed)" \
+            if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+        raise SandboxError(f"{printable(tmp)}: {why}; remove it to let the run make its "
+                           f"private tmp there") from None
     return tmp
 
 

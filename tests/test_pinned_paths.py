@@ -274,3 +274,25 @@ def test_a_bin_re_pointed_by_a_run_brings_no_install_prefix(jail: Path, tmp_path
     p = run_cli(jail, jail / "tool", home / "secret", extra=flags)
     assert "HOMESECRET" not in out(p), show(p)
     assert p.returncode == 127, show(p)
+
+
+def test_no_view_private_tmp_through_a_planted_link_is_refused(jail: Path,
+                                                                outside: Path) -> None:
+    """Without a mount view HOME and TMPDIR live in the jail's .hcp-tmp, which the runtime
+    makes: a link a command left there must not have the runtime create files where it
+    points, nor hand that directory to the next command."""
+    import errno as errno_
+    from sandboxing import deny_run_cli
+    flags = ["--rung", "no-namespaces"]
+    # negative control: the private tmp is made in the jail, self-ignored
+    p = deny_run_cli(["unshare"], errno_.EPERM, jail, "sh", "-c", "echo $HOME", extra=flags)
+    assert_ok(p)
+    assert out(p).strip() == str(jail / ".hcp-tmp")
+    assert (jail / ".hcp-tmp" / ".gitignore").read_text() == "*\n"
+    # an earlier command replaces it by a link to a host directory
+    assert_ok(deny_run_cli(["unshare"], errno_.EPERM, jail, "sh", "-c",
+                           f"rm -r .hcp-tmp && ln -s {outside} .hcp-tmp", extra=flags))
+    p = deny_run_cli(["unshare"], errno_.EPERM, jail, "sh", "-c", "echo x > $HOME/f",
+                     extra=flags)
+    _refused(p, ".hcp-tmp", "symlink")
+    assert os.listdir(outside) == []
