@@ -497,16 +497,35 @@ def explain(denial: dict[str, Any]) -> str:
         return (f"blocked: {verb} to {shown}:{port} (pid {denial.get('pid')}, "
                 f"{denial.get('errno')}) — {denial.get('reason')}; {denial.get('hint')}")
     if layer == "network":
-        host, port = denial.get("host"), denial.get("port")
-        reason = str(denial.get("reason") or "refused")
-        if "denied by rule" in reason:
-            hint = "it is on the deny list (deny_hosts)"
-        elif reason.startswith("connecting to "):
-            hint = "allowed, but the host did not answer: not a sandbox refusal"
-        else:
-            hint = f"if it is needed, add --allow-host {host}:{port}"
-        return f"blocked: connect to {host}:{port} — {reason}; {hint}"
+        return _explain_egress(denial)
     return f"blocked: {denial}"
+
+
+def _explain_egress(denial: dict[str, Any]) -> str:
+    """An egress proxy or resolver refusal. A DNS answer has a name and no port; a connection
+    that sent no request (or an unreadable one) may have neither: what is unknown is not
+    printed, and the --allow-host hint is given only where a name or address is known."""
+    host, port = denial.get("host"), denial.get("port")
+    reason = str(denial.get("reason") or "refused")
+    if denial.get("protocol") == "dns":
+        if host is None:
+            return f"blocked: a DNS query — {reason}"
+        hint = ("" if "not a valid host name" in reason
+                else f"; if it is needed, add --allow-host {host}")
+        return f"blocked: DNS lookup of {host} — {reason}{hint}"
+    if host is None:
+        return f"blocked: a connection to the egress proxy that named no host — {reason}"
+    shown = f"[{host}]" if ":" in str(host) else str(host)
+    target = shown if port is None else f"{shown}:{port}"
+    if "denied by rule" in reason:
+        hint = "it is on the deny list (deny_hosts)"
+    elif reason.startswith("connecting to "):
+        hint = "allowed, but the host did not answer: not a sandbox refusal"
+    elif reason.startswith("captured connection to "):
+        hint = "connect to a name the sandbox's resolver answered, not to an address"
+    else:
+        hint = f"if it is needed, add --allow-host {target}"
+    return f"blocked: connect to {target} — {reason}; {hint}"
 
 
 def explain_lines(receipt: dict[str, Any], returncode: int) -> list[str]:

@@ -216,3 +216,35 @@ def test_denied_host_through_the_proxy_is_recorded(jail: Path) -> None:
     assert line.startswith(f"blocked: connect to 127.0.0.1:{port} — ")
     assert f"--allow-host 127.0.0.1:{port}" in line
     assert run.receipt["denial_layers"]["network"].startswith("recorded")
+
+
+#: A DNS lookup of a name the allow list does not hold (glibc, through the sandbox's
+#: resolver), a connection to the proxy that sends nothing, and a connection to an allowed
+#: name's synthetic address that sends nothing: three refusals with no request behind them.
+_NO_REQUEST = r"""
+import socket, struct
+try:
+    socket.getaddrinfo("not-allowed.test", 443, socket.AF_INET, socket.SOCK_STREAM)
+    print("resolved")
+except socket.gaierror as e:
+    print("gaierror", e.errno)
+socket.create_connection(("127.0.0.1", 3128), timeout=10).close()
+"""
+
+
+def test_explain_names_dns_refusals_and_empty_connections(jail: Path) -> None:
+    p = subprocess.run(hcp_argv(jail, "python3", "-c", _NO_REQUEST,
+                                extra=["--network", "allow", "--allow-host", "allowed.test",
+                                       "--explain"]),
+                       capture_output=True, timeout=TIMEOUT, cwd=jail)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.decode().startswith("gaierror"), p.stdout  # the name did not resolve
+    err = p.stderr.decode()
+    assert "None" not in err, err
+    dns = [line for line in err.splitlines() if "not-allowed.test" in line]
+    assert dns and all(line.startswith("blocked: DNS lookup of not-allowed.test — ")
+                       and line.endswith("add --allow-host not-allowed.test") for line in dns), dns
+    empty = [line for line in err.splitlines() if "without sending" in line]
+    assert len(empty) == 1 and empty[0].startswith(
+        "blocked: a connection to the egress proxy that named no host — "), err
+    assert "--allow-host" not in empty[0]

@@ -426,3 +426,103 @@ def test_a_symlinked_resolv_conf_is_replaced_in_the_view(tmp_path: Path) -> None
     assert lines[0] == "1", p.stdout  # our resolver, not the host's stub
     assert lines[1].startswith("198.18.") and lines[1].split()[1] == "example.com", p.stdout
     assert lines[2] == "host: nameserver 10.9.9.9", p.stdout  # control: the host's, as it was
+
+
+#: Like _FIRST_BYTES, but the message is sent in pieces (TCP_NODELAY, a pause between sends)
+#: so that no piece alone holds the whole Host header or server name. argv: port, kind, name.
+_SPLIT = r"""
+import socket, struct, sys, time
+port, kind, name = int(sys.argv[1]), sys.argv[2], sys.argv[3].encode()
+q = struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\x09localhost\x00\x00\x01\x00\x01"
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(10)
+u.sendto(q, ("127.0.0.53", 53))
+address = socket.inet_ntoa(u.recv(512)[-4:])
+here = b"localhost:%d" % port
+there = name + b":%d" % port
+if kind == "sni":
+    entry = b"\0" + len(name).to_bytes(2, "big") + name
+    ext = b"\0\0" + (len(entry) + 2).to_bytes(2, "big") + len(entry).to_bytes(2, "big") + entry
+    pad = b"\x00\x15" + (300).to_bytes(2, "big") + bytes(300)  # padding before the SNI
+    exts = pad + ext
+    body = (b"\x03\x03" + bytes(32) + b"\0" + b"\0\x02\x13\x01" + b"\x01\0"
+            + len(exts).to_bytes(2, "big") + exts)
+    data = b"\x16\x03\x01" + (len(body) + 4).to_bytes(2, "big") + b"\x01" \
+        + len(body).to_bytes(3, "big") + body
+    pieces = [data[:5], data[5:200], data[200:-len(name) // 2], data[-len(name) // 2:]]
+elif kind == "host":
+    data = b"GET / HTTP/1.1\r\nUser-Agent: split\r\nHo" + b"st: " + there + b"\r\n\r\n"
+    pieces = [data[:20], data[20:36], data[36:-6], data[-6:]]
+elif kind == "keepalive":  # the first request names localhost, the second the name
+    pieces = [b"GET /1 HTTP/1.1\r\nHost: " + here + b"\r\n\r\n",
+              b"GET /2 HTTP/1.1\r\nHo", b"st: " + there + b"\r\n\r\n"]
+elif kind == "two-hosts":
+    pieces = [b"GET / HTTP/1.1\r\nHost: " + here + b"\r\n", b"Host: " + there + b"\r\n\r\n"]
+else:  # "absolute": an absolute-form target naming the name, Host naming localhost
+    pieces = [b"GET http://" + there + b"/ HTTP/1.1\r\n", b"Host: " + here + b"\r\n\r\n"]
+c = socket.create_connection((address, port), timeout=10)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+try:
+    for piece in pieces:
+        c.sendall(piece)
+        time.sleep(0.2)
+    c.shutdown(socket.SHUT_WR)
+    print(repr(c.recv(100)))
+except OSError as e:
+    print("errno", e.errno)
+"""
+
+
+def _split_runs(jail: Path, tmp_path: Path, kind: str, names: tuple[str, ...]
+                ) -> tuple[list[bytes], list[dict]]:
+    """What the upstream received from each run of _SPLIT (one per name, in order), and the
+    proxy's decisions."""
+    srv = RecordingServer()
+    try:
+        log = tmp_path / "egress.jsonl"
+        sandbox = Sandbox(Policy(jail=str(jail), network="allow", proxy_log=str(log),
+                                 allow_hosts=(f"localhost:{srv.port}", f"127.0.0.1:{srv.port}",
+                                              f"other.test:{srv.port}")))
+        for name in names:
+            run = sandbox.run(["python3", "-c", _SPLIT, str(srv.port), kind, name],
+                              capture_output=True, timeout=TIMEOUT)
+            assert run.returncode == 0, run.stderr.decode()
+            deadline = 50
+            while len(srv.received) < names.index(name) + 1 and deadline:
+                threading.Event().wait(0.1)
+                deadline -= 1
+        assert len(srv.received) == len(names)
+        return srv.received, [json.loads(line) for line in log.read_text().splitlines()]
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("kind", ["sni", "host"])
+def test_a_split_first_message_naming_another_host_is_not_sent(jail: Path, tmp_path: Path,
+                                                               kind: str) -> None:
+    received, decisions = _split_runs(jail, tmp_path, kind, ("other.test", "localhost"))
+    assert received[0] == b""  # dialled (the destination decides first), sent nothing
+    assert b"localhost" in received[1] and len(received[1]) > 40  # control: the whole message
+    refused = [d for d in decisions if d["protocol"] == "captured" and not d["allowed"]]
+    assert len(refused) == 1 and "other.test" in refused[0]["reason"], decisions
+
+
+@pytest.mark.parametrize("kind", ["keepalive", "two-hosts", "absolute"])
+def test_a_request_naming_another_host_later_or_twice_is_not_sent(jail: Path, tmp_path: Path,
+                                                                  kind: str) -> None:
+    received, decisions = _split_runs(jail, tmp_path, kind, ("other.test", "localhost"))
+    if kind == "keepalive":  # the first request went on, the second did not
+        assert received[0] == b"GET /1 HTTP/1.1\r\nHost: localhost:%d\r\n\r\n" % int(
+            received[0].split(b":")[-1].split(b"\r")[0])
+        assert received[1].count(b"GET /") == 2  # control: both requests name localhost
+    elif kind == "two-hosts":  # refused even when both name localhost (servers differ on
+        # which one counts); the control with one Host header is the "host" test above
+        assert received == [b"", b""]
+        refused = [d for d in decisions if d["protocol"] == "captured" and not d["allowed"]]
+        assert len(refused) == 2 and all("Host" in d["reason"] for d in refused), decisions
+        return
+    else:
+        assert received[0] == b""
+        assert received[1].startswith(b"GET ") and received[1].endswith(b"\r\n\r\n")
+    refused = [d for d in decisions if d["protocol"] == "captured" and not d["allowed"]]
+    assert len(refused) == 1, decisions

@@ -307,7 +307,9 @@ def test_pipelined_request_never_reaches_a_second_upstream(make_proxy, origin, l
         status, headers, body = response(sock)
     assert status == 200 and headers["connection"] == "close"
     assert json.loads(body)["line"] == "GET /first HTTP/1.1"
-    assert other.accepts == 0 and proxy.proxy.upstream_connects == 1 and len(proxy.log) == 1
+    assert other.accepts == 0 and proxy.proxy.upstream_connects == 1
+    assert [r["allowed"] for r in proxy.log] == [True, False]
+    assert "second request" in proxy.log[1]["reason"]
 
 
 def test_socks5_ipv4_and_domain(make_proxy, echo_server) -> None:
@@ -823,3 +825,99 @@ def test_log_callback_failure_does_not_break_the_proxy(echo_server, capfd) -> No
             assert status == 200 and roundtrip(client, b"ok") == b"ok"
         assert thread.proxy.upstream_connects == 1
     assert "log sink down" in capfd.readouterr().err
+
+
+# -- the first message inside a tunnel, later requests on a connection -----------------------------
+
+class Recorder:
+    """A loopback upstream keeping every byte each connection sent (until EOF or 3 s)."""
+
+    def __init__(self, loops: LoopThread) -> None:
+        self.received: list[bytes] = []
+
+        async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            got = b""
+            try:
+                while chunk := await asyncio.wait_for(reader.read(65536), 3.0):
+                    got += chunk
+            except asyncio.TimeoutError:
+                pass
+            self.received.append(got)
+
+        self.upstream = Upstream(loops, record)
+        self.port = self.upstream.port
+
+    def wait(self, count: int) -> list[bytes]:
+        deadline = time.monotonic() + TIMEOUT
+        while len(self.received) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.received
+
+
+def hello(name: bytes | None) -> bytes:
+    """A TLS ClientHello record, with ``name`` as its server name (None: no SNI)."""
+    ext = b""
+    if name is not None:
+        entry = b"\0" + len(name).to_bytes(2, "big") + name
+        ext = b"\0\0" + (len(entry) + 2).to_bytes(2, "big") + len(entry).to_bytes(2, "big") + entry
+    body = (b"\x03\x03" + bytes(32) + b"\0" + b"\0\x02\x13\x01" + b"\x01\0"
+            + len(ext).to_bytes(2, "big") + ext)
+    return (b"\x16\x03\x01" + (len(body) + 4).to_bytes(2, "big") + b"\x01"
+            + len(body).to_bytes(3, "big") + body)
+
+
+def send_split(sock: socket.socket, data: bytes, pieces: int = 4) -> bytes:
+    """Send ``data`` in pieces with pauses (TCP_NODELAY), half-close, return what came back."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    step = max(1, len(data) // pieces)
+    try:
+        for i in range(0, len(data), step):
+            sock.sendall(data[i:i + step])
+            time.sleep(0.1)
+        sock.shutdown(socket.SHUT_WR)
+        return read_all(sock)
+    except OSError:
+        return b"<reset>"
+
+
+@pytest.mark.parametrize("message", ["sni", "host"])
+def test_tunnel_by_name_refuses_a_first_message_naming_another_host(make_proxy, loops,
+                                                                   message: str) -> None:
+    rec = Recorder(loops)
+    proxy = make_proxy([f"allowed.test:{rec.port}", f"127.0.0.1:{rec.port}"],
+                       names={"allowed.test": ["127.0.0.1"]})
+    target = f"allowed.test:{rec.port}"
+    sent = []
+    for name in (b"other.test", b"Allowed.TEST.", None):  # 2nd, 3rd: controls, let through
+        if message == "sni":
+            data = hello(name)
+        else:
+            host = b"%s:%d" % (name, rec.port) if name else b"allowed.test"
+            data = b"GET / HTTP/1.1\r\nUser-Agent: x\r\nHost: " + host + b"\r\n\r\n"
+        sent.append(data)
+        sock, status, _ = connect_tunnel(proxy, target)
+        with sock:
+            assert status == 200
+            send_split(sock, data)
+    received = rec.wait(3)
+    assert sorted(received, key=len) == sorted([b"", sent[1], sent[2]], key=len), received
+    refused = [r for r in proxy.log if not r["allowed"]]
+    assert len(refused) == 1 and "other.test" in refused[0]["reason"], proxy.log
+
+
+def test_a_proxied_connection_carries_one_request(make_proxy, loops) -> None:
+    rec = Recorder(loops)
+    proxy = make_proxy([f"127.0.0.1:{rec.port}", f"other.test:{rec.port}"],
+                       names={"other.test": ["127.0.0.1"]})
+    first = f"GET http://127.0.0.1:{rec.port}/1 HTTP/1.1\r\nHost: 127.0.0.1:{rec.port}\r\n" \
+            "Content-Length: 4\r\n\r\nbody"
+    second = f"GET http://other.test:{rec.port}/2 HTTP/1.1\r\nHost: other.test:{rec.port}\r\n\r\n"
+    with proxy.connect() as sock:
+        send_split(sock, (first + second).encode(), pieces=6)
+    [got] = rec.wait(1)
+    assert got.startswith(b"GET /1 HTTP/1.1\r\n") and got.endswith(b"\r\n\r\nbody"), got
+    assert b"/2" not in got and b"other.test" not in got
+    # control: the same request alone passes whole
+    with proxy.connect() as sock:
+        send_split(sock, first.encode(), pieces=6)
+    assert rec.wait(2)[1] == got

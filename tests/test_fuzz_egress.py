@@ -42,7 +42,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from hcp_linux.egress import dnswire, httpwire, routes, socks  # noqa: E402
 from hcp_linux.egress.capture import Resolver, SyntheticNames  # noqa: E402
-from hcp_linux.egress.sniff import named_host  # noqa: E402
+from hcp_linux.egress.sniff import MAX_MESSAGE, Refused, StreamGuard  # noqa: E402
 from hcp_linux.egress.addresses import canonical, classify, unlocked_by  # noqa: E402
 from hcp_linux.egress.hostnames import (HostError, format_host, normalize_name,  # noqa: E402
                                         parse_authority, parse_host, parse_ipv4, parse_ipv6,
@@ -798,8 +798,8 @@ def client_hello(name: bytes, *, session: bytes = b"", before: bytes = b"",
 
 
 @st.composite
-def first_chunks(draw: st.DrawFn) -> tuple[bytes, str | None]:
-    """(bytes, the host they name or None): ClientHellos and request heads, whole or cut."""
+def first_messages(draw: st.DrawFn) -> tuple[bytes, str | None]:
+    """(bytes, the host they name or None): ClientHellos and request heads, whole."""
     name = draw(mostly(good_names, st.text(max_size=40)))
     raw = name.encode("utf-8", "surrogatepass")
     if draw(st.booleans()):
@@ -808,26 +808,73 @@ def first_chunks(draw: st.DrawFn) -> tuple[bytes, str | None]:
         data = client_hello(raw, session=draw(st.binary(max_size=32)),
                             before=ext if draw(st.booleans()) else b"",
                             after=ext if draw(st.booleans()) else b"")
-        expect = ("sni", raw.decode("latin-1"))
     else:
         data = b"GET / HTTP/1.1\r\nUser-Agent: x\r\nHost: " + raw + b"\r\n\r\n"
-        expect = ("host", raw.strip().decode("latin-1"))  # bytes.strip: ASCII whitespace
-        if b"\r" in raw or b"\n" in raw:
-            expect = None
-    cut = draw(mostly(st.just(len(data)), st.integers(0, len(data))))
-    return data[:cut], (expect if cut == len(data) else None)
+    return data, name
+
+
+def _feed(guard: StreamGuard, data: bytes, cuts: list[int]) -> tuple[bytes, str | None]:
+    """Feed ``data`` cut at ``cuts``; (all bytes passed, the refusal or None)."""
+    passed = b""
+    bounds = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    for a, b in zip(bounds, bounds[1:]):
+        try:
+            passed += guard.feed(data[a:b])
+        except Refused as exc:
+            return passed + exc.passed, str(exc)
+    return passed, None
 
 
 @fuzz()
-@given(st.one_of(first_chunks(), st.binary(max_size=400).map(lambda b: (b, None))))
-def test_named_host(case: tuple[bytes, Any]) -> None:
-    data, expect = case
-    named = named_host(data)
-    event("named" if named else "nothing named")
-    assert named is None or (named[0] in ("sni", "host") and isinstance(named[1], str)
-                             and len(named[1]) <= 65535)
-    if expect is not None:
-        assert named == expect
+@given(st.one_of(first_messages().map(lambda m: m[0]), st.binary(max_size=400),
+                 st.builds(lambda a, b: a + b, first_messages().map(lambda m: m[0]),
+                           st.binary(max_size=200))),
+       st.lists(st.integers(0, 2000), max_size=8), st.sampled_from(["per_request",
+                                                                    "one_request"]))
+def test_stream_guard_on_any_bytes(data: bytes, cuts: list[int], mode: str) -> None:
+    """Untrusted bytes, cut anywhere: only Refused comes out, what passes is a prefix of the
+    input, and where the cuts fall changes nothing."""
+    body = ("length", 3) if mode == "one_request" else None
+    passed, refused = _feed(StreamGuard("a.test", 443, mode=mode, body=body), data, cuts)
+    whole, whole_refused = _feed(StreamGuard("a.test", 443, mode=mode, body=body), data, [])
+    assert data.startswith(passed)
+    assert (passed, refused is None) == (whole, whole_refused is None)
+    event("refused" if refused else "passed")
+
+
+@fuzz()
+@given(first_messages(), st.lists(st.integers(0, 2000), max_size=8))
+def test_stream_guard_decides_on_the_whole_message(message: tuple[bytes, str], cuts: list[int]
+                                                   ) -> None:
+    """A message naming a host passes whole for that host, however it is cut, and nothing of
+    it passes for another host."""
+    data, name = message
+    try:
+        host = normalize_name(name)
+    except HostError:
+        host = None
+    if host is not None and host != "other.test":
+        passed, refused = _feed(StreamGuard(host, 443), data, cuts)
+        if refused is None:  # (a Host header with odd bytes is refused as a bad head)
+            assert passed == data
+            event("passed for its own host")
+    passed, refused = _feed(StreamGuard("other.test", 443), data, cuts)
+    assert passed == b"" and refused is not None
+
+
+def test_stream_guard_bounds() -> None:
+    guard = StreamGuard("a.test", 80)
+    assert guard.feed(b"GET / HTTP/1.1\r\nX: " + b"a" * 1000) == b""
+    with pytest.raises(Refused, match="larger than"):
+        guard.feed(b"a" * MAX_MESSAGE)
+    assert StreamGuard("a.test", 22).feed(b"SSH-2.0-x y\r\n") == b"SSH-2.0-x y\r\n"
+    chunked = (b"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3;x=1\r\nabc\r\n0\r\nT: 1\r\n\r\n")
+    later = b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n"
+    guard = StreamGuard("a.test", 80)
+    with pytest.raises(Refused, match="b.test") as info:
+        guard.feed(chunked + later)
+    assert info.value.passed == chunked
 
 
 # -- the whole proxy, over loopback ---------------------------------------------------------------

@@ -10,14 +10,15 @@ Security properties, each with its reason:
 
 * Names are resolved once, by the policy, and the proxy dials only the addresses that were
   checked (as numeric addresses: no second lookup, no DNS rebinding between check and use).
-* A tunnel is opaque: after CONNECT (or SOCKS5 CONNECT) bytes are relayed to the checked
-  upstream and never interpreted, so a CONNECT nested inside a tunnel reaches only that
-  upstream. A CONNECT whose target is the proxy's own listening address is refused, so the
-  proxy never serves itself as an upstream.
+* A tunnel to an address is opaque: after CONNECT (or SOCKS5 CONNECT) bytes are relayed to
+  the checked upstream and never interpreted. A tunnel to a name carries only messages for
+  that name: its first message (ClientHello, HTTP/1 head) is held whole and refused if it
+  names another host, as on a captured connection (:mod:`.sniff`). A CONNECT whose target is
+  the proxy's own listening address is refused, so the proxy never serves itself.
 * Plain HTTP: the request target's authority is the only thing routed on; a Host header that
   disagrees with it is refused (400), the request is rewritten to origin-form with hop-by-hop
   headers dropped and ``Connection: close`` forced both ways, so one client connection carries
-  one request to one checked upstream.
+  one request to one checked upstream; a later request on it is refused, never sent.
 * Hostile clients: the whole request head must arrive within ``header_timeout`` and fit in
   ``max_header_bytes``; garbage gets 400; at most ``max_connections`` clients are served at once
   (extra ones are closed at accept); an idle tunnel is closed after ``idle_timeout``; relaying
@@ -28,9 +29,9 @@ Transparent egress (:mod:`.capture`): listeners made by the sandbox's ``egress-c
 on the ports name patterns open accept connections to the synthetic addresses the resolver
 handed out; there the destination is the request (mapped back to its name, decided as a
 proxied (name, port) would be), and anything else (an address not handed out, the sandbox's
-own loopback) is closed. The client's first chunk is not sent on if its TLS server name or
-HTTP Host names another host (:mod:`.sniff`). The resolver's UDP socket is served on the
-same loop.
+own loopback) is closed. The client's first message is held whole and not sent on if its
+TLS server name, HTTP Host or target names another host, nor any later HTTP/1 request that
+does (:mod:`.sniff`). The resolver's UDP socket is served on the same loop.
 
 Every decision is passed to ``log`` as a dict with the keys ``time client protocol host port
 allowed reason address`` (plus ``response``, the answer sent). The byte relay lives in
@@ -56,7 +57,7 @@ from .hosts import Decision, EgressPolicy
 from .httpwire import (HeadError, RequestHead, check_framing, host_header, origin_request,
                        parse_request_head, read_head, simple_response, split_absolute_url)
 from .relay import abort, abort_unless_closing, close_streams, discard, pump
-from .sniff import named_host
+from .sniff import FIRST_MESSAGE_TIMEOUT, Refused, StreamGuard
 
 LogFn = Callable[[dict[str, Any]], None]
 
@@ -105,6 +106,7 @@ class _Session:
     port: int | None = None
     leftover: bytes = b""       # client bytes read past the request head
     upstream_head: bytes = b""  # plain HTTP: the rewritten request for the origin
+    body: tuple[str, int] = ("length", 0)  # plain HTTP: the request body's framing
 
 
 class EgressProxy:
@@ -307,7 +309,8 @@ class EgressProxy:
             return
         self._log(s, True, decision.reason, address, response=self._ok_response(s))
         try:
-            await self._relay(s, reader, writer, up_reader, up_writer)
+            await self._relay(s, reader, writer, up_reader, up_writer, address,
+                              self._guard_for(s))
         finally:
             abort(up_writer)
 
@@ -339,31 +342,10 @@ class EgressProxy:
             return
         self._log(s, True, decision.reason, upstream, response="relayed")
         try:
-            await self._relay(s, reader, writer, up_reader, up_writer,
-                              inspect=lambda first: self._other_host(s, first, upstream))
+            await self._relay(s, reader, writer, up_reader, up_writer, upstream,
+                              StreamGuard(name, s.port))
         finally:
             abort(up_writer)
-
-    def _other_host(self, s: _Session, first: bytes, upstream: str) -> bool:
-        """Whether a captured connection's first bytes name another host than the one its
-        destination was given to (TLS SNI, HTTP Host); if so, that refusal is logged."""
-        named = named_host(first)
-        if named is None:
-            return False
-        kind, text = named
-        try:
-            if kind == "sni":
-                same = normalize_name(text) == s.host
-            else:
-                host, port = parse_authority(text, s.port)
-                same = format_host(host) == s.host and port == s.port
-        except HostError:
-            same = False
-        if not same:
-            what = "TLS server name" if kind == "sni" else "HTTP Host header"
-            self._log(s, False, f"captured connection to {s.host}:{s.port}: its {what} "
-                      f"{text[:255]!r} names another host", upstream, response="closed")
-        return not same
 
     # -- request heads ----------------------------------------------------------------------
 
@@ -418,6 +400,12 @@ class EgressProxy:
             raise HeadError(f"invalid request target host: {exc}") from None
         s.host, s.port = format_host(host), port
         check_framing(head)
+        codings = [t.strip().lower() for v in head.values("transfer-encoding")
+                   for t in v.split(",") if t.strip()]
+        if codings and codings[-1] != "chunked":
+            raise HeadError("a request body whose last transfer coding is not chunked")
+        lengths = head.values("content-length")
+        s.body = ("chunked", 0) if codings else ("length", int(lengths[0]) if lengths else 0)
         written = host_header(head)
         if written is not None and (written[0] != host or (written[1] or 80) != port):
             raise HeadError(f"Host header {head.values('host')[0]!r} does not match the "
@@ -532,11 +520,11 @@ class EgressProxy:
 
     async def _relay(self, s: _Session, c_reader: asyncio.StreamReader,
                      c_writer: asyncio.StreamWriter, u_reader: asyncio.StreamReader,
-                     u_writer: asyncio.StreamWriter,
-                     inspect: Callable[[bytes], bool] | None = None) -> None:
+                     u_writer: asyncio.StreamWriter, upstream: str,
+                     guard: StreamGuard | None) -> None:
         """Copy both ways until both sides finished, one failed, or nothing moved for
-        idle_timeout. Plain HTTP ends when the origin's response ends. ``inspect``: asked
-        about the client's first chunk before it is sent on; True ends the relay there."""
+        idle_timeout. Plain HTTP ends when the origin's response ends. ``guard``: what the
+        client sends passes it first (see :mod:`.sniff`); its refusal ends the relay."""
         loop = asyncio.get_running_loop()
         activity = [loop.time()]
         if s.protocol == "connect":
@@ -545,8 +533,8 @@ class EgressProxy:
             c_writer.write(socks.reply(socks.SUCCEEDED))
         forward_http = s.protocol == "http"
         up = asyncio.create_task(
-            pump(c_reader, u_writer, activity, s.upstream_head + s.leftover) if inspect is None
-            else self._inspected_pump(c_reader, u_writer, activity, inspect))
+            pump(c_reader, u_writer, activity, s.upstream_head + s.leftover) if guard is None
+            else self._guarded_pump(s, c_reader, u_writer, activity, guard, upstream))
         down = asyncio.create_task(pump(u_reader, c_writer, activity,
                                         response_heads=forward_http))
         pending: set[asyncio.Task[None]] = {up, down}
@@ -567,15 +555,77 @@ class EgressProxy:
             await asyncio.gather(up, down, return_exceptions=True)
             await close_streams(c_writer, u_writer)
 
+    def _guard_for(self, s: _Session) -> StreamGuard | None:
+        """The guard of a proxied session: plain HTTP carries its one request; a tunnel to a
+        name carries only messages for that name; a tunnel to an address is opaque (the
+        address was what the allow list decided, whatever names it serves)."""
+        if s.protocol == "http":
+            return StreamGuard(s.host or "", s.port or 0, mode="one_request", body=s.body)
+        host = (s.host or "").strip("[]")
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+            return None
+        except ValueError:
+            pass
+        try:
+            return StreamGuard(normalize_name(host), s.port or 0)
+        except HostError:
+            return None  # the policy refused such a name before any dial
 
-    async def _inspected_pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                              activity: list[float], inspect: Callable[[bytes], bool]) -> None:
-        """pump(), once ``inspect`` has passed the first chunk (the server may speak first
-        meanwhile: the other direction runs already)."""
-        first = await src.read(self.stream_limit)
-        if first and inspect(first):
-            raise ConnectionAbortedError("refused after inspecting the first bytes")
-        await pump(src, dst, activity, first)
+    async def _guarded_pump(self, s: _Session, src: asyncio.StreamReader,
+                            dst: asyncio.StreamWriter, activity: list[float],
+                            guard: StreamGuard, upstream: str) -> None:
+        """pump() through ``guard``: bytes go upstream only once it passed them. A first
+        message not whole within FIRST_MESSAGE_TIMEOUT of its first byte, a refusal, or a
+        message cut by the client's EOF ends the connection with nothing more sent; each is
+        logged as a refused decision. Meanwhile the server may speak first: the other
+        direction runs already."""
+        loop = asyncio.get_running_loop()
+        if s.upstream_head:
+            dst.write(s.upstream_head)
+            await dst.drain()
+        data, deadline = s.leftover, None
+        while True:
+            if data:
+                activity[0] = loop.time()
+                try:
+                    passed = guard.feed(data)
+                except Refused as exc:
+                    if exc.passed:
+                        dst.write(exc.passed)
+                        await dst.drain()
+                    if guard.mode != "one_request":
+                        self._refuse_relay(s, str(exc), upstream)
+                    # plain HTTP: the first request's answer still comes back, then the
+                    # relay ends with the origin's response; nothing more goes upstream
+                    self._log(s, False, str(exc), upstream, response="closed")
+                    return
+                if passed:
+                    dst.write(passed)
+                    await dst.drain()
+            if guard.deciding and guard.started:
+                deadline = deadline or loop.time() + FIRST_MESSAGE_TIMEOUT
+                try:
+                    data = await asyncio.wait_for(src.read(65536),
+                                                  max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    self._refuse_relay(s, f"connection to {guard.host}:{guard.port}: first "
+                                       f"message not complete within {FIRST_MESSAGE_TIMEOUT:g} s",
+                                       upstream)
+            else:
+                data = await src.read(65536)
+            if not data:
+                break
+        if guard.buf:
+            self._refuse_relay(s, f"connection to {guard.host}:{guard.port}: the client "
+                               "closed within a message (its start was not sent on)", upstream)
+        if dst.can_write_eof() and not dst.transport.is_closing():
+            dst.write_eof()
+
+    def _refuse_relay(self, s: _Session, reason: str, upstream: str) -> None:
+        """Log a refusal found while relaying and end the relay (both sides are closed)."""
+        self._log(s, False, reason, upstream, response="closed")
+        raise ConnectionAbortedError(reason)
 
 
 def _listen_address(sock: socket.socket) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
