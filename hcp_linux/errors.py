@@ -108,6 +108,12 @@ class ChildSetupError(SandboxError):
         self.step, self.errno, self.detail = step, errno_, detail
 
 
+class HelperLostError(ChildSetupError):
+    """A helper of this run (its monitor, init or spare) died, was stopped or lost a message
+    before the command ran. This run alone failed: nothing is learned about the host, and
+    the next run starts afresh (DESIGN.md §8)."""
+
+
 class SetupTimeoutError(ChildSetupError):
     """The sandbox's setup did not reach exec in time; it was killed (nothing ran)."""
 

@@ -18,7 +18,8 @@ from typing import IO, Any, Callable
 
 from . import child_main, landlock_log, native, spawner, teardown
 from .denials import MAX_RECORDED, SeccompListener, denial_layers, receive_listener
-from .errors import ChildSetupError, SandboxError, SetupTimeoutError, printable
+from .errors import (ChildSetupError, HelperLostError, SandboxError, SetupTimeoutError,
+                     printable)
 from .plan import Plan
 from .popen import Stdio
 from .process import RAW, SandboxProcess
@@ -202,9 +203,15 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     if notify_end >= 0:
         listener, maker = receive_listener(notify_end)
         if listener < 0:  # its blocked calls would wait for an answer that never comes
+            # before our kill: did the monitor die on its own (the OOM killer, an operator)?
+            died = proc._monitor.wait(0.05)  # its raw wait status, or None: still there
             proc.kill()
             proc.wait()
-            raise ChildSetupError("seccomp", errno.EPROTO, "no seccomp listener received")
+            why = "closed the hand-over channel" if died is None else _ended_text(died)
+            raise HelperLostError("seccomp", errno.EPROTO,
+                                  f"hand-over: the sandbox's monitor (pid {proc.pid}) {why} "
+                                  f"before handing over the seccomp listener; this run alone "
+                                  f"failed, the next starts afresh")
         proc._denials = SeccompListener(listener, plan.seccomp_names)
         proc._denials.start()
         if plan.landlock_log and maker > 0:  # the init (or monitor) that made the domain
@@ -222,6 +229,19 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             proc.wait()
             raise
     return proc
+
+
+def _ended_text(status: int) -> str:
+    """A raw wait status as words: "was killed by SIGKILL", "exited with status 1"."""
+    if os.WIFSIGNALED(status):
+        import signal
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"was killed by {name}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
 
 
 def _channel() -> tuple[int, int]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Mapping, Sequence
 
 from . import executor, native, popen
-from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
-                     LayerUnavailableError, PolicyError, SandboxError)
+from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError, HelperLostError,
+                     LayerUnavailableError, PolicyError, SandboxError, SetupTimeoutError)
 from .executor import DEVNULL, PIPE, STDOUT, SandboxProcess
 from .plan import Plan, clear_cache, compile_plan
 from .policy import LAYERS, Policy
@@ -36,8 +36,18 @@ STEP_LAYER = {
     "landlock-restrict": "landlock", "seccomp": "seccomp",
 }
 
+#: The errnos by which the kernel itself refuses a layer's step (no such feature, not
+#: permitted here, a namespace limit reached). Any other (EPROTO, EPIPE, ESRCH, EINTR,
+#: EAGAIN, ENOMEM, ETIMEDOUT...) is what a killed, stopped or starved helper leaves: the run
+#: fails alone and nothing is learned (DESIGN.md §8).
+REFUSAL_ERRNOS = frozenset({errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS,
+                            errno.EOPNOTSUPP, errno.ENOSPC, errno.EUSERS})
+
 # Layers found missing on this host, learned once per process: later runs skip straight to
-# the plan without them (when the policy allows it) instead of failing again.
+# the plan without them (when the policy allows it) instead of failing again. Learned only
+# when the kernel refused the same step twice, the same way, in two separate attempts of one
+# call: one failure may be a helper that died; two fresh attempts refused alike are the
+# host's answer, the probe's kind of evidence.
 _missing: dict[str, str] = {}
 _missing_lock = threading.Lock()
 
@@ -162,6 +172,7 @@ class Sandbox:
         policy = self.policy
         wanted = self._wanted_layers()
         degraded: dict[str, str] = {}
+        refused_once: dict[str, tuple[str, int]] = {}  # layer -> (step, errno) seen once
         with _missing_lock:
             known_missing = dict(_missing)
         for layer, reason in known_missing.items():
@@ -189,8 +200,12 @@ class Sandbox:
                     raise _exec_error(argv[0] if executable is None else executable,
                                       e) from None
                 lost = STEP_LAYER.get(e.step)
-                if lost is None:
-                    raise
+                if lost is None or isinstance(e, (HelperLostError, SetupTimeoutError)) \
+                        or e.errno not in REFUSAL_ERRNOS:
+                    raise  # this run's failure alone: a helper died, was stopped, starved
+                if refused_once.get(lost) != (e.step, e.errno):
+                    refused_once[lost] = (e.step, e.errno)
+                    continue  # once is not yet the host's answer: a fresh attempt decides
                 reason = f"{e.step}: {os.strerror(e.errno)}"
                 with _missing_lock:
                     _missing[lost] = reason
