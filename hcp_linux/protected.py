@@ -21,6 +21,7 @@ until the run ends). Only stdlib, imported on the served client's path (its swee
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -207,16 +208,24 @@ def _look(root: str, path: str) -> tuple[str, str | None, list[str] | None]:
 def sweep(entries: tuple[tuple[str, str | None, bool], ...]) -> dict[str, str]:
     """Once every process of the run is gone: remove what appeared at each missing path,
     restore each changed symlink. Walks from / without following a symlink (a directory
-    swapped for a link leads nowhere). Returns each path acted on and what was done (or
-    why it could not be)."""
+    swapped for a link leads nowhere), each directory opened once. Returns each path acted
+    on and what was done (or why it could not be)."""
     done: dict[str, str] = {}
-    for path, target, file_only in entries:
-        try:
-            result = _sweep_one(path, target, file_only)
-        except OSError as e:
-            result = f"failed: {e.strerror or e}"
-        if result:
-            done[path] = result
+    dirs: dict[str, int | None] = {}
+    try:
+        for path, target, file_only in entries:
+            parent, name = path.rsplit("/", 1)
+            try:
+                fd = _open_dir_path(parent or "/", dirs)
+                result = "" if fd is None else _sweep_one(fd, name, target, file_only)
+            except OSError as e:
+                result = f"failed: {e.strerror or e}"
+            if result:
+                done[path] = result
+    finally:
+        for fd in dirs.values():
+            if fd is not None:
+                os.close(fd)
     return done
 
 
@@ -232,51 +241,51 @@ def sweep_of_receipt(receipt: dict) -> tuple[tuple[str, str | None, bool], ...]:
     return tuple(out)
 
 
-def _sweep_one(path: str, target: str | None, file_only: bool) -> str:
-    parent = _open_parent(path)
-    if parent is None:
-        return ""  # its parent is gone or not a directory: nothing at this path
-    fd, name = parent
-    try:
+def _sweep_one(fd: int, name: str, target: str | None, file_only: bool) -> str:
+    """The sweep of ``name`` in the directory ``fd``: what was done, or "" for nothing."""
+    if not os.access(name, os.F_OK, dir_fd=fd, follow_symlinks=False):
+        st = None  # the usual case: nothing appeared (no exception raised for it)
+    else:
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             st = None
-        if target is None:
-            if st is None or (file_only and stat.S_ISDIR(st.st_mode)):
-                return ""
-            _remove(fd, name, st)
-            return "removed"
-        if st is not None and stat.S_ISLNK(st.st_mode) \
-                and os.readlink(name, dir_fd=fd) == target:
+    if target is None:
+        if st is None or (file_only and stat.S_ISDIR(st.st_mode)):
             return ""
-        if st is not None:
-            _remove(fd, name, st)
-        os.symlink(target, name, dir_fd=fd)
-        return "restored"
-    finally:
-        os.close(fd)
+        _remove(fd, name, st)
+        return "removed"
+    if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=fd) == target:
+        return ""
+    if st is not None:
+        _remove(fd, name, st)
+    os.symlink(target, name, dir_fd=fd)
+    return "restored"
 
 
-def _open_parent(path: str) -> tuple[int, str] | None:
-    """An fd of ``path``'s parent reached from / one component at a time, none of them a
-    symlink, and the last component's name; None when a component is missing or is not a
-    directory."""
-    parts = path.strip("/").split("/")
-    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    for part in parts[:-1]:
-        try:
-            nfd = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=fd)
-        except (FileNotFoundError, NotADirectoryError):
-            os.close(fd)
-            return None
-        except OSError:  # ELOOP: a symlink where a directory was
-            os.close(fd)
-            return None
-        os.close(fd)
-        fd = nfd
-    return fd, parts[-1]
+def _open_dir_path(path: str, dirs: dict[str, int | None]) -> int | None:
+    """An O_PATH fd of the directory ``path``, reached from / one component at a time, none
+    of them a symlink (O_NOFOLLOW), kept in ``dirs``; None when a component is missing or
+    is not a directory (nothing can be at a path below it)."""
+    if path in dirs:
+        return dirs[path]
+    if path == "/":
+        fd: int | None = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        parent, name = path.rsplit("/", 1)
+        up = _open_dir_path(parent or "/", dirs)
+        fd = None
+        if up is not None:
+            try:
+                fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=up)
+            except (FileNotFoundError, NotADirectoryError):
+                fd = None
+            except OSError as e:
+                if e.errno != errno.ELOOP:  # a symlink where a directory was: nothing there
+                    raise
+    dirs[path] = fd
+    return fd
 
 
 def _remove(dir_fd: int, name: str, st: os.stat_result) -> None:
