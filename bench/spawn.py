@@ -11,7 +11,9 @@ minimal /dev, fresh /proc, new session, die-with-parent, no capabilities, and ou
 seccomp program through --seccomp), and hcp-linux through the Python API (Sandbox.run, default
 policy) with each executor: native (hcp-exec, with its spares), native without spares, ctypes;
 for /bin/true also native with the default policy plus two carve-outs (a read-only `.git`, a
-hidden `.env`) and one granted unix socket (ratio `carve_outs_socket_over_default_native`).
+hidden `.env`) and one granted unix socket (ratio `carve_outs_socket_over_default_native`),
+and the default policy in a jail that is a git repository (its protected .git/hooks and
+.git/config bound read-only; ratio `git_jail_over_default_native`).
 Then: the /bin/true rows again with 5 ms of idleness before each call (as between an agent's
 commands: the spare for the next run is made in the gap, not while the run runs); the CPU a
 /bin/true run costs the whole machine (every CPU, kernel threads included; on a small machine
@@ -57,6 +59,9 @@ NAMESPACES_ALONE = "unshare -Urnmpi --fork --mount-proc (namespaces alone)"
 #: The default policy plus two carve-outs (a read-only .git, a hidden .env) and one granted
 #: unix socket, in the same run as the default (issue #19: at most +5% median).
 CARVED = "hcp-linux native, + 2 carve-outs + 1 socket"
+#: The default policy in a jail that is a git repository (`git init`: .git/hooks and
+#: .git/config exist): two protected names bound read-only, .git pinned (issue 28).
+GIT_JAIL = "hcp-linux native, jail with a git repo"
 PY = sys.executable  # this venv's interpreter (not the pyenv shim)
 COMMANDS = {"/bin/true": [TRUE], "git --version": ["git", "--version"],
             "python -c pass": [PY, "-c", "pass"]}
@@ -177,16 +182,21 @@ def main() -> int:
         policy = Policy(jail=jail)
         executors = {"native": Sandbox(policy, executor="native"),
                      "ctypes": Sandbox(policy, executor="ctypes")}
-        # the default policy plus two carve-outs and one granted socket (issue #19's row)
-        os.mkdir(os.path.join(jail, ".git"))
-        open(os.path.join(jail, ".env"), "w").close()
+        # the default policy plus two carve-outs and one granted socket (issue #19's row),
+        # in a jail of its own (its .git would be protected in the default row's)
+        carved_jail = tempfile.mkdtemp(prefix="hcp-bench-carved-", dir=jail)
+        os.mkdir(os.path.join(carved_jail, ".git"))
+        open(os.path.join(carved_jail, ".env"), "w").close()
+        git_jail = tempfile.mkdtemp(prefix="hcp-bench-git-", dir=jail)
+        subprocess.run(["git", "init", "-q", git_jail], check=True)
+        in_git = {name: Sandbox(Policy(jail=git_jail), executor=name) for name in executors}
         sockets_dir = tempfile.mkdtemp(prefix="hcp-bench-sock-")
         agent = socket.socket(socket.AF_UNIX)
         agent.bind(os.path.join(sockets_dir, "agent.sock"))
         agent.listen(1)
         carved = dataclasses.replace(
-            policy, read_only_paths=(os.path.join(jail, ".git"),),
-            hidden_paths=(os.path.join(jail, ".env"),),
+            policy, jail=carved_jail, read_only_paths=(os.path.join(carved_jail, ".git"),),
+            hidden_paths=(os.path.join(carved_jail, ".env"),),
             allow_unix_sockets=(os.path.join(sockets_dir, "agent.sock"),))
         extended = {name: Sandbox(carved, executor=name) for name in executors}
         if native.binary() is None:
@@ -219,6 +229,7 @@ def main() -> int:
                          max(20, n // 2)))
             if carve_outs and "native" in executors:
                 rows.append((CARVED, confined(extended["native"], argv), n))
+                rows.append((GIT_JAIL, confined(in_git["native"], argv), n))
             return rows
 
         for label, argv in commands.items():
@@ -314,6 +325,9 @@ def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
     carved, native_ = med("/bin/true", CARVED), med("/bin/true", "hcp-linux native")
     if carved and native_:
         out["carve_outs_socket_over_default_native"] = round(carved / native_, 3)
+    in_git = med("/bin/true", GIT_JAIL)
+    if in_git and native_:
+        out["git_jail_over_default_native"] = round(in_git / native_, 3)
     cli = med("CLI (fresh process)", "hcp-linux run -- /bin/true")
     served = med("CLI (fresh process)", "hcp-linux run -- /bin/true, served")
     py = med("CLI (fresh process)", "python -c pass (same venv)")

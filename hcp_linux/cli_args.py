@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from . import __version__, ladder, policy_flags
+from . import __version__, ladder, policy_flags, protected
 from .errors import EXIT_USAGE, PolicyError, SandboxError, printable
 from .policy import Policy
 from .policy_flags import FIELDS
@@ -137,6 +137,8 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
         # a file's own jail is checked, then --jail replaces it
         fallback = {"jail": a.jail} if a.jail is not None else None
         from_file = Policy.from_toml(a.policy, fallback=fallback)
+        # it would widen the next run: protected in this process's runs (hcp_linux.protected)
+        protected.protect_file(a.policy)
         base = {f.name: getattr(from_file, f.name) for f in dataclasses.fields(Policy)}
     return Policy(**policy_flags.merge(a, base))
 

@@ -21,6 +21,7 @@ from . import _libc as L
 from .allowlist import SANDBOX_PATH
 from .errors import PolicyError, printable
 from .policy import Policy, _is_within
+from .protected import Found
 from .protocol import CANARY
 from .rulesets import POLICY_ABI, GrantedRuleset, landlock_ruleset
 
@@ -126,14 +127,15 @@ cache_stats = {"reused": 0, "made": 0, "not_kept": 0}
 
 
 def shared_confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
-                       terminals: tuple[str, ...]) -> Confinement:
-    """The confinement for this policy, layers, terminals and install prefixes, reused while
-    current."""
+                       terminals: tuple[str, ...], found: Found = Found()) -> Confinement:
+    """The confinement for this policy, layers, terminals and install prefixes, and the
+    protected paths found for this run (hcp_linux.protected: what exists changes between
+    runs), reused while current."""
     # the jail is in one of the two root lists (readable_roots when read-only): the key
     # tells a read-only jail from a writable one
     key = (policy.system_roots, policy.readable_roots, policy.writable_roots, policy.network,
            layers, terminals, candidates, policy.read_only_paths, policy.hidden_paths,
-           policy.unix_socket_binds, policy.pty)
+           policy.unix_socket_binds, policy.pty, found.read_only, found.pins)
     with _confinements_lock:
         conf = _confinements.get(key)
     if conf is not None:
@@ -143,7 +145,7 @@ def shared_confinement(policy: Policy, candidates: tuple[str, ...], layers: froz
         with _confinements_lock:
             if _confinements.get(key) is conf:  # stale: forget it
                 del _confinements[key]
-    conf = _make_confinement(policy, candidates, layers, terminals)
+    conf = _make_confinement(policy, candidates, layers, terminals, found)
     with _confinements_lock:
         if conf.stamp is None:  # its paths changed while it was made: this plan's alone
             cache_stats["not_kept"] += 1
@@ -185,20 +187,20 @@ def _stamp(watched: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]) ->
 
 
 def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: frozenset[str],
-                      terminals: Sequence[str]) -> Confinement:
+                      terminals: Sequence[str], found: Found) -> Confinement:
     conf = Confinement()
     prefixes = [p for p in candidates if not covered(p, policy)]
     view = "mountns" in layers
     bins = [os.path.join(p, "bin") for p in prefixes]
     grant_paths = (*policy.readable_roots, *prefixes, *policy.writable_roots, *DEVICES,
                    *terminals, "/proc", *policy.read_only_paths, *policy.hidden_paths,
-                   *pinned_ancestors(policy), *(p for pair in policy.unix_socket_binds
-                                                for p in pair))
+                   *pinned_ancestors(policy), *found.read_only, *found.pins,
+                   *(p for pair in policy.unix_socket_binds for p in pair))
     conf.watched = (tuple(dict.fromkeys((*grant_paths, *bins))), tuple(policy.system_roots),
                     _MASK_DIRS if view else ())
     before = _stamp(conf.watched)  # before looking: a change while we look shows as a miss
     conf.search_path = search_path(prefixes)
-    _plan_view_and_rules(conf, policy, prefixes, layers, terminals)
+    _plan_view_and_rules(conf, policy, prefixes, layers, terminals, found)
     after = _stamp(conf.watched)
     listings = after[len(after) - len(conf.watched[2]):]
     racy = time.time_ns() - _RACY_NS
@@ -208,7 +210,8 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
 
 
 def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
-                         layers: frozenset[str], terminals: Sequence[str]) -> None:
+                         layers: frozenset[str], terminals: Sequence[str],
+                         found: Found) -> None:
     view = "mountns" in layers
     proc_fresh = "pidns" in layers
     ro_attrs = L.MOUNT_ATTR_RDONLY | L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
@@ -246,12 +249,16 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     if view:
         # carve-outs: a read-only bind of the path over itself, attached after its root
         # (binds go by depth); none where the path is read-only already
-        for path in carved_read_only(policy):
+        # and the protected names that exist (hcp_linux.protected), the same way
+        carved = list(dict.fromkeys(carved_read_only(policy) + list(found.read_only)))
+        for path in carved:
             grants.append((path, _RO_ACCESS, ro_attrs, False))
-        # and each writable directory between a carve-out and its root bound over itself:
-        # a mount point cannot be renamed (EBUSY), so no parent moves a carve-out away
-        for path in pinned_ancestors(policy):
-            grants.append((path, full, rw_attrs, True))
+        # and each writable directory between a carve-out (or a protected name) and its root
+        # bound over itself: a mount point cannot be renamed (EBUSY), so no parent moves a
+        # carve-out away
+        for path in dict.fromkeys(pinned_ancestors(policy) + list(found.pins)):
+            if path not in carved:
+                grants.append((path, full, rw_attrs, True))
     targets: dict[str, str] = {}  # a bind whose target is not its source
     if view and policy.network == "allow":
         # the view's /etc/resolv.conf names the sandbox's resolver (transparent egress)

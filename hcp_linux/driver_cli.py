@@ -48,6 +48,9 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
     check_outputs(a, policy)
     principal = a.principal if a.principal is not None else "default"
     pack = LinuxDriver.load_pack(a.pack)
+    # it would widen the next run: protected in this process's runs (hcp_linux.protected)
+    from .protected import protect_file
+    protect_file(a.pack)
     state_dir = default_state_dir() if pack.workspace.mode == WORKSPACE else None
     driver = LinuxDriver(policy, state_dir=state_dir, tmp_dir=tmp_dir)
 

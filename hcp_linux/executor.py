@@ -200,6 +200,8 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                           args=[a.decode() for a in plan.argv] if args is None else args,
                           stdio=stdio)
     proc.receipt["executor"] = ran
+    if plan.protect is not None:
+        proc._sweep = plan.protect.sweep
     if notify_end >= 0:
         listener, maker = receive_listener(notify_end)
         if listener < 0:  # its blocked calls would wait for an answer that never comes

@@ -19,7 +19,7 @@ import hcp_linux.landlock as landlock
 import hcp_linux.seccomp_profiles as seccomp_profiles
 
 from . import _libc as L
-from . import landlock_log
+from . import landlock_log, protected
 from .allowlist import install_prefixes, resolve_bin
 from .confinement import Bind, Confinement, clear_cache, covered, search_path, shared_confinement
 from .environment import build_env
@@ -81,6 +81,8 @@ class Plan:
     env_removed: tuple[str, ...] = ()
     env_replaced: tuple[str, ...] = ()
     facts: dict = field(default_factory=dict)
+    # the protected names found for this run (hcp_linux.protected): bound, or swept after it
+    protect: "protected.Found | None" = None
     _shared: "Confinement | None" = None  # the cached confinement (Plan.derived's memo)
 
     @property
@@ -162,7 +164,9 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     else:
         # Everything that depends on the policy's roots and the host's paths, not on argv or
         # the environment: made once, reused while those paths are unchanged.
-        shared = shared_confinement(policy, candidates, layers, tuple(terminals))
+        # The protected names as they are right now (what exists changes between runs)
+        found = protected.find(policy, view)
+        shared = shared_confinement(policy, candidates, layers, tuple(terminals), found)
         path = shared.search_path
     if view:
         home = tmpdir = "/tmp"
@@ -203,6 +207,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     if shared is None:
         return plan
     plan._shared = shared
+    plan.protect = found
     plan.binds, plan.symlinks, plan.masks = shared.binds, shared.symlinks, shared.masks
     plan.late_rules, plan.canary = shared.late_rules, shared.canary
     plan.landlock = shared.ruleset.copy() if shared.ruleset is not None else None  # no fd

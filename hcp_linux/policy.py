@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from . import ladder, unix_sockets, values
+from . import ladder, protected, unix_sockets, values
 from .environment import check_explicit
 from .errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
@@ -164,6 +164,7 @@ class Policy:
     allow_dangerous_sockets: tuple[str, ...] = ()
     pty: bool = False
     rung: str = ladder.DEFAULT
+    allow_write_protected: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Check every field, in one pass, before anything is opened, spawned or written;
@@ -223,6 +224,9 @@ class Policy:
         self._check_grantable(system, mounts)
         self._check_carve_outs(set_, mounts)
         self._check_sockets(set_)
+        # names of hcp_linux.protected (in every writable root) or absolute paths
+        set_("allow_write_protected", protected.check_allowed(
+            _str_tuple(self.allow_write_protected, "allow_write_protected"), PolicyError))
 
     def _check_roots(self, set_) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
         """Jail, write and read-only roots: absolute paths of existing directories, made

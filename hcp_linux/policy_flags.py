@@ -201,6 +201,13 @@ FIELDS: tuple[Field, ...] = (
           "empty mode-000 mask in the view (see Carve-outs)", metavar="PATH",
           help="an existing file or directory inside a granted root, hidden (masked by an "
                "empty, unreadable node) (repeatable)"),
+    Field("allow_write_protected", "--allow-write-protected", APPEND,
+          _add("allow_write_protected"), _repeated("--allow-write-protected"),
+          "list of names or absolute paths", "`[]`",
+          "protected names (`.git/hooks`, `.envrc`... in every writable root) or paths the "
+          "command may write after all (see Protected names)", metavar="NAME|PATH",
+          help="let the command write a protected name (.git/hooks, .envrc...; in every "
+               "writable root) or path (repeatable)"),
     Field("allow_unix_sockets", "--allow-unix-socket", APPEND, _add("allow_unix_socket"),
           _repeated("--allow-unix-socket"), _ROOTS, "`[]`",
           "existing unix sockets made connectable in the view, each alone (its inode bound "

@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import IO, Any
 
-from . import teardown
+from . import protected, teardown
 from .denials import complete
 from .popen import Stdio
 
@@ -55,6 +55,8 @@ class SandboxProcess:
         # process of the run is gone, before the namespaces are torn down
         self._done = done
         self._ended_by: str | None = None  # "kill", "timeout": who ended the run early
+        # the protected names to sweep once the run is over (hcp_linux.protected.sweep)
+        self._sweep: tuple = ()
 
     @property
     def universal_newlines(self) -> bool:
@@ -108,6 +110,11 @@ class SandboxProcess:
         if "denial_layers" in self.receipt and "denials" not in self.receipt:  # once
             complete(self.receipt, self._denials, self._landlock)
             self._denials = self._landlock = None
+        sweep, self._sweep = self._sweep, ()
+        if sweep:  # every process of the run is gone: what it left at a protected name goes
+            done = protected.sweep(sweep)
+            if done:
+                self.receipt["protected_sweep"] = done
         end: dict[str, Any] = {"by": self._ended_by or "exit"}
         if self._monitor.notes:
             end["notes"] = list(self._monitor.notes)

@@ -106,6 +106,7 @@ def build_receipt(plan, wanted: frozenset[str], degraded: Mapping[str, str]) -> 
         if confined else {"kept": [0, 1, 2]},
         "verified": _verified(plan),
         **_carve_outs(plan),
+        **_protected(plan),
         **_unix_sockets(plan),
         "pty": plan.pty,
         **({"pty_by": "a private devpts instance on /dev/pts (newinstance, ptmxmode=0666, "
@@ -161,6 +162,20 @@ def _carve_outs(plan) -> dict[str, Any]:
               else f"inside hidden path {hidden_by(p)}" for p in policy.hidden_paths}
     return {"carve_outs": {"read_only_paths": ro, "hidden_paths": hidden,
                            "pinned": pinned_ancestors(policy)}}
+
+
+def _protected(plan) -> dict[str, Any]:
+    """The protected names of this run (hcp_linux.protected): each path and how it is kept
+    (a read-only bind, removed or restored after the run, or why not); the symlinks'
+    targets, which the after-run sweep restores (a served run's client reads them here)."""
+    found = plan.protect
+    if found is None or not found.how:
+        return {}
+    out: dict[str, Any] = {"protected": dict(found.how)}
+    links = {path: target for path, target, _ in found.sweep if target is not None}
+    if links:
+        out["protected_links"] = links
+    return out
 
 
 def _unix_sockets(plan) -> dict[str, Any]:

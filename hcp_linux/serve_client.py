@@ -265,7 +265,11 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
         status = unpack("<i", data)[0]
     timed_out = by == "timeout"
     import json
-    rec = json.loads(receipt) if receipt_to else {}
+    rec = json.loads(receipt)
+    from .protected import sweep, sweep_of_receipt
+    done = sweep(sweep_of_receipt(rec))  # every process of the run is gone (the init said)
+    if done:
+        rec["protected_sweep"] = done
     rec["end"] = {"by": by, **({"notes": monitor.notes} if monitor.notes else {})}
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal

@@ -95,6 +95,8 @@ SAMPLES: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
                                           {"allow_unix_sockets": (_sock(t, "x.sock"),),
                                            "allow_dangerous_sockets": (_sock(t, "-podman.sock"),)}],
     "pty": lambda t: [{"pty": True}],
+    "allow_write_protected": lambda t: [{"allow_write_protected": (".git/hooks", ".envrc")},
+                                        {"allow_write_protected": ("/a b/.bashrc",)}],
 }
 
 

