@@ -29,7 +29,7 @@ from .environment import check_explicit
 from .errors import (BinNotFoundError, NotAllowlistedError, PolicyError, WritebackError,
                      printable)
 from .fileref import FileRef, OffLimits, scan
-from .locations import default_tmp_dir, state_dir_path
+from .locations import PLACEHOLDER_JAIL, default_tmp_dir, state_dir_path
 from .pack import WORKSPACE, Pack, load_pack
 from .policy import Policy, check_env_text
 from .results import DriverResult, WritebackReport
@@ -87,8 +87,8 @@ class LinuxDriver:
                  state_dir: str | os.PathLike[str] | None = None,
                  tmp_dir: str | os.PathLike[str] | None = None,
                  lock_timeout: float | None = None) -> None:
-        # The base policy's jail is replaced per exec; the temp dir only makes it valid.
-        self.policy = policy if policy is not None else Policy(jail=default_tmp_dir())
+        # The base policy's jail is replaced per exec: a stand-in only makes it valid.
+        self.policy = policy if policy is not None else Policy(jail=PLACEHOLDER_JAIL)
         self.state_dir = os.fspath(state_dir) if state_dir is not None else None
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
         if lock_timeout is not None and not lock_timeout >= 0:

@@ -27,6 +27,7 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
     from .cli_args import check_cwd, check_outputs, policy_from_args
     from .driver import DriverResult, Execution, LinuxDriver, WritebackReport
     from .pack import WORKSPACE
+    from .locations import PLACEHOLDER_JAIL
     from .workspace import default_state_dir, default_tmp_dir
 
     if a.pack is None:
@@ -43,7 +44,7 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
     # mode: the sweep, the jails of none and ephemeral), the state dir (workspace mode).
     tmp_dir = default_tmp_dir()
     b = copy.copy(a)
-    b.jail = tmp_dir  # replaced per exec by the driver
+    b.jail = PLACEHOLDER_JAIL  # replaced per exec by the driver (never TMPDIR itself)
     policy = policy_from_args(b)
     check_outputs(a, policy)
     principal = a.principal if a.principal is not None else "default"

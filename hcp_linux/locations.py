@@ -91,6 +91,14 @@ def check_state_dir(path: str, label: str, *, base: str | None = None) -> str:
     return path
 
 
+#: The stand-in jail of a driver's base policy, which every exec replaces with the jail it
+#: makes: this package's own directory, which exists, is searchable by whoever imports the
+#: package, and holds no mount. Never granted to a run. Not TMPDIR: other software mounts
+#: things there (docker, podman, chroots), and a base policy that named TMPDIR as its jail
+#: was refused for mounts inside a directory no run is ever granted.
+PLACEHOLDER_JAIL = os.path.dirname(os.path.abspath(__file__))
+
+
 def default_tmp_dir() -> str:
     """The directory ephemeral jails are made in: ``TMPDIR``, ``TEMP`` or ``TMP`` (the first
     one set, as Python's ``tempfile`` reads them) validated by :func:`check_tmp_dir`, else

@@ -132,3 +132,53 @@ def test_helpers_killed_at_random_leave_the_process_working(jail: Path) -> None:
     after = [line for line in text.splitlines() if line.startswith("after ")]
     assert after == ["after 10 ok"], text
     assert "unavailable" not in text and "LayerUnavailable" not in text, text
+
+
+@pytest.fixture
+def tmpdir_with_foreign_mounts(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A TMPDIR holding what docker, podman and chroots leave there: a proc mount and an
+    nsfs bind (a namespace file) in subdirectories. Root only (mount)."""
+    tmpdir = tmp_path / "tmp"
+    proc = tmpdir / "chroot" / "proc"
+    proc.mkdir(parents=True)
+    ns = tmpdir / "netns-x"
+    ns.touch()
+    mounts: list[Path] = []
+    try:
+        subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True, timeout=TIMEOUT)
+        mounts.append(proc)
+        subprocess.run(["mount", "--bind", "/proc/self/ns/net", str(ns)], check=True,
+                       timeout=TIMEOUT)
+        mounts.append(ns)
+        yield tmpdir
+    finally:
+        for m in reversed(mounts):
+            subprocess.run(["umount", "-l", str(m)], timeout=TIMEOUT)
+
+
+@pytest.mark.root_only
+def test_foreign_mounts_under_tmpdir_leave_packs_and_the_driver_working(
+        tmpdir_with_foreign_mounts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    from hcp_linux.driver import LinuxDriver
+    tmpdir = tmpdir_with_foreign_mounts
+    root = tmp_path / "pack"
+    root.mkdir()
+    (root / "pack.toml").write_text('name = "p"\n[wrap]\nbin = ["sh"]\n'
+                                    '[wrap.workspace]\nmode = "ephemeral"\n')
+    env = dict(os.environ, TMPDIR=str(tmpdir))
+    p = subprocess.run([sys.executable, "-m", "hcp_linux", "run", "--pack", str(root / "pack.toml"),
+                        "--", "sh", "-c", "pwd; echo ok"], capture_output=True, timeout=TIMEOUT,
+                       env=env, cwd="/", stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr.decode()
+    jail, ok = p.stdout.decode().split()
+    assert ok == "ok" and jail.startswith(str(tmpdir) + "/")  # the jail it made, in TMPDIR
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    result = LinuxDriver().run(str(root / "pack.toml"), ["sh", "-c", "echo ok"],
+                               capture_output=True)
+    assert (result.returncode, result.stdout) == (0, b"ok\n"), result
+    # the rule itself still holds: a granted directory holding a proc mount is refused
+    p = subprocess.run([sys.executable, "-m", "hcp_linux", "run", "--jail", str(tmpdir / "chroot"),
+                        "--", "true"], capture_output=True, timeout=TIMEOUT, env=env, cwd="/",
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 125 and b"proc is mounted inside it" in p.stderr, p.stderr
