@@ -108,7 +108,13 @@ def default_tmp_dir() -> str:
         value = os.environ.get(name)
         if value:
             return check_tmp_dir(value, f"{name}={value}")
-    return check_tmp_dir(tempfile.gettempdir(), "the temp dir")
+    try:
+        found = tempfile.gettempdir()
+    except OSError as e:  # none of /tmp, /var/tmp, /usr/tmp, the cwd takes a file
+        raise PolicyError(f"no usable temporary directory ({e.strerror or e}: a read-only "
+                          f"or full file system?); set TMPDIR to a writable directory") \
+            from None
+    return check_tmp_dir(found, "the temp dir")
 
 
 def check_tmp_dir(path: str, label: str) -> str:

@@ -8,12 +8,13 @@ with its cause and remedy. The verdict is cached for the life of the process.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from . import hostenv, ladder
 from .policy import LAYERS
@@ -135,6 +136,25 @@ def executor_verdict(ran: str | None = None) -> dict[str, str]:
     return {"name": name, "detail": detail}
 
 
+@contextlib.contextmanager
+def _probe_jail(facts: dict[str, Any]) -> Iterator[tuple[str, bool]]:
+    """A throwaway jail for the probe's run, and whether it is read-only. Where no temporary
+    directory takes a file (a container with a read-only root and no tmpfs), the probe runs
+    in a read-only jail (this package's directory) instead of failing: the layers it checks
+    do not depend on the jail being writable. ``facts["probe_jail"]`` says which."""
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="hcp-linux-probe-")
+    except OSError as e:
+        from .locations import PLACEHOLDER_JAIL
+        facts["probe_jail"] = (f"read-only ({PLACEHOLDER_JAIL}): no writable temporary "
+                               f"directory ({e.strerror or e}); set TMPDIR to run in one")
+        yield PLACEHOLDER_JAIL, True
+        return
+    with tmp as jail:
+        facts["probe_jail"] = "a fresh temporary directory"
+        yield jail, False
+
+
 @functools.lru_cache(maxsize=1)
 def probe() -> ProbeReport:
     """Probe once per process; later calls return the same report."""
@@ -144,11 +164,12 @@ def probe() -> ProbeReport:
 
     facts = host_facts()
     where = hostenv.detect()
-    with tempfile.TemporaryDirectory(prefix="hcp-linux-probe-") as jail:
-        policy = Policy(jail=jail, allow_degraded=frozenset(LAYERS))
+    with _probe_jail(facts) as (jail, read_only):
         try:
+            policy = Policy(jail=jail, read_only_jail=read_only,
+                            allow_degraded=frozenset(LAYERS))
             run = Sandbox(policy).run(["true"], capture_output=True)
-        except SandboxError as e:
+        except (SandboxError, OSError) as e:  # OSError: a full or read-only file system
             failed = {n: LayerVerdict(n, False, f"probe run failed: {e}",
                                       remedy(n, where, _exec_dir())) for n in LAYERS}
             return ProbeReport(failed, facts, error=str(e), executor=executor_verdict(),

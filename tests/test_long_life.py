@@ -182,3 +182,37 @@ def test_foreign_mounts_under_tmpdir_leave_packs_and_the_driver_working(
                         "--", "true"], capture_output=True, timeout=TIMEOUT, env=env, cwd="/",
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 125 and b"proc is mounted inside it" in p.stderr, p.stderr
+
+
+def _read_only_tmp(*argv: str) -> subprocess.CompletedProcess:
+    """``hcp-linux ARGV`` where no temporary directory takes a file: a mount namespace with
+    read-only tmpfs over /tmp and /var/tmp, TMPDIR unset, the cwd /proc (a container with a
+    read-only root and no tmpfs)."""
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
+    script = ('mount -t tmpfs -o ro tmpfs /tmp && mount -t tmpfs -o ro tmpfs /var/tmp && '
+              'cd /proc && exec "$@"')
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
+    return subprocess.run([*unshare, "sh", "-c", script, "sh", sys.executable, "-m",
+                           "hcp_linux", *argv], capture_output=True, timeout=TIMEOUT, env=env,
+                          stdin=subprocess.DEVNULL, cwd="/")
+
+
+def test_no_writable_tmp_probe_reports_gc_and_pack_say_one_line(tmp_path: Path) -> None:
+    control = subprocess.run(["unshare", "-m" if os.geteuid() == 0 else "-Urm", "true"],
+                             capture_output=True, timeout=TIMEOUT)
+    if control.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {control.stderr.decode()[-200:]}")
+    p = _read_only_tmp("probe", "--json")
+    assert b"Traceback" not in p.stderr, p.stderr.decode()
+    import json
+    report = json.loads(p.stdout)
+    assert "no writable temporary directory" in report["facts"]["probe_jail"]
+    assert report["layers"]["seccomp"]["available"], report  # the probe still probed
+    for argv in (["gc"], ["run", "--pack", str(tmp_path / "pack.toml"), "--", "true"]):
+        (tmp_path / "pack.toml").write_text('name = "p"\n[wrap]\nbin = ["true"]\n'
+                                            '[wrap.workspace]\nmode = "ephemeral"\n')
+        p = _read_only_tmp(*argv)
+        assert p.returncode == 125, (argv, p.stderr.decode())
+        lines = p.stderr.decode().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), lines
+        assert "TMPDIR" in lines[0], lines
