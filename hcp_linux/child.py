@@ -222,7 +222,11 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     # With a pid namespace we are its pid 1, which the kernel shields from signals it has no
     # handler for, even self-sent ones. So the command runs as pid 2 and we stay as init,
     # as confined as the command (forked after every step above) and non-dumpable so that
-    # nothing in the sandbox can read or write our memory.
+    # nothing in the sandbox can read or write our memory: /proc/1/mem, fds and environ are
+    # then root-owned and need CAP_SYS_PTRACE, which nothing in the sandbox holds (a fence on
+    # every rung, Landlock or not). Set before the fork: a command that opened /proc/1/mem
+    # while we were still dumpable would keep its fd. Its execve makes it dumpable again.
+    _step("fork-command", L.prctl, L.PR_SET_DUMPABLE, 0, detail="PR_SET_DUMPABLE")
     pid = _step("fork-command", os.fork)
     if pid == 0:
         _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, _signal.SIGKILL)
@@ -261,7 +265,6 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
     process's orphans are ours before it is a zombie) when the status is written: to the
     runtime first, on its "done" pipe, so it need not wait for the namespaces to be torn
     down, then to the monitor."""
-    L.prctl(L.PR_SET_DUMPABLE, 0)
     for sig in _FORWARDED:
         _signal.signal(sig, lambda s, _f: _kill_quietly(command, s))
     command_status = None

@@ -1109,8 +1109,6 @@ static int write4(int fd, const unsigned char *out) {
 static void __attribute__((noreturn)) init(pid_t command, int status_w) {
     int command_status = 0, have = 0, rc = 0;
     unsigned char out[4];
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
-        _exit(125);
     forward_to = command;
     for (size_t i = 0; i < sizeof FORWARDED / sizeof FORWARDED[0]; i++)
         on(FORWARDED[i], forward);
@@ -1276,6 +1274,11 @@ static void __attribute__((noreturn)) payload(int status_w) {
         verify();
         do_exec();
     }
+    /* The init is non-dumpable before the command exists: its /proc/1/mem, fds and environ
+     * are then root-owned and need CAP_SYS_PTRACE, which nothing in the sandbox holds (a
+     * fence on every rung, Landlock or not). Set after the fork, a command that opened
+     * /proc/1/mem first would keep its fd. The command's execve makes it dumpable again. */
+    TRY(S_FORK_COMMAND, prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE");
     /* vfork-like: the command shares our memory until it execs (we wait, suspended), on a
      * stack of its own; no page tables are copied */
     pid = clone(command, command_stack + sizeof command_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
