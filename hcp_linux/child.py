@@ -222,7 +222,11 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     # With a pid namespace we are its pid 1, which the kernel shields from signals it has no
     # handler for, even self-sent ones. So the command runs as pid 2 and we stay as init,
     # as confined as the command (forked after every step above) and non-dumpable so that
-    # nothing in the sandbox can read or write our memory.
+    # nothing in the sandbox can read or write our memory: /proc/1/mem, fds and environ are
+    # then root-owned and need CAP_SYS_PTRACE, which nothing in the sandbox holds (a fence on
+    # every rung, Landlock or not). Set before the fork: a command that opened /proc/1/mem
+    # while we were still dumpable would keep its fd. Its execve makes it dumpable again.
+    _step("fork-command", L.prctl, L.PR_SET_DUMPABLE, 0, detail="PR_SET_DUMPABLE")
     pid = _step("fork-command", os.fork)
     if pid == 0:
         _step("pdeathsig", L.prctl, L.PR_SET_PDEATHSIG, _signal.SIGKILL)
@@ -261,7 +265,6 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
     process's orphans are ours before it is a zombie) when the status is written: to the
     runtime first, on its "done" pipe, so it need not wait for the namespaces to be torn
     down, then to the monitor."""
-    L.prctl(L.PR_SET_DUMPABLE, 0)
     for sig in _FORWARDED:
         _signal.signal(sig, lambda s, _f: _kill_quietly(command, s))
     command_status = None
@@ -362,6 +365,8 @@ def _build_mount_view(plan: "Plan") -> None:
         # A fork bomb runs out of pids in this namespace, even when launched as root.
         _step("pid-max", _write_file, NEWROOT + b"/proc/sys/kernel/pid_max",
               b"%d" % plan.pid_max)
+    for path, masked in plan.proc_fences:  # after pid-max: it writes /proc/sys
+        _step("proc-fence", _fence_proc, path, masked, detail=path.decode(errors="replace"))
     _step("canary", _make_file, NEWROOT + CANARY.encode())
     # 3. Switch roots and drop the old one: pivot_root(".", ".") stacks the old root on
     #    the new one; detaching it leaves no path back to the host tree.
@@ -375,14 +380,45 @@ def _build_mount_view(plan: "Plan") -> None:
 
 def _mask_secrets(masks: list[tuple[bytes, bool]]) -> None:
     """Cover each secret with a read-only, mode-000 empty file or directory."""
-    empty_file, empty_dir = NEWROOT + b"/.hcp-masked", NEWROOT + b"/.hcp-masked.d"
-    os.close(os.open(empty_file, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0))
-    os.mkdir(empty_dir, 0)
     for path, is_dir in masks:
-        src = empty_dir if is_dir else empty_file
+        src = _empty_node(is_dir)
         L.mount(src, NEWROOT + path, None, L.MS_BIND)
         L.mount(None, NEWROOT + path, None,
                 L.MS_REMOUNT | L.MS_BIND | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+
+
+def _fence_proc(path: bytes, masked: bool) -> None:
+    """One of confinement.PROC_FENCES: the /proc entry bound over itself and made read-only
+    with everything mounted beneath it (recursively: a bind of the host's /proc brings
+    binfmt_misc along), or covered by an empty, mode-000 node. Absent on this kernel:
+    nothing to fence."""
+    target = NEWROOT + path
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if masked:
+        source = _empty_node(stat.S_ISDIR(st.st_mode))
+        L.mount(source, target, None, L.MS_BIND)
+    else:
+        L.mount(target, target, None, L.MS_BIND | L.MS_REC)
+    L.mount_setattr(L.AT_FDCWD, target, L.AT_RECURSIVE | L.AT_SYMLINK_NOFOLLOW,
+                    L.MOUNT_ATTR_RDONLY | L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
+                    | L.MOUNT_ATTR_NOEXEC)
+
+
+def _empty_node(is_dir: bool) -> bytes:
+    """The new root's empty, mode-000 file or directory that masks cover a path with (made
+    by the first mask that needs it)."""
+    path = NEWROOT + (b"/.hcp-masked.d" if is_dir else b"/.hcp-masked")
+    try:
+        if is_dir:
+            os.mkdir(path, 0)
+        else:
+            os.mknod(path, stat.S_IFREG)
+    except FileExistsError:
+        pass
+    return path
 
 
 def _write_file(path: bytes, data: bytes) -> None:

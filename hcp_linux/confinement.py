@@ -25,7 +25,7 @@ from .protected import Found
 from .protocol import CANARY
 from .rulesets import POLICY_ABI, GrantedRuleset, landlock_ruleset
 
-__all__ = ["Bind", "Confinement", "DEVICES", "MASKED_PATHS", "cache_stats", "clear_cache",
+__all__ = ["Bind", "Confinement", "DEVICES", "MASKED_PATHS", "PROC_FENCES", "cache_stats", "clear_cache",
            "carved_read_only", "covered", "pinned_ancestors", "search_path", "shared_confinement"]
 
 #: Device files every tool expects; each is bound read-write from the host.
@@ -42,6 +42,25 @@ MASKED_PATHS = (
     "/etc/sudoers.d", "/etc/security/opasswd", "/etc/krb5.keytab", "/etc/ipsec.secrets",
     "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets", "/etc/ssl/private", "/etc/wireguard",
     "/etc/NetworkManager/system-connections", "/etc/letsencrypt", "/etc/ssh/ssh_host_*_key",
+)
+
+
+#: The view's /proc entries that reach past the sandbox, fenced on every rung with a mount
+#: view (Docker's read-only and masked paths): (path, masked). Read-only (False): a bind of
+#: the entry over itself, made read-only recursively. Masked (True): covered by an empty,
+#: mode-000, read-only node. Why on every rung: a sysctl's write permission is a check of
+#: the euid against the host's root (proc_sys_permission: no capability is asked), so with a
+#: uid map 0 -> 0, or no user namespace, the command may write /proc/sys/kernel/core_pattern
+#: (one crash then runs a program as host root), /proc/sysrq-trigger, /proc/irq/*/
+#: smp_affinity... Landlock's read-only rule on /proc stops that; a rung without Landlock
+#: had nothing else. An entry this kernel lacks is skipped by the child (nothing to fence);
+#: any other failure is the "proc-fence" step's.
+PROC_FENCES: tuple[tuple[bytes, bool], ...] = (
+    *((p, False) for p in (b"/proc/sys", b"/proc/sysrq-trigger", b"/proc/irq", b"/proc/bus",
+                           b"/proc/fs")),
+    *((p, True) for p in (b"/proc/acpi", b"/proc/asound", b"/proc/interrupts", b"/proc/kcore",
+                          b"/proc/keys", b"/proc/latency_stats", b"/proc/timer_list",
+                          b"/proc/timer_stats", b"/proc/sched_debug", b"/proc/scsi")),
 )
 
 

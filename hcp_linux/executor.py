@@ -12,9 +12,10 @@ import io
 import json
 import os
 import socket
+import stat
 import subprocess
 import time
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Sequence
 
 from . import child_main, landlock_log, native, spawner, teardown
 from .denials import MAX_RECORDED, SeccompListener, denial_layers, receive_listener
@@ -64,6 +65,33 @@ def _stdio_fd(spec: Any, index: int, to_close: list[int], pipesize: int = -1
     if hasattr(spec, "fileno"):
         return spec.fileno(), None
     raise TypeError(f"unsupported stdio value: {spec!r}")
+
+
+def _refuse_reopenable_stdio(plan: Plan, fds: Sequence[int]) -> None:
+    """Without Landlock, refuse standard streams that the command could re-open by path.
+
+    /proc/self/fd/N is a magic link: opening it reaches the very file behind fd N, wherever
+    that is, with a fresh open mode; the mount view does not stop it (the jump needs no path
+    in the view) and a file's owner passes its own mode bits, so a stdout appended to a
+    host log re-opens for reading (and read-write). Landlock stops it: the jump lands on a
+    path no rule grants. A plan without Landlock (rung no-landlock) takes only streams that
+    re-open to nothing new: pipes, sockets (no open through /proc) and character devices (a
+    terminal, /dev/null). A regular file, directory or block device is refused, before
+    anything is spawned, with the remedy (a pipe)."""
+    if not plan.confined or plan.landlock is not None:
+        return
+    for i, fd in enumerate(fds):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue  # not open: the stdio step reports it
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+            continue
+        name = ("stdin", "stdout", "stderr")[i]
+        raise SandboxError(f"{name} is a file the command could re-open through "
+                           f"/proc/self/fd/{i} and read or rewrite: without Landlock (this "
+                           f"run's rung) nothing stops that; give it a pipe "
+                           f"(e.g. {'cat FILE |' if i == 0 else '| cat >FILE'})")
 
 
 def _open_streams(ends: list[int | None], stdio: Stdio) -> list[IO[Any] | None]:
@@ -122,6 +150,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
             fd, end = _stdio_fd(spec, i, to_close, stdio.pipesize)
             fds.append(fd)
             ends.append(end)
+        _refuse_reopenable_stdio(plan, fds)
         proxy_end = child_end = -1
         if plan.proxy:
             proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM

@@ -46,10 +46,13 @@ RUNGS: tuple[Rung, ...] = (
          "the pid namespace: outside processes are visible in /proc, and a setsid'd daemon "
          "can outlive the run (only the process group is killed)"),
     Rung("no-landlock", frozenset({"landlock"}),
-         "every namespace (the mount view is the filesystem fence); seccomp; no_new_privs",
-         "Landlock: no access control inside the granted mounts beyond file permissions; "
-         "no signal or abstract-socket scoping (the pid and network namespaces still "
-         "isolate both)"),
+         "every namespace (the mount view is the filesystem fence, with /proc's kernel knobs "
+         "read-only and a file refused as stdin, stdout or stderr); seccomp; no_new_privs",
+         "Landlock: no access control inside the granted mounts beyond file permissions "
+         "(uid 0 inside is the host's root there: what root owns in a writable root, it "
+         "may change); no signal or abstract-socket scoping (the pid and network "
+         "namespaces still isolate both); a host file as stdin, stdout or stderr (it would "
+         "re-open through /proc/self/fd: the run is refused, give a pipe)"),
     Rung("no-namespaces", frozenset(_NAMESPACES),
          "Landlock (file access, every TCP bind and connect refused, signal and "
          "abstract-socket scopes); seccomp with network-off (only AF_UNIX sockets); "

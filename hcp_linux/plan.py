@@ -21,7 +21,8 @@ import hcp_linux.seccomp_profiles as seccomp_profiles
 from . import _libc as L
 from . import landlock_log, protected
 from .allowlist import install_prefixes, resolve_bin
-from .confinement import Bind, Confinement, clear_cache, covered, search_path, shared_confinement
+from .confinement import (PROC_FENCES, Bind, Confinement, clear_cache, covered, search_path,
+                          shared_confinement)
 from .environment import build_env
 from .errors import LayerUnavailableError, PolicyError, SandboxError, printable
 from .limits import pid_fence
@@ -55,6 +56,8 @@ class Plan:
     binds: Sequence[Bind] = ()
     symlinks: Sequence[tuple[bytes, bytes]] = ()
     masks: Sequence[tuple[bytes, bool]] = ()  # (path, is_dir)
+    # /proc entries the view fences on every rung (confinement.PROC_FENCES): (path, masked)
+    proc_fences: Sequence[tuple[bytes, bool]] = ()
     rlimits: list[tuple[int, int]] = field(default_factory=list)  # (RLIMIT_*, value)
     tmp_options: bytes = b"mode=1777"
     shm_options: bytes = b"mode=1777"
@@ -193,6 +196,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         uid=os.getuid(), gid=os.getgid(), cap_last_cap=L.cap_last_cap(), env_removed=removed,
         env_replaced=replaced,
         proc_fresh="pidns" in layers, pty=policy.pty and view,
+        proc_fences=PROC_FENCES if view else (),
         rlimits=[(r, v) for _, r, v in policy.limits.rlimits()],
         tmp_options=b"mode=1777,size=%d" % policy.limits.tmp_size,
         shm_options=b"mode=1777,size=%d" % policy.limits.shm_size,

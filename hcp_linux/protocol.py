@@ -19,7 +19,8 @@ import struct
 STEPS = (
     "internal", "stdio", "setsid", "pdeathsig", "unshare-user", "uid-map", "unshare-mount",
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
-    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "devpts", "proc", "pid-max", "tmp", "canary",
+    "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "devpts", "proc", "pid-max",
+    "proc-fence", "tmp", "canary",
     "pivot-root", "root-readonly", "loopback-up", "egress-capture", "proxy-listen", "chdir", "rlimits",
     "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
     "close-fds", "fork-command", "verify", "execve", "helper",
@@ -43,7 +44,7 @@ LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 10
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 11
 
 #: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
 #: message carries, and whether the plan is in the message itself rather than in a memfd.

@@ -169,11 +169,13 @@ WEAKENED = {
     # holds (seccomp's network-off profile refuses inet sockets). As root, the runtime's
     # /proc/<pid>/environ stays unreadable to a capability-less process (the kernel's
     # ptrace check wants the reader's capabilities to cover the target's); as nobody not.
+    # /proc falls too (below the ladder): root writes core_pattern, nobody its parent's mem.
     "landlock+namespaces": (("unshare",) + LANDLOCK_SYSCALLS, ("namespaces", "landlock"),
                             {"userns", "mountns", "netns", "ipcns", "pidns", "landlock"},
                             {"10.2.2-cwd-jail", "10.2.3-no-ambient-credentials",
                              "10.6-mode-none", "canary-fs-outside-jail",
-                             "canary-metadata-outside-jail", "canary-signals"}
+                             "canary-metadata-outside-jail", "canary-signals",
+                             "canary-proc-fences"}
                             | (set() if IS_ROOT else {"canary-proc-environ"})),
 }
 

@@ -97,6 +97,8 @@
 #endif
 #define OPEN_TREE_CLONE_ 1
 #define AT_RECURSIVE_ 0x8000
+/* MOUNT_ATTR_RDONLY | NOSUID | NODEV | NOEXEC (linux/mount.h) */
+#define MOUNT_ATTR_FENCE_ (0x1 | 0x2 | 0x4 | 0x8)
 #define MOVE_MOUNT_F_EMPTY_PATH_ 0x4
 #define CLOSE_RANGE_CLOEXEC_ (1u << 2)
 #define LANDLOCK_RULE_PATH_BENEATH_ 1
@@ -132,6 +134,10 @@ struct mask {
 struct symlink_ {
     const char *link, *dest;
 };
+struct proc_fence { /* confinement.PROC_FENCES: a /proc entry made read-only, or masked */
+    const char *path;
+    int masked;
+};
 struct rlim {
     uint64_t resource, value;
 };
@@ -156,10 +162,11 @@ static struct plan {
     const unsigned char *bpf, *view;
     size_t bpf_len, view_len;
     uint32_t view_flags;
-    size_t n_binds, n_masks, n_symlinks, n_rlimits, n_rules, n_argv, n_env;
+    size_t n_binds, n_masks, n_symlinks, n_fences, n_rlimits, n_rules, n_argv, n_env;
     struct bind *binds;
     struct mask *masks;
     struct symlink_ *symlinks;
+    struct proc_fence *fences;
     struct rlim *rlimits;
     struct rule *rules;
     char **argv, **env;
@@ -347,6 +354,12 @@ static void parse_view(void) {
     for (i = 0; i < P.n_symlinks; i++) {
         P.symlinks[i].link = get_str();
         P.symlinks[i].dest = get_str();
+    }
+    P.n_fences = get_count(16);
+    P.fences = alloc(P.n_fences, sizeof *P.fences);
+    for (i = 0; i < P.n_fences; i++) {
+        P.fences[i].path = get_str();
+        P.fences[i].masked = (int)get_u64();
     }
     P.n_capture = get_u64();
     if (P.n_capture > CAPTURE_PORTS_MAX || (P.n_capture && !(P.view_flags & F_PROXY)))
@@ -587,6 +600,32 @@ static void add_rule(int fd, uint64_t access, int is_dir, const char *what) {
         syscall(SYS_landlock_add_rule, ruleset_fd(), LANDLOCK_RULE_PATH_BENEATH_, &attr, 0), what);
 }
 
+/* The new root's empty, mode-000 file or directory that masks cover a path with (made by
+ * the first mask that needs it); NULL with errno on failure. */
+static const char *empty_node(int is_dir) {
+    const char *path = is_dir ? NEWROOT "/.hcp-masked.d" : NEWROOT "/.hcp-masked";
+    if ((is_dir ? mkdir(path, 0) : mknod(path, S_IFREG, 0)) < 0 && errno != EEXIST)
+        return NULL;
+    return path;
+}
+
+/* child.py _fence_proc: one of confinement.PROC_FENCES, bound over itself and made read-only
+ * with everything beneath it (a bind of the host's /proc brings binfmt_misc along), or
+ * covered by an empty, mode-000 node. Absent on this kernel: nothing to fence. */
+static int fence_proc(const char *target, int masked) {
+    struct mount_attr_ attr = {MOUNT_ATTR_FENCE_, 0, 0, 0};
+    struct stat st;
+    const char *source = target;
+    if (lstat(target, &st) < 0)
+        return errno == ENOENT ? 0 : -1;
+    if (masked && !(source = empty_node(S_ISDIR(st.st_mode))))
+        return -1;
+    if (mount(source, target, NULL, masked ? MS_BIND : MS_BIND | MS_REC, NULL) < 0)
+        return -1;
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, target,
+                        AT_RECURSIVE_ | AT_SYMLINK_NOFOLLOW, &attr, sizeof attr);
+}
+
 static void build_mount_view(void) {
     int *fds = calloc(P.n_binds + 1, sizeof *fds);
     size_t i;
@@ -636,16 +675,12 @@ static void build_mount_view(void) {
         close(fds[i]);
     }
     if (P.n_masks) {
-        const char *empty_file = NEWROOT "/.hcp-masked", *empty_dir = NEWROOT "/.hcp-masked.d";
-        int fd = open(empty_file, O_WRONLY | O_CREAT | O_CLOEXEC, 0);
-        STEP(S_MASK, fd, NULL);
-        close(fd);
-        STEP(S_MASK, mkdir(empty_dir, 0), NULL);
         for (i = 0; i < P.n_masks; i++) {
+            const char *empty;
             t = join(0, NEWROOT, P.masks[i].path);
             STEP(S_MASK, t ? 0 : -1, NULL);
-            STEP(S_MASK, mount(P.masks[i].is_dir ? empty_dir : empty_file, t, NULL, MS_BIND, NULL),
-                NULL);
+            STEP(S_MASK, (empty = empty_node(P.masks[i].is_dir)) ? 0 : -1, NULL);
+            STEP(S_MASK, mount(empty, t, NULL, MS_BIND, NULL), NULL);
             STEP(S_MASK,
                 mount(NULL, t, NULL,
                       MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
@@ -682,6 +717,10 @@ static void build_mount_view(void) {
         char text[32];
         snprintf(text, sizeof text, "%lld", (long long)P.pid_max);
         STEP(S_PID_MAX, write_file(NEWROOT "/proc/sys/kernel/pid_max", text), NULL);
+    }
+    for (i = 0; i < P.n_fences; i++) { /* after pid-max: it writes /proc/sys */
+        t = join(0, NEWROOT, P.fences[i].path);
+        STEP(S_PROC_FENCE, t ? fence_proc(t, P.fences[i].masked) : -1, P.fences[i].path);
     }
     STEP(S_CANARY, make_file(NEWROOT "/.hcp-canary"), NULL);
     /* 3. switch roots and drop the old one */
@@ -1070,8 +1109,6 @@ static int write4(int fd, const unsigned char *out) {
 static void __attribute__((noreturn)) init(pid_t command, int status_w) {
     int command_status = 0, have = 0, rc = 0;
     unsigned char out[4];
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
-        _exit(125);
     forward_to = command;
     for (size_t i = 0; i < sizeof FORWARDED / sizeof FORWARDED[0]; i++)
         on(FORWARDED[i], forward);
@@ -1237,6 +1274,11 @@ static void __attribute__((noreturn)) payload(int status_w) {
         verify();
         do_exec();
     }
+    /* The init is non-dumpable before the command exists: its /proc/1/mem, fds and environ
+     * are then root-owned and need CAP_SYS_PTRACE, which nothing in the sandbox holds (a
+     * fence on every rung, Landlock or not). Set after the fork, a command that opened
+     * /proc/1/mem first would keep its fd. The command's execve makes it dumpable again. */
+    TRY(S_FORK_COMMAND, prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE");
     /* vfork-like: the command shares our memory until it execs (we wait, suspended), on a
      * stack of its own; no page tables are copied */
     pid = clone(command, command_stack + sizeof command_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,

@@ -47,7 +47,7 @@ def view_bytes(plan: "Plan") -> bytes:
           | F["PROXY"] * plan.proxy | _ll_flags(plan))
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
-                         plan.cap_last_cap, bpf, plan.capture_ports),
+                         plan.cap_last_cap, bpf, plan.capture_ports, tuple(plan.proc_fences)),
                         lambda: _view_bytes(plan, vf, bpf))
 
 
@@ -100,6 +100,10 @@ def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
     for link, dest in plan.symlinks:
         _str(parts, link)
         _str(parts, dest)
+    parts.append(u64(len(plan.proc_fences)))
+    for path, masked in plan.proc_fences:
+        _str(parts, path)
+        parts.append(u64(int(masked)))
     # egress-capture binds these before a spare drops its capabilities (port 53 and the
     # address on lo need them), so they are part of what a spare is prepared for
     parts.append(u64(len(plan.capture_ports)))

@@ -529,3 +529,94 @@ def signals(h: Harness, ev: Evidence) -> str:
     ev.ctl(f"unconfined kill: {proc_summary(c)}; victim alive after: {pid_alive(pid)}")
     ev.control_ok(c.returncode == 0 and not pid_alive(pid), "unconfined, the kill failed")
     return _verdict(ev, "no signal reached the outside process; unconfined it does")
+
+
+_PROC_FENCE_PROBE = r"""
+import errno, json, os, sys
+def tried(path, flags):
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    os.close(fd)  # opened only: nothing is ever written
+    return "open"
+out = {}
+for path in ("/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger", "/proc/sys/vm/drop_caches"):
+    out["write " + path] = tried(path, os.O_WRONLY)
+for pid in sorted({1, os.getppid()} - {os.getpid()}):
+    out["rw /proc/%d/mem" % pid] = tried("/proc/%d/mem" % pid, os.O_RDWR)
+try:
+    fd = os.open("/proc/self/fd/1", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        out["reread"] = os.read(fd, 65536).decode(errors="replace")
+    finally:
+        os.close(fd)
+except OSError as e:
+    out["reread"] = errno.errorcode.get(e.errno, str(e.errno))
+with open(sys.argv[1], "w") as f:
+    json.dump(out, f)
+"""
+
+
+@check("canary-proc-fences", "hardening", "/proc's kernel knobs, the init's memory and the "
+       "runtime's stdio file stay out of reach",
+       requirement="On every rung: no /proc/sys or /proc/sysrq-trigger entry opens for "
+                   "writing (not even for root), no other process's /proc/<pid>/mem opens "
+                   "read-write, and a host file given as stdout does not re-open through "
+                   "/proc/self/fd/1.",
+       enforced_by="the mount view's read-only /proc/sys etc. (PROC_FENCES), or Landlock's "
+                   "read-only /proc rule; a non-dumpable init; Landlock, or without it a "
+                   "refusal of a file as stdio")
+def proc_fences(h: Harness, ev: Evidence) -> str:
+    secret = _token()
+    jail = h.mkdir("jail")
+    found = jail / "found.json"
+    log = h.write(h.mkdir("host") / "stdout.log", secret + "\n")
+    core = "/proc/sys/kernel/core_pattern"
+    with open(core) as f:
+        core_before = f.read()
+    argv, env = h.cli_argv(["run", "--jail", jail, "--", h.python, "-I", "-c",
+                            _PROC_FENCE_PROBE, found])
+    ev.try_("the command opens /proc/sys/kernel/core_pattern, /proc/sysrq-trigger and "
+            "/proc/sys/vm/drop_caches O_WRONLY and /proc/1/mem and its parent's mem O_RDWR "
+            "(open only, nothing written), and re-reads its stdout, a host file holding a "
+            "secret, through /proc/self/fd/1")
+    with open(log, "ab") as fh:
+        p = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=fh,
+                           stderr=subprocess.PIPE, timeout=h.timeout)
+    err = p.stderr.decode(errors="replace")
+    if p.returncode == 125 and layer_refusal(p.stderr):
+        raise NotApplicable(f"the sandbox refuses to run here: {layer_refusal(p.stderr)}")
+    if p.returncode == 125 and "stdout is a file the command could re-open" in err:
+        ev.saw(f"stdout as a host file refused: {shown(p.stderr)!r}")
+        ev.require(log.read_text() == secret + "\n", "the host file changed")
+        ev.try_("again with stdout a pipe")
+        p = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=h.timeout)
+        ev.require(secret.encode() not in p.stdout, "the secret reached the command's stdout")
+    ev.saw(f"confined: rc={p.returncode} stderr={shown(p.stderr)!r}")
+    with open(core) as f:
+        ev.require(f.read() == core_before, f"{core} changed on the host")
+    if ev.require(p.returncode == 0 and found.exists(), "the probe did not run"):
+        res = json.loads(found.read_text())
+        ev.saw(", ".join(f"{k}: {v}" for k, v in res.items() if k != "reread"))
+        opened = [k for k, v in res.items() if v == "open"]
+        ev.require(not opened, f"opened: {opened}")
+        ev.require(secret not in res["reread"], "the host stdout file was re-read")
+        ev.require(log.read_text().startswith(secret + "\n"), "the host file was rewritten")
+    # Controls: unconfined, the same stdout re-opens and reads the secret; root may write
+    # core_pattern (access(2): nothing is opened for writing).
+    found.unlink(missing_ok=True)
+    log.write_text(secret + "\n")
+    with open(log, "ab") as fh:
+        c = h.unconfined([h.python, "-I", "-c", _PROC_FENCE_PROBE, found], stdout=fh,
+                         capture_output=False, stderr=subprocess.PIPE)
+    res = json.loads(found.read_text()) if found.exists() else {}
+    ev.ctl(f"unconfined: rc={c.returncode}, stdout re-read "
+           f"{'holds' if secret in res.get('reread', '') else 'lacks'} the secret; "
+           f"access({core}, W_OK) = {os.access(core, os.W_OK)} as euid {os.geteuid()}")
+    ev.control_ok(secret in res.get("reread", ""), "unconfined, stdout did not re-open")
+    ev.control_ok(os.access(core, os.W_OK) == (os.geteuid() == 0),
+                  f"unconfined, {core}'s write permission is not root's alone")
+    return _verdict(ev, "no kernel knob opened for writing, no other process's memory, "
+                        "and the host stdout file did not re-open; unconfined it does")
