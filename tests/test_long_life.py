@@ -186,11 +186,12 @@ def test_foreign_mounts_under_tmpdir_leave_packs_and_the_driver_working(
 
 def _read_only_tmp(*argv: str) -> subprocess.CompletedProcess:
     """``hcp-linux ARGV`` where no temporary directory takes a file: a mount namespace with
-    read-only tmpfs over /tmp and /var/tmp, TMPDIR unset, the cwd /proc (a container with a
-    read-only root and no tmpfs)."""
+    read-only bind of /tmp and /var/tmp over themselves (their files, this tree's copy for
+    the unprivileged leg among them, still there), TMPDIR unset, the cwd /proc (a container
+    with a read-only root and no tmpfs)."""
     unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
-    script = ('mount -t tmpfs -o ro tmpfs /tmp && mount -t tmpfs -o ro tmpfs /var/tmp && '
-              'cd /proc && exec "$@"')
+    script = ('for d in /tmp /var/tmp; do mount --bind "$d" "$d" && '
+              'mount -o remount,bind,ro "$d" || exit 97; done; cd /proc && exec "$@"')
     env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
     return subprocess.run([*unshare, "sh", "-c", script, "sh", sys.executable, "-m",
                            "hcp_linux", *argv], capture_output=True, timeout=TIMEOUT, env=env,
