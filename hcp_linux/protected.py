@@ -32,6 +32,8 @@ NAMES: dict[str, str] = {
     ".git/hooks": "git runs these on the host (pre-commit, post-checkout...)",
     ".git/config": "core.fsmonitor, core.hooksPath, core.pager, aliases and filter drivers: "
                    "commands git runs on the user's next git status",
+    ".git/commondir": "names the directory git reads the repository's config and hooks "
+                      "from (a worktree's common dir): a redirect around .git/config",
     ".git": "as a file (a gitdir pointer) it names the repository git uses, with its "
             "hooks and config; as a directory only .git/hooks and .git/config are protected",
     ".gitmodules": "submodule URLs and update commands git runs on submodule update",

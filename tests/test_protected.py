@@ -242,3 +242,27 @@ def test_without_a_mount_view_the_sweep_is_all(jail: Path, tmp_path: Path) -> No
         "removed after the run (no mount view: the sweep is the only protection)"
     assert rec["protected"][str(jail / ".bashrc")] == "writable: no mount view to make it read-only"
     assert rec["protected_sweep"] == {str(jail / ".envrc"): "removed"}
+
+
+#: The redirect around a read-only .git/config: .git/commondir names another directory, and
+#: git reads the repository's config (core.fsmonitor) from there.
+COMMONDIR = r"""
+mkdir -p evil && cp -r .git/objects .git/refs .git/HEAD evil/ \
+  && printf '[core]\n\trepositoryformatversion = 0\n\tfsmonitor = "touch pwned-by-fsmonitor; false"\n' > evil/config \
+  && echo ../evil > .git/commondir && echo commondir=ok || echo commondir=denied
+"""
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["protected", "allowed"])
+def test_a_commondir_redirect_is_not_left_for_the_host(jail: Path, allowed: bool) -> None:
+    repo = _repo(jail)
+    extra = ["--allow-write-protected", ".git/commondir"] if allowed else []
+    r = run_cli(repo, "sh", "-c", COMMONDIR, extra=[*_envs(), *extra])
+    assert r.returncode == 0, show(r)
+    # the user's next `git status` on the host
+    _git(repo, "status")
+    planted = (repo / "pwned-by-fsmonitor").exists()
+    if allowed:  # negative control: the redirect works, git ran the command
+        assert (repo / ".git" / "commondir").exists() and planted
+    else:
+        assert not (repo / ".git" / "commondir").exists() and not planted
