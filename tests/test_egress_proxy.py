@@ -921,3 +921,89 @@ def test_a_proxied_connection_carries_one_request(make_proxy, loops) -> None:
     with proxy.connect() as sock:
         send_split(sock, first.encode(), pieces=6)
     assert rec.wait(2)[1] == got
+
+
+def _hello_two_names(first: bytes, second: bytes) -> bytes:
+    """A ClientHello with two server_name extensions (``first``, then ``second``)."""
+    ext = b""
+    for name in (first, second):
+        entry = b"\0" + len(name).to_bytes(2, "big") + name
+        ext += b"\0\0" + (len(entry) + 2).to_bytes(2, "big") + len(entry).to_bytes(2, "big") \
+            + entry
+    body = (b"\x03\x03" + bytes(32) + b"\0" + b"\0\x02\x13\x01" + b"\x01\0"
+            + len(ext).to_bytes(2, "big") + ext)
+    return (b"\x16\x03\x01" + (len(body) + 4).to_bytes(2, "big") + b"\x01"
+            + len(body).to_bytes(3, "big") + body)
+
+
+#: docs/network-modes.md: inside a tunnel to a name, these first messages are refused whole.
+_SMUGGLED = {
+    "connect-inside": b"CONNECT 10.0.0.1:80 HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    "upgrade-inside": (b"GET / HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade\r\n"
+                       b"Upgrade: websocket\r\n\r\n"),
+    "two-server-names": _hello_two_names(b"allowed.test", b"other.test"),
+    "larger-than-max-message": (b"GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: "
+                                + b"a" * 70000 + b"\r\n\r\n"),
+}
+
+
+@pytest.mark.parametrize("case", list(_SMUGGLED))
+def test_tunnel_by_name_refuses_smuggled_first_messages(make_proxy, loops, case: str) -> None:
+    """A CONNECT or an Upgrade inside a tunnel to a name, a ClientHello naming two hosts, a
+    head over MAX_MESSAGE (65536): the upstream receives not one byte, and the refusal is a
+    logged decision. Control: a plain request naming the tunnel's host passes whole."""
+    rec = Recorder(loops)
+    proxy = make_proxy([f"allowed.test:{rec.port}", f"127.0.0.1:{rec.port}"],
+                       names={"allowed.test": ["127.0.0.1"]})
+    target = f"allowed.test:{rec.port}"
+    control = b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+    for data in (_SMUGGLED[case], control):
+        sock, status, _ = connect_tunnel(proxy, target)
+        with sock:
+            assert status == 200
+            send_split(sock, data, pieces=8)
+    received = rec.wait(2)
+    assert sorted(received, key=len) == [b"", control], [r[:80] for r in received]
+    refused = [r for r in proxy.log if not r["allowed"]]
+    assert len(refused) == 1 and refused[0]["response"] == "closed", proxy.log
+
+
+def test_tunnel_by_name_refuses_a_first_message_not_whole_within_5_s(make_proxy, loops
+                                                                    ) -> None:
+    """A request head trickled in over more than FIRST_MESSAGE_TIMEOUT (5 s) is closed with
+    nothing sent upstream; the refusal is logged. Control: the same head sent at once passes."""
+    from hcp_linux.egress.sniff import FIRST_MESSAGE_TIMEOUT
+    rec = Recorder(loops)
+    proxy = make_proxy([f"allowed.test:{rec.port}", f"127.0.0.1:{rec.port}"],
+                       names={"allowed.test": ["127.0.0.1"]},
+                       idle_timeout=30.0)
+    target = f"allowed.test:{rec.port}"
+    head = b"GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Slow: " + b"a" * 40 + b"\r\n\r\n"
+    sock, status, _ = connect_tunnel(proxy, target)
+    with sock:
+        assert status == 200
+        start = time.monotonic()
+        closed = False
+        for byte in head[:-4]:  # a byte every 0.25 s, never the blank line
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.25)
+            if time.monotonic() - start > FIRST_MESSAGE_TIMEOUT + 5:
+                break
+        sock.settimeout(FIRST_MESSAGE_TIMEOUT + 5)
+        if not closed:
+            try:
+                assert sock.recv(100) == b""
+            except ConnectionResetError:
+                pass
+    sock, status, _ = connect_tunnel(proxy, target)
+    with sock:
+        assert status == 200
+        send_split(sock, head, pieces=1)
+    received = rec.wait(2)
+    assert sorted(received, key=len) == [b"", head], [r[:80] for r in received]
+    refused = [r for r in proxy.log if not r["allowed"]]
+    assert len(refused) == 1 and "not complete within" in refused[0]["reason"], proxy.log
