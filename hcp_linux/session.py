@@ -11,12 +11,15 @@ allow-list, the environment scrub and marker, the working directory in the view;
 already-made confinement is shared.
 
 What sharing means, and what it does not change (docs/session.md): commands of one session
-see each other's processes, private /tmp and /dev/shm, and what runs on in the background
-(each command has a session and process group of its own; with ``on_exit = "kill"`` its
-group is killed when it exits, as a run's pid namespace would be; a process that left its
-group lives until the session ends). Every layer is the same for every command. The session
-ends when :meth:`Session.close` is called, its runtime dies (the run's parent-death signal),
-or the zygote is killed (by a command, say): then each command in flight fails with
+share the file system (the jail, /tmp, /dev/shm), the network, IPC and pid namespaces, and
+see each other's pids and command lines; each runs in a Landlock domain of its own (made by
+the zygote, see hcp_linux/zygote.py), so no other command's process can read its
+environment, memory or fds, or (Landlock ABI 6) signal it. With ``on_exit = "kill"`` what a
+command started is killed when it exits, setsid'd or not, as a run's pid namespace would
+be; a timeout kills it all too, and :meth:`Session.run` comes back within ``timeout`` +
+:data:`GRACE` s whatever holds the pipes (the result says ``leftovers`` and ``abandoned``).
+The session ends when :meth:`Session.close` is called, its runtime dies (the run's
+parent-death signal), or the zygote is killed: then each command in flight fails with
 :class:`SessionEnded`, and a new session must be started.
 """
 from __future__ import annotations
@@ -46,6 +49,11 @@ __all__ = ["Session", "SessionEnded", "SessionResult"]
 PYTHON = "/usr/bin/python3"
 #: How long the zygote may take to say it is ready.
 START_TIMEOUT = 30.0
+#: After a command ended, how long its output is still read while something else (a leftover
+#: left running, or a process it passed its stdout to) holds the pipes open.
+DRAIN = 1.0
+#: After a timeout's kill, how long the run waits for the command's end and the pipes' EOF.
+GRACE = 1.0
 _SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 
 
@@ -55,7 +63,16 @@ class SessionEnded(SandboxError):
 
 @dataclass
 class SessionResult:
-    """One command's end: like :class:`subprocess.CompletedProcess`."""
+    """One command's end: like :class:`subprocess.CompletedProcess`, plus what it left.
+
+    ``leftovers``: what became of the processes the command started that were still there
+    when it ended (or timed out): "none"; "killed" (on_exit = "kill", or a timeout: its whole
+    tree, setsid'd processes too); "running" (on_exit = "wait": they live on, in the command's
+    Landlock domain, until they exit or the session ends); "unknown" (its keeper was killed).
+    ``abandoned``: the output pipes were still held open :data:`DRAIN` s after the command
+    ended (or :data:`GRACE` s after its timeout kill), by a leftover left running or by a
+    process the command passed them to; the read stopped there, and what they write later is
+    lost (they get EPIPE)."""
 
     args: list[str]
     returncode: int
@@ -63,15 +80,37 @@ class SessionResult:
     stderr: bytes
     timed_out: bool = False
     truncated: bool = False
+    leftovers: str = "none"
+    abandoned: bool = False
 
 
 @dataclass
 class _Pending:
     pid: int | None = None
     status: int | None = None
+    leftovers: str = "unknown"
     error: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
+    # written once when done is set, so that a read blocked on the pipes wakes up; closed
+    # under the lock, so that a late finish() never writes to a reused fd number
+    wake: tuple[int, int] = field(default_factory=os.pipe)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+    def finish(self) -> None:
+        with self.lock:
+            if not self.done.is_set():
+                self.done.set()
+                if not self.closed:
+                    os.write(self.wake[1], b"x")
+
+    def close(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                os.close(self.wake[0])
+                os.close(self.wake[1])
 
 
 class Session:
@@ -148,11 +187,12 @@ class Session:
                 elif "error" in msg:
                     p.error = int(msg["error"])
                     p.started.set()
-                    p.done.set()
+                    p.finish()
                 elif "status" in msg:
                     p.status = int(msg["status"])
+                    p.leftovers = str(msg.get("leftovers", "unknown"))
                     p.started.set()
-                    p.done.set()
+                    p.finish()
         except (OSError, ValueError) as e:
             why = f"the session's channel failed ({e})"
         with self._lock:
@@ -166,7 +206,7 @@ class Session:
             pass
         for p in pending:
             p.started.set()
-            p.done.set()
+            p.finish()
 
     def _send(self, obj: dict, fds: Sequence[int] = ()) -> None:
         data = json.dumps(obj).encode()
@@ -184,8 +224,9 @@ class Session:
         """Run ``argv`` in the session: planned as :meth:`Sandbox.run` plans it (allow-list,
         env, cwd; PolicyError when refused), stdin /dev/null, output captured (at most
         ``output_cap`` bytes of each stream are kept; default the policy's output limit).
-        ``timeout`` (default the policy's) kills the command's process group; the result
-        says ``timed_out``. Raises :class:`SessionEnded` if the session ends first."""
+        ``timeout`` (default the policy's) kills the command and every process it started;
+        the result says ``timed_out``, and it comes back within ``timeout`` + :data:`GRACE`
+        s whatever holds the pipes. Raises :class:`SessionEnded` if the session ends first."""
         # the same checks and plan as Sandbox.spawn's: env granted, cwd inside the view,
         # the allow-list asked about argv[0]
         plan = compile_plan(self.policy, list(argv), layers=self.layers,
@@ -207,6 +248,7 @@ class Session:
             if self._ended:
                 for fd in (out_r, out_w, err_r, err_w, null):
                     os.close(fd)
+                pending.close()
                 raise SessionEnded(f"session: {self._ended}")
             ident = self._next_id
             self._next_id += 1
@@ -229,39 +271,60 @@ class Session:
                 raise OSError(pending.error, f"{os.strerror(pending.error)}: {argv[0]}")
             if pending.pid is None:
                 raise SessionEnded(f"session: {self._ended}")
-            out, err, timed_out, truncated = self._collect(ident, out_r, err_r, limit, cap)
-            pending.done.wait()
+            out, err, timed_out, truncated, abandoned = self._collect(
+                ident, pending, out_r, err_r, limit, cap)
             if pending.status is None:
                 raise SessionEnded(f"session: {self._ended} while {argv[0]} ran")
-            return SessionResult(list(argv), pending.status, out, err, timed_out, truncated)
+            return SessionResult(list(argv), pending.status, out, err, timed_out, truncated,
+                                 pending.leftovers, abandoned)
         finally:
             for fd in (out_r, err_r):
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+            pending.close()
             with self._lock:
                 self._pending.pop(ident, None)
 
-    def _collect(self, ident: int, out_r: int, err_r: int, limit: float | None,
-                 cap: int | None) -> tuple[bytes, bytes, bool, bool]:
-        """Read both streams to EOF, keeping at most ``cap`` bytes of each; past ``limit``
-        seconds, kill the command's group and read on (the kill ends its writers)."""
+    def _collect(self, ident: int, pending: _Pending, out_r: int, err_r: int,
+                 limit: float | None, cap: int | None) -> tuple[bytes, bytes, bool, bool, bool]:
+        """Read both streams until they end and the command has ended, keeping at most
+        ``cap`` bytes of each. Past ``limit`` s, kill the command (its keeper kills its whole
+        tree) and give it :data:`GRACE` s more; once it has ended, give whatever still holds
+        the pipes :data:`DRAIN` s. Then stop reading (the pipes are abandoned); a command
+        that has not ended by then ends the session (fail closed: everything in it is
+        killed). Returns (stdout, stderr, timed out, truncated, abandoned)."""
         bufs = {out_r: bytearray(), err_r: bytearray()}
-        truncated = timed_out = False
+        truncated = timed_out = abandoned = False
         deadline = None if limit is None else time.monotonic() + limit
+        give_up: float | None = None  # when the read stops, whatever holds the pipes
         with selectors.DefaultSelector() as sel:
-            for fd in bufs:
+            for fd in (out_r, err_r, pending.wake[0]):
                 sel.register(fd, selectors.EVENT_READ)
-            while sel.get_map():
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                events = sel.select(wait)
-                if not events and deadline is not None and not timed_out:
+            while True:
+                now = time.monotonic()
+                ended = pending.done.is_set()
+                if ended and not any(fd in bufs for fd in sel.get_map()):
+                    break
+                if deadline is not None and now >= deadline and not timed_out:
                     timed_out = True
                     self.kill(ident)
-                    deadline = None
-                    continue
-                for key, _ in events:
+                    give_up = now + GRACE
+                if ended and give_up is None:
+                    give_up = now + DRAIN
+                if give_up is not None and now >= give_up:
+                    if not ended:
+                        self.close()
+                        raise SessionEnded(f"session: command {ident} did not end within "
+                                           f"{GRACE} s of its kill; the session was ended")
+                    abandoned = True
+                    break
+                wake = [t for t in (None if timed_out else deadline, give_up) if t is not None]
+                for key, _ in sel.select(min(wake) - now if wake else None):
+                    if key.fd == pending.wake[0]:
+                        sel.unregister(key.fd)
+                        continue
                     chunk = os.read(key.fd, 65536)
                     if not chunk:
                         sel.unregister(key.fd)
@@ -270,10 +333,11 @@ class Session:
                     room = len(chunk) if cap is None else max(0, cap - len(buf))
                     truncated = truncated or room < len(chunk)
                     buf += chunk[:room]
-        return bytes(bufs[out_r]), bytes(bufs[err_r]), timed_out, truncated
+        return bytes(bufs[out_r]), bytes(bufs[err_r]), timed_out, truncated, abandoned
 
     def kill(self, ident: int, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to one command's process group (by the zygote, inside)."""
+        """Send ``sig`` to one command's process group (by its keeper, inside); SIGKILL
+        kills every process the command started, whatever its group."""
         try:
             self._send({"op": "kill", "id": ident, "signal": int(sig)})
         except OSError:

@@ -152,9 +152,11 @@ def test_a_failed_exec_is_reported(session: Session, jail: Path) -> None:
 
 
 def test_the_zygote_cannot_be_reached_by_its_commands(session: Session) -> None:
-    """Not dumpable: a command (same uid, no capability) can neither ptrace it nor take its
-    control socket; its own /proc entries stay readable (the control)."""
-    script = ("import os, ctypes\npp = os.getppid()\n"
+    """A command's parent is its keeper (a fork of the zygote), not dumpable and outside the
+    command's Landlock domain: the command (same uid, no capability) can neither ptrace it,
+    take its fds, nor (Landlock ABI 6) signal it; its own /proc entries stay readable (the
+    control)."""
+    script = ("import os, ctypes, signal\npp = os.getppid()\n"
               "libc = ctypes.CDLL(None, use_errno=True)\n"
               "def tr(name, f):\n"
               "    try:\n        f(); print(name, 0)\n"
@@ -164,7 +166,9 @@ def test_the_zygote_cannot_be_reached_by_its_commands(session: Session) -> None:
               "tr('self', lambda: os.readlink('/proc/self/fd/0'))\n"
               "pidfd = libc.syscall(434, pp, 0)\n"
               "print('getfd', libc.syscall(438, pidfd, 3, 0), ctypes.get_errno())\n"
-              "print('ptrace', libc.syscall(101, 16, pp, 0, 0), ctypes.get_errno())\n")
+              "print('ptrace', libc.syscall(101, 16, pp, 0, 0), ctypes.get_errno())\n"
+              "tr('signal', lambda: os.kill(pp, signal.SIGKILL))\n"
+              "tr('signal-self', lambda: os.kill(os.getpid(), 0))\n")
     r = session.run(["python3", "-c", script])
     got = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
     assert got["environ"] in (str(errno.EACCES), str(errno.EPERM)), r
@@ -172,21 +176,41 @@ def test_the_zygote_cannot_be_reached_by_its_commands(session: Session) -> None:
     assert got["self"] == "0", r
     assert got["getfd"].startswith("-1 "), r
     assert got["ptrace"].startswith("-1 "), r
+    assert got["signal-self"] == "0", r
+    if _landlock_abi() >= 6:
+        assert got["signal"] == str(errno.EPERM), r
+    assert session.alive and session.run(["true"]).returncode == 0
 
 
 def test_a_killed_zygote_ends_the_session_and_everything_in_it(jail: Path) -> None:
-    token = _token()
+    """The zygote killed (from the host: a command cannot signal it, see above) while a
+    command runs: that command raises SessionEnded, and nothing of the session is left."""
+    import threading
+    token, running = _token(), _token()
     s = Session(Sandbox(Policy(jail=str(jail), on_exit="wait")))
+    errors: list[BaseException] = []
+
+    def long_run() -> None:
+        try:
+            s.run(["sh", "-c", f"sleep 30; : {running}"])
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+            errors.append(e)
+
     try:
         zygote = s.zygote_pid
         assert _alive(zygote)
         s.run(["sh", "-c", f"{_bg(token)} exit 0"])
         assert processes_with(token)
-        with pytest.raises(SessionEnded):
-            s.run(["sh", "-c", "kill -9 $PPID; sleep 30"])
+        t = threading.Thread(target=long_run)
+        t.start()
+        wait_for(lambda: processes_with(running), "the command to start")
+        assert zygote is not None
+        os.kill(zygote, signal.SIGKILL)
+        t.join(TIMEOUT)
+        assert errors and isinstance(errors[0], SessionEnded), errors
         assert not s.alive
-        wait_for(lambda: not processes_with(token) and not _alive(zygote),
-                 "the session's processes to be gone")
+        wait_for(lambda: not processes_with(token) and not processes_with(running)
+                 and not _alive(zygote), "the session's processes to be gone")
         with pytest.raises(SessionEnded):
             s.run(["true"])
     finally:
@@ -229,3 +253,169 @@ def test_close_ends_every_command(jail: Path) -> None:
     assert not t.is_alive()
     assert errors and isinstance(errors[0], SessionEnded)
     wait_for(lambda: not processes_with(token), "the command to be gone")
+
+
+# --- what a command leaves behind, and what other commands can reach of it --------------------
+
+#: how long a test lets a hanging ``run`` go before it ends the session itself
+HANG = 15.0
+
+
+def _bounded(s: Session, argv: list[str], watch: str | None = None,  # type: ignore[no-untyped-def]
+             seen_flag: Path | None = None, **kw):
+    """``s.run(argv, **kw)`` in a thread: (result, seconds taken, host pids whose command line
+    held ``watch`` while it ran; ``seen_flag`` is created once one was seen). A run still
+    going after HANG s fails the test, and the session is closed (so nothing of the test is
+    left hanging)."""
+    import threading
+    box: dict = {}
+    seen: set[int] = set()
+
+    def go() -> None:
+        try:
+            box["r"] = s.run(argv, **kw)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            box["e"] = e
+
+    start = time.monotonic()
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    while t.is_alive() and time.monotonic() - start < HANG:
+        if watch:
+            seen.update(processes_with(watch))
+            if seen and seen_flag is not None:
+                seen_flag.touch()
+        t.join(0.05)
+    took = time.monotonic() - start
+    if t.is_alive():
+        s.close()
+        t.join(TIMEOUT)
+        pytest.fail(f"run({argv!r}) had not returned after {took:.1f} s")
+    if "e" in box:
+        raise box["e"]
+    return box["r"], took, seen
+
+
+def _holder(token: str) -> str:
+    """Shell text for a process that holds the command's stdout and stderr open for 300 s,
+    ``token`` in its command line."""
+    return f"python3 -c 'import time; time.sleep(300)' {token}"
+
+
+def test_a_timeout_returns_whatever_holds_the_pipes(session: Session) -> None:
+    """A setsid'd leftover (out of the command's group) keeps both pipes open: the run still
+    returns about the timeout after it started, and that leftover is dead afterwards."""
+    token = _token()
+    r, took, seen = _bounded(session, ["sh", "-c", f"setsid {_holder(token)} & echo hi; "
+                                                   f"sleep 300"], watch=token, timeout=2)
+    assert took < 2 + 5, took
+    assert r.timed_out and r.returncode == -signal.SIGKILL and r.stdout == b"hi\n", r
+    assert (r.leftovers, r.abandoned) == ("killed", False), r
+    assert seen, "the leftover never showed up in the host's process table"
+    assert not any(_alive(pid) for pid in seen), seen
+    assert session.alive and session.run(["true"]).returncode == 0
+
+
+def test_a_command_that_exits_takes_what_it_left_with_it(jail: Path) -> None:
+    """on_exit = "kill": the command's exit ends every process it started, setsid'd ones too
+    (as a run's init does), so the read ends at once. Control: on_exit = "wait" leaves it
+    running; the read ends a short drain after the command's exit, the pipes abandoned."""
+    token = _token()
+    flag = jail / "seen"
+    # the command waits (at most 10 s) until the test has seen its leftover's pid
+    wait = f"i=0; while [ ! -e {flag} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done"
+    with Session(Sandbox(Policy(jail=str(jail)))) as s:
+        r, took, seen = _bounded(s, ["sh", "-c", f"setsid {_holder(token)} & echo hi; {wait}"],
+                                 watch=token, seen_flag=flag)
+        assert (r.returncode, r.stdout, r.timed_out) == (0, b"hi\n", False), r
+        assert (r.leftovers, r.abandoned) == ("killed", False), r
+        assert seen and not any(_alive(pid) for pid in seen), seen
+        r = s.run(["sh", "-c", "echo quiet"])
+        assert (r.leftovers, r.abandoned) == ("none", False), r
+    with Session(Sandbox(Policy(jail=str(jail), on_exit="wait"))) as s:
+        r, took, seen = _bounded(s, ["sh", "-c", f"{_holder(token)} & echo hi"], watch=token)
+        assert (r.returncode, r.stdout) == (0, b"hi\n"), r
+        assert (r.leftovers, r.abandoned) == ("running", True), r
+        assert seen and all(_alive(pid) for pid in seen), seen
+    wait_for(lambda: not any(_alive(pid) for pid in seen), "the session's end to kill it")
+
+
+#: a spy: finds the process whose command line holds argv[2], tries to read its environment,
+#: fds and memory and to signal it, and writes what it got to argv[1]; then touches argv[1].done
+_SPY = r"""
+import json, os, sys, time
+out, mark = sys.argv[1], sys.argv[2].encode()
+got = {}
+def attempt(name, f):
+    try:
+        got[name] = f()
+    except OSError as e:
+        got[name] = 'errno %d' % e.errno
+deadline = time.monotonic() + 30
+while 'pid' not in got and time.monotonic() < deadline:
+    for p in os.listdir('/proc'):
+        if p.isdigit() and int(p) != os.getpid():
+            try:
+                cmd = open('/proc/%s/cmdline' % p, 'rb').read()
+            except OSError:
+                continue
+            if mark in cmd and b'spy.py' not in cmd:
+                got['pid'] = int(p)
+    time.sleep(0.05)
+if 'pid' in got:
+    p = got['pid']
+    attempt('environ', lambda: open('/proc/%d/environ' % p, 'rb').read().decode('latin-1'))
+    attempt('fd', lambda: os.readlink('/proc/%d/fd/1' % p))
+    attempt('fd-open', lambda: open('/proc/%d/fd/1' % p, 'rb').close() or 'opened')
+    attempt('mem', lambda: open('/proc/%d/mem' % p, 'rb').close() or 'opened')
+    attempt('signal', lambda: os.kill(p, 0) or 'sent')
+open(out, 'w').write(json.dumps(got))
+open(out + '.done', 'w').close()
+"""
+
+
+def _victim(done: Path, mark: str) -> str:
+    """Shell text that waits (at most 30 s) for the spy to say it is done; ``mark`` in its
+    command line."""
+    return f"i=0; while [ ! -e {done} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; : {mark}"
+
+
+def test_a_leftover_cannot_read_a_later_commands_environment(jail: Path) -> None:
+    """Command 1 leaves a spy (on_exit = "wait" keeps it running); command 2 has a secret in
+    its environment. The spy finds command 2 in /proc but reads neither its environment, nor
+    its fds, nor its memory. Control: the same spy started inside command 2 reads it all."""
+    (jail / "spy.py").write_text(_SPY)
+    secret = _token() + "-secret"
+    mark = "victim-" + _token()
+    out = jail / "spy.out"
+    done = jail / "spy.out.done"
+    with Session(Sandbox(Policy(jail=str(jail), on_exit="wait"))) as s:
+        r = s.run(["sh", "-c", f"python3 spy.py {out} {mark} >/dev/null 2>&1 &"])
+        assert r.returncode == 0, r
+        r = s.run(["sh", "-c", _victim(done, mark)], env={"HCP_TEST_SECRET": secret})
+        assert r.returncode == 0 and done.exists(), r
+        got = out.read_text()
+        assert "pid" in got, got  # the spy did find command 2
+        assert secret not in got, got
+        report = __import__("json").loads(got)
+        denied = {f"errno {errno.EACCES}", f"errno {errno.EPERM}"}
+        assert report["environ"] in denied and report["fd"] in denied, report
+        assert report["fd-open"] in denied and report["mem"] in denied, report
+        if _landlock_abi() >= 6:  # LANDLOCK_SCOPE_SIGNAL
+            assert report["signal"] == f"errno {errno.EPERM}", report
+        # control: within one command the same spy reads the same secret
+        out.unlink()
+        done.unlink()
+        r = s.run(["sh", "-c", f"python3 spy.py {out} {mark} & exec sh -c \"$0\"",
+                   _victim(done, mark)], env={"HCP_TEST_SECRET": secret})
+        assert r.returncode == 0 and done.exists(), r
+        report = __import__("json").loads(out.read_text())
+        assert f"HCP_TEST_SECRET={secret}" in report["environ"], report
+        assert report["fd"].startswith("pipe:") and report["fd-open"] == "opened", report
+        assert report["mem"] == "opened" and report["signal"] == "sent", report
+
+
+def _landlock_abi() -> int:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    return max(0, libc.syscall(444, None, 0, 1))  # landlock_create_ruleset(VERSION)
