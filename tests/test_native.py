@@ -765,7 +765,8 @@ def _through_prepared_spare(jail: Path, policy: Policy, layers: frozenset[str],
                                    + (native.view_bytes(plan),))
         _inject(plan, spare)
         ready = native.stats["ready"]
-        proc = executor.spawn(plan, stderr=executor.PIPE, executor="native")
+        proc = executor.spawn(plan, stdout=executor.DEVNULL, stderr=executor.PIPE,
+                              executor="native")
         assert native.stats["ready"] == ready + 1  # that very spare took it
     finally:
         plan.close()
