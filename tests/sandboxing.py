@@ -322,3 +322,29 @@ def stuck_seccomp_listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
     finally:
         release.set()
+
+
+# --- unix sockets ---------------------------------------------------------------------------
+
+
+def listen_unix(path: "Arg") -> socket.socket:
+    """A non-blocking listener at ``path``, connectable by anyone (mode 777)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(os.fspath(path))
+    os.chmod(path, 0o777)
+    s.listen(8)
+    s.setblocking(False)
+    return s
+
+
+def accepted_unix(s: socket.socket, wait: float = 0.0) -> int:
+    """How many connections the listener has waiting (each accepted and closed), waiting up
+    to ``wait`` seconds for the first."""
+    import select
+    n = 0
+    while select.select([s], [], [], wait)[0]:
+        conn, _ = s.accept()
+        conn.close()
+        n += 1
+        wait = 0.0
+    return n

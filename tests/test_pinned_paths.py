@@ -13,8 +13,6 @@ and as root and nobody (scripts/test-unprivileged).
 from __future__ import annotations
 
 import os
-import select
-import socket
 import subprocess
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from hcp_linux import Policy, Sandbox
 from hcp_linux.errors import PolicyError
 from hcp_linux.values import symlinks_followed, unpinned_link
 from sandboxing import (EXIT_REFUSED, TIMEOUT, assert_ok, jail, out, outside,  # noqa: F401
-                        run_cli, show, single_error_line)
+                        accepted_unix, listen_unix, run_cli, show, single_error_line)
 
 
 def _refused(p: subprocess.CompletedProcess, *words: str) -> str:
@@ -180,23 +178,6 @@ def test_a_carve_out_under_a_linked_directory_is_refused(jail: Path) -> None:
 # --- unix sockets ---------------------------------------------------------------------------
 
 
-def _listen(path: Path) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(path))
-    os.chmod(path, 0o777)
-    s.listen(8)
-    s.setblocking(False)
-    return s
-
-
-def _accepted(s: socket.socket, wait: float = 0.0) -> int:
-    n = 0
-    while select.select([s], [], [], wait)[0]:
-        conn, _ = s.accept()
-        conn.close()
-        n += 1
-        wait = 0.0
-    return n
 
 
 CONNECT = "import socket, sys; s = socket.socket(socket.AF_UNIX); print(s.connect_ex(sys.argv[1]))"
@@ -205,22 +186,22 @@ CONNECT = "import socket, sys; s = socket.socket(socket.AF_UNIX); print(s.connec
 def test_a_socket_grant_swapped_for_a_link_to_another_daemon_is_refused(
         jail: Path, outside: Path) -> None:
     (jail / "sockdir").mkdir()
-    app = _listen(jail / "sockdir" / "app.sock")
-    agent = _listen(outside / "agent.sock")  # another daemon's socket, outside every root
+    app = listen_unix(jail / "sockdir" / "app.sock")
+    agent = listen_unix(outside / "agent.sock")  # another daemon's socket, outside every root
     grant = jail / "sockdir" / "app.sock"
     try:
         # negative control: the granted socket file itself connects
         p = run_cli(jail, "python3", "-c", CONNECT, grant,
                     extra=["--allow-unix-socket", grant])
         assert_ok(p)
-        assert out(p).strip() == "0" and _accepted(app, 1.0) == 1, show(p)
+        assert out(p).strip() == "0" and accepted_unix(app, 1.0) == 1, show(p)
         # run 1 replaces the socket by a link to the other daemon's
         assert_ok(run_cli(jail, "sh", "-c", f"rm sockdir/app.sock && "
                           f"ln -s {outside / 'agent.sock'} sockdir/app.sock"))
         p = run_cli(jail, "python3", "-c", CONNECT, grant,
                     extra=["--allow-unix-socket", grant])
         _refused(p, "allow_unix_sockets", "symlink")
-        assert _accepted(agent, 0.5) == 0  # nothing reached the other daemon
+        assert accepted_unix(agent, 0.5) == 0  # nothing reached the other daemon
     finally:
         app.close()
         agent.close()

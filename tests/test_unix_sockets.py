@@ -9,8 +9,6 @@ the same connect unconfined, which the listener accepts. The file runs under bot
 from __future__ import annotations
 
 import errno
-import os
-import select
 import socket
 import subprocess
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 from hcp_linux import Policy, Sandbox, landlock
 from hcp_linux.errors import PolicyError
 from sandboxing import (EXIT_REFUSED, TIMEOUT, assert_ok, jail, out, outside,  # noqa: F401
-                        read_receipt, ro_root, run_cli, show,
+                        accepted_unix, listen_unix, read_receipt, ro_root, run_cli, show,
                         single_error_line)
 
 #: Runs inside the sandbox: the listing of the first socket's directory, then one
@@ -37,24 +35,6 @@ for p in sys.argv[1:]:
 """
 
 
-def _listen(path: Path) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(path))
-    os.chmod(path, 0o777)
-    s.listen(8)
-    s.setblocking(False)
-    return s
-
-
-def _accepted(s: socket.socket, wait: float = 0.0) -> int:
-    """How many connections the listener has waiting (each accepted and closed)."""
-    n = 0
-    while select.select([s], [], [], wait)[0]:
-        conn, _ = s.accept()
-        conn.close()
-        n += 1
-        wait = 0.0
-    return n
 
 
 def _results(text: str) -> dict[str, str]:
@@ -78,14 +58,14 @@ def _connects_when_granted(jail: Path, sock: Path, lst: socket.socket, flag: str
     p = run_cli(jail, "python3", "-c", CONNECT, sock, extra=[flag, sock, "--receipt", receipt])
     assert_ok(p)
     assert _results(out(p)) == {str(sock): "0"}, show(p)
-    assert _accepted(lst, wait=2) == 1
+    assert accepted_unix(lst, wait=2) == 1
     entry, = read_receipt(receipt)["unix_sockets"]
     return entry
 
 
 def test_granted_socket_alone_is_connectable(jail: Path, outside: Path, tmp_path: Path) -> None:
     a, b = outside / "agent.sock", outside / "other.sock"
-    la, lb = _listen(a), _listen(b)
+    la, lb = listen_unix(a), listen_unix(b)
     receipt = tmp_path / "receipt.json"
     try:
         p = run_cli(jail, "python3", "-c", CONNECT, a, b,
@@ -95,16 +75,16 @@ def test_granted_socket_alone_is_connectable(jail: Path, outside: Path, tmp_path
         assert got == {str(a): "0", str(b): str(errno.ENOENT)}, show(p)
         # nothing else of its directory: the sibling is absent, not merely refused
         assert _listing(out(p)) == "['agent.sock']", show(p)
-        assert _accepted(la, wait=2) == 1
-        assert _accepted(lb) == 0, "the sandbox reached a socket it was not granted"
+        assert accepted_unix(la, wait=2) == 1
+        assert accepted_unix(lb) == 0, "the sandbox reached a socket it was not granted"
         # the same run without the grant: the socket is absent too (the grant did it)
         p = run_cli(jail, "python3", "-c", CONNECT, a)
         assert_ok(p)
         assert _results(out(p)) == {str(a): str(errno.ENOENT)}, show(p)
-        assert _accepted(la) == 0
+        assert accepted_unix(la) == 0
         # control: unconfined, both are reachable
         assert _unconfined(a, b) == {str(a): "0", str(b): "0"}
-        assert _accepted(la, wait=2) == 1 and _accepted(lb, wait=2) == 1
+        assert accepted_unix(la, wait=2) == 1 and accepted_unix(lb, wait=2) == 1
     finally:
         la.close()
         lb.close()
@@ -125,20 +105,20 @@ def test_a_socket_named_through_a_symlink_is_reachable_by_both_names(
     link = tmp_path / "run-link"
     link.symlink_to(outside)
     sock = outside / "d.sock"
-    lst = _listen(sock)
+    lst = listen_unix(sock)
     try:
         p = run_cli(jail, "python3", "-c", CONNECT, link / "d.sock", sock,
                     extra=["--allow-unix-socket", link / "d.sock"])
         assert_ok(p)
         assert _results(out(p)) == {str(link / "d.sock"): "0", str(sock): "0"}, show(p)
-        assert _accepted(lst, wait=2) == 2
+        assert accepted_unix(lst, wait=2) == 2
     finally:
         lst.close()
 
 
 def test_a_socket_inside_the_jail_is_granted_as_it_lies(jail: Path, tmp_path: Path) -> None:
     sock = jail / "dev.sock"
-    lst = _listen(sock)
+    lst = listen_unix(sock)
     try:
         entry = _connects_when_granted(jail, sock, lst, "--allow-unix-socket",
                                        tmp_path / "receipt.json")
@@ -150,7 +130,7 @@ def test_a_socket_inside_the_jail_is_granted_as_it_lies(jail: Path, tmp_path: Pa
 def test_dangerous_socket_needs_the_second_yes(jail: Path, outside: Path,
                                                tmp_path: Path) -> None:
     sock = outside / "docker.sock"
-    lst = _listen(sock)
+    lst = listen_unix(sock)
     marker = jail / "ran"
     receipt = tmp_path / "receipt.json"
     try:
@@ -159,7 +139,7 @@ def test_dangerous_socket_needs_the_second_yes(jail: Path, outside: Path,
         line = single_error_line(p)
         assert "Docker Engine API" in line and "--allow-dangerous-socket" in line, line
         assert not marker.exists(), "the command ran although the policy was refused"
-        assert _accepted(lst) == 0
+        assert accepted_unix(lst) == 0
         entry = _connects_when_granted(jail, sock, lst, "--allow-dangerous-socket", receipt)
     finally:
         lst.close()
@@ -175,7 +155,7 @@ def test_other_dangerous_names_are_refused(tmp_path: Path, name: str) -> None:
     if not name.startswith("run/"):
         path = tmp_path / name
         path.parent.mkdir(parents=True)
-        lst = _listen(path)
+        lst = listen_unix(path)
         try:
             with pytest.raises(PolicyError, match="allow_dangerous_sockets"):
                 Policy(jail=str(tmp_path), allow_unix_sockets=(str(path),))
@@ -193,7 +173,7 @@ def test_bad_socket_grants_are_refused_with_no_side_effect(jail: Path, outside: 
     hidden = jail / "secret"
     hidden.mkdir()
     hsock = hidden / "h.sock"
-    lst = _listen(hsock)
+    lst = listen_unix(hsock)
     marker = jail / "ran"
     cases = {
         str(outside / "missing.sock"): "No such file or directory",
@@ -218,15 +198,15 @@ def test_a_restarted_server_is_reached_through_the_same_policy(jail: Path,
     """An ssh-agent restarted between two runs makes a new socket inode at the same path: the
     cached confinement notices (its stamp) and binds the new one."""
     sock = outside / "agent.sock"
-    sock_first = _listen(sock)
+    sock_first = listen_unix(sock)
     sandbox = Sandbox(Policy(jail=str(jail), allow_unix_sockets=(str(sock),)))
     for server in ("first", "restarted"):
-        lst = sock_first if server == "first" else _listen(sock)
+        lst = sock_first if server == "first" else listen_unix(sock)
         try:
             r = sandbox.run(["python3", "-c", CONNECT, str(sock)], capture_output=True)
             assert r.returncode == 0 and _results(r.stdout.decode()) == {str(sock): "0"}, \
                 (server, r)
-            assert _accepted(lst, wait=2) == 1, server
+            assert accepted_unix(lst, wait=2) == 1, server
         finally:
             lst.close()
         sock.unlink()  # the server stops (its socket file goes with it, as ssh-agent's)
@@ -246,17 +226,17 @@ def test_landlock_abi9_refuses_sockets_of_read_only_roots_unless_granted(
     """Where the kernel mediates connect() by path, a socket the view shows (inside a
     read-only root) is refused unless granted; the grant is a RESOLVE_UNIX rule."""
     sock = ro_root / "daemon.sock"
-    lst = _listen(sock)
+    lst = listen_unix(sock)
     try:
         p = run_cli(jail, "python3", "-c", CONNECT, sock, extra=["--read-only-root", ro_root])
         assert_ok(p)
         assert _results(out(p)) == {str(sock): str(errno.EACCES)}, show(p)
-        assert _accepted(lst) == 0
+        assert accepted_unix(lst) == 0
         p = run_cli(jail, "python3", "-c", CONNECT, sock,
                     extra=["--read-only-root", ro_root, "--allow-unix-socket", sock])
         assert_ok(p)
         assert _results(out(p)) == {str(sock): "0"}, show(p)
-        assert _accepted(lst, wait=2) == 1
+        assert accepted_unix(lst, wait=2) == 1
     finally:
         lst.close()
 
