@@ -121,7 +121,7 @@ def main():
         _send(ctl, {"fatal": str(e)})
         return 1
     kill_rest = sys.argv[1:] == ["kill-rest"]
-    running = {}  # command id -> the write end of its thread's kill pipe
+    running: dict[int, int] = {}  # command id -> the write end of its thread's kill pipe
     lock = threading.Lock()  # guards running
     _send(ctl, {"ready": os.getpid()})
     while True:
