@@ -196,6 +196,47 @@ def _forget() -> None:
 os.register_at_fork(after_in_child=_forget)
 
 
+#: The uncertainty of a process's start on the wall clock: /proc/stat's btime is whole
+#: seconds, a start time whole clock ticks.
+_START_SLACK = 1.0
+
+
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+_BOOT_TIME = _boot_time()
+
+
+def _started(pid: int) -> float | None:
+    """When ``pid`` started, on the wall clock (seconds), or None when it cannot be read."""
+    if _BOOT_TIME is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_ = f.read()
+        ticks = int(stat_.rsplit(b")", 1)[1].split()[19])  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return None
+    return _BOOT_TIME + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _made_by(w: "Watch", allocated_at: float) -> bool:
+    """Whether a domain allocated at ``allocated_at`` (the audit event's wall clock) by the
+    pid ``w`` watches can be that process's: not when it came before the process started
+    (a pid reused: pid_max is 32768 on many hosts, a test suite wraps it in minutes, and an
+    earlier process's domain would be taken for the run's, its denials with it). Unknown
+    start: refused, since a run's missing records are better than another process's."""
+    return w.maker_started is not None and allocated_at >= w.maker_started - _START_SLACK
+
+
 class Watch:
     """One run's Landlock records: made when the runtime learns the pid of the process that
     made the run's domain, finished when the run is over."""
@@ -211,6 +252,9 @@ class Watch:
         #: audit's status as the run started (read at most RECHECK before); None when it
         #: could not be read
         self.start = _recent_status()
+        #: when the domain's maker started (wall clock, seconds; None: unknown): a domain
+        #: allocated before it is another process's that had the same pid (pids wrap)
+        self.maker_started = _started(pid)
 
     def add(self, rec: dict[str, Any]) -> None:
         """Under the reader's lock."""
@@ -308,7 +352,8 @@ class _Reader(threading.Thread):
         self._lock = threading.Lock()
         self._by_pid: dict[int, Watch] = {}
         self._by_domain: dict[str, Watch] = {}
-        self._allocated: OrderedDict[int, str] = OrderedDict()  # pid -> domain, unclaimed
+        # pid -> (domain, when it was allocated: the event's wall clock), unclaimed
+        self._allocated: OrderedDict[int, tuple[str, float]] = OrderedDict()
         self._early: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()  # unclaimed
         self._awaiting: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()  # by serial
         self._markers: dict[str, threading.Event] = {}
@@ -318,9 +363,9 @@ class _Reader(threading.Thread):
     def claim(self, w: Watch) -> None:
         with self._lock:
             self._by_pid[w.pid] = w
-            domain = self._allocated.pop(w.pid, None)
-            if domain is not None:
-                self._bind(w, domain)
+            allocated = self._allocated.pop(w.pid, None)
+            if allocated is not None and _made_by(w, allocated[1]):
+                self._bind(w, allocated[0])
 
     def forget(self, w: Watch) -> None:
         with self._lock:
@@ -395,7 +440,7 @@ class _Reader(threading.Thread):
             if kind == audit.AUDIT_LANDLOCK_ACCESS:
                 self._access(serial, fields)
             elif fields.get("status") == "allocated":
-                self._allocated_domain(fields)
+                self._allocated_domain(serial, fields)
 
     def _access(self, serial: str, fields: dict[str, str]) -> None:
         domain = fields.get("domain", "")
@@ -414,17 +459,18 @@ class _Reader(threading.Thread):
         while len(self._awaiting) > _AWAITING_SYSCALL:
             self._awaiting.popitem(last=False)
 
-    def _allocated_domain(self, fields: dict[str, str]) -> None:
+    def _allocated_domain(self, serial: str, fields: dict[str, str]) -> None:
         try:
             pid = int(fields.get("pid", ""))
+            at = float(serial.split(":", 1)[0])
         except ValueError:
             return
         domain = fields.get("domain", "")
         w = self._by_pid.get(pid)
-        if w is not None and w.domain is None:
+        if w is not None and w.domain is None and _made_by(w, at):
             self._bind(w, domain)
             return
-        self._allocated[pid] = domain
+        self._allocated[pid] = (domain, at)
         self._allocated.move_to_end(pid)
         while len(self._allocated) > _UNCLAIMED:
             self._allocated.popitem(last=False)

@@ -319,3 +319,41 @@ def test_a_runtime_the_records_do_not_reach_says_so_once(jail: Path, audit_on: N
     first, second = json.loads(p.stdout)
     assert first.startswith("incomplete: the audit records do not reach this process"), first
     assert second.startswith("unavailable: the audit records do not reach this process"), second
+
+
+def test_a_domain_allocated_before_its_maker_started_is_not_the_runs() -> None:
+    """pid_max is 32768 on many hosts: a test suite wraps it in minutes, and an earlier
+    process's unclaimed domain, allocated under the same pid, was taken for a later run's
+    (its denials in the run's receipt). The reader binds a domain to a run only when the
+    allocation came after the run's maker started. Fed the kernel's record text directly
+    (the reader's own parsing and matching, no audit needed); a real process is the maker."""
+    from hcp_linux import audit, landlock_log
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        started = landlock_log._started(child.pid)
+        assert started is not None
+        reader = landlock_log._Reader(socket.socket(socket.AF_UNIX))
+
+        def allocated(at: float, domain: str) -> None:
+            text = (f"audit({at:.3f}:7): domain={domain} status=allocated mode=enforcing "
+                    f"pid={child.pid} uid=0 exe=\"/bin/sleep\" comm=\"sleep\"").encode()
+            reader._one(audit.AUDIT_LANDLOCK_DOMAIN, text)
+
+        allocated(started - 60, "1a2b")  # another process's, when this pid was its
+        stale = landlock_log.Watch(reader, child.pid, 10)
+        reader.claim(stale)
+        assert stale.domain is None
+        reader.forget(stale)
+        allocated(started + 0.5, "3c4d")  # the run's own (negative control)
+        mine = landlock_log.Watch(reader, child.pid, 10)
+        reader.claim(mine)
+        assert mine.domain == "3c4d"
+        # a stale record that comes after the claim (a backlog) is refused too
+        late = landlock_log.Watch(reader, child.pid, 10)
+        reader.forget(mine)
+        reader.claim(late)
+        allocated(started - 60, "5e6f")
+        assert late.domain is None
+    finally:
+        child.kill()
+        child.wait()
