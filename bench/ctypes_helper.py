@@ -3,7 +3,7 @@
     python bench/ctypes_helper.py [--runs N] [--json FILE]
 
 Rows (Sandbox.run(["/bin/true"]), default policy, executor="ctypes"): the child side in a
-fork of this process, and in a fresh helper process (hcp_linux.child_main), each from a
+fork of this process, and in a fresh helper process (hcp_linux.ctypes_executor.child_main), each from a
 runtime with no busy thread and with 8 threads spinning in Python; then `hcp-linux run`
 (one run per process, which has one thread when it spawns) with each. "fork" from a threaded
 runtime is the old behaviour, the hazard the helper removes; it is timed for reference only
@@ -25,7 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from hcp_linux import Policy, Sandbox, child_main  # noqa: E402
+from hcp_linux import Policy, Sandbox  # noqa: E402
+from hcp_linux.ctypes_executor import child_main  # noqa: E402
 from timing import measure_rows, summary  # noqa: E402
 
 
@@ -72,7 +73,7 @@ def main() -> int:
             results.update({name: summary(s) for name, s in samples.items()})
         # the CLI: one run per process, single-threaded at its spawn: fork unless told not to
         cli = ("import sys; from hcp_linux import child_main; child_main.FORK_WHEN_ALONE = %s; "
-               "from hcp_linux.launch import entry; sys.argv[0] = 'hcp-linux'; entry()")
+               "from hcp_linux.cli.launch import entry; sys.argv[0] = 'hcp-linux'; entry()")
         rows = []
         for how, fork in (("fork", True), ("helper", False)):
             argv = [sys.executable, "-c", cli % fork, "run", "--executor", "ctypes", "--jail",

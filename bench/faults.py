@@ -43,7 +43,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from hcp_linux import Policy, Sandbox, native, teardown  # noqa: E402
+from hcp_linux import Policy, Sandbox, native  # noqa: E402
+from hcp_linux.proc import teardown  # noqa: E402
 from hcp_linux.conformance.observers import (on_a_thread, processes_in_namespace,  # noqa: E402
                                              processes_with)
 from hcp_linux.conformance.observers import proc_children as children  # noqa: E402

@@ -27,7 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from hcp_linux import Policy, Sandbox, audit, landlock_log  # noqa: E402
+from hcp_linux import Policy, Sandbox  # noqa: E402
+from hcp_linux.observe import audit, landlock_log  # noqa: E402
 from timing import measure_rows, report  # noqa: E402
 
 FLOOD = r"""

@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from hcp_linux import Policy, Sandbox, rulesets  # noqa: E402
+from hcp_linux import Policy, Sandbox  # noqa: E402
+from hcp_linux.plan import rulesets  # noqa: E402
 from timing import measure_rows, report  # noqa: E402
 
 #: argv: kind, n. The receiver's buffer holds every datagram (1 byte each): no drop, no

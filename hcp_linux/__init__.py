@@ -17,13 +17,13 @@ if TYPE_CHECKING:
     from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                          HostPathError, LayerUnavailableError, NotAllowlistedError,
                          PolicyError, SandboxError)
-    from .policy import Policy
+    from .policy.policy import Policy
     from .probe import ProbeReport, probe
     from .sandbox import (DEVNULL, PIPE, CompletedRun, Sandbox, SandboxProcess, confine,
                           release_resources)
 
 _WHERE = {
-    "Policy": "policy", "Sandbox": "sandbox", "CompletedRun": "sandbox",
+    "Policy": "policy.policy", "Sandbox": "sandbox", "CompletedRun": "sandbox",
     "SandboxProcess": "sandbox", "confine": "sandbox", "PIPE": "sandbox", "DEVNULL": "sandbox",
     "probe": "probe", "ProbeReport": "probe", "release_resources": "sandbox",
     "SandboxError": "errors", "PolicyError": "errors", "NotAllowlistedError": "errors",

@@ -68,9 +68,9 @@ class WritebackError(SandboxError):
     destination of the run was changed (docs/driver.md says what a crash can leave).
 
     ``path`` is the destination that failed, ``cause`` why (strerror, or what was found).
-    From the driver, ``report`` is the :class:`~hcp_linux.driver.WritebackReport` and, from
+    From the driver, ``report`` is the :class:`~hcp_linux.driver.driver.WritebackReport` and, from
     ``LinuxDriver.run``/``run_async``, ``result`` the whole
-    :class:`~hcp_linux.driver.DriverResult`: the command's own status, output and receipt
+    :class:`~hcp_linux.driver.driver.DriverResult`: the command's own status, output and receipt
     are not lost because its outputs were.
     """
 

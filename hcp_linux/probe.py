@@ -16,10 +16,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-from . import hostenv, ladder
-from .policy import LAYERS
-from .receipt import lost_text
-from .remedies import remedy
+from .host import hostenv
+from .policy import ladder
+from .policy.policy import LAYERS
+from .run.receipt import lost_text
+from .host.remedies import remedy
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def host_facts() -> dict[str, Any]:
 
 
 def _landlock_denials() -> str:
-    from . import audit, landlock_log
+    from .observe import audit, landlock_log
     why = landlock_log.available()
     if why:
         return why
@@ -145,7 +146,7 @@ def _probe_jail(facts: dict[str, Any]) -> Iterator[tuple[str, bool]]:
     try:
         tmp = tempfile.TemporaryDirectory(prefix="hcp-linux-probe-")
     except OSError as e:
-        from .locations import PLACEHOLDER_JAIL
+        from .jails.locations import PLACEHOLDER_JAIL
         facts["probe_jail"] = (f"read-only ({PLACEHOLDER_JAIL}): no writable temporary "
                                f"directory ({e.strerror or e}); set TMPDIR to run in one")
         yield PLACEHOLDER_JAIL, True
@@ -159,7 +160,7 @@ def _probe_jail(facts: dict[str, Any]) -> Iterator[tuple[str, bool]]:
 def probe() -> ProbeReport:
     """Probe once per process; later calls return the same report."""
     from .errors import SandboxError
-    from .policy import Policy
+    from .policy.policy import Policy
     from .sandbox import Sandbox
 
     facts = host_facts()

@@ -1,6 +1,6 @@
 """What the parent and both executors agree on, written once.
 
-The ctypes executor (:mod:`hcp_linux.child`) and the C one (``native/hcp_exec.c``) perform the
+The ctypes executor (:mod:`hcp_linux.ctypes_executor.child`) and the C one (``native/hcp_exec.c``) perform the
 same steps and report a failing one the same way; the parent serialises a Plan for hcp-exec
 and reads both executors' error records. Every constant they share is here: the C program
 includes a header generated from this module at build time (:func:`c_header`), so changing a
@@ -8,7 +8,7 @@ step or a flag here changes both executors, and a binary built from other values
 used (its file name carries a digest of the header).
 
 This module imports the standard library only, and little of it: the ctypes executor's
-helper interpreter (:mod:`hcp_linux.child_main`) imports it at start-up.
+helper interpreter (:mod:`hcp_linux.ctypes_executor.child_main`) imports it at start-up.
 """
 from __future__ import annotations
 

@@ -49,10 +49,10 @@ from ray.util.scheduling_strategies import (  # type: ignore[import-not-found, u
 
 from . import Policy, Sandbox
 from . import SandboxError as HcpError
-from .jailfiles import open_jail, read_in, write_in
-from .reclaim import jail_name
+from .jails.jailfiles import open_jail, read_in, write_in
+from .jails.reclaim import jail_name
 from .session import Session, SessionEnded
-from .workspace import remove_tree, sweep_jails
+from .jails.workspace import remove_tree, sweep_jails
 
 __all__ = ["HOST_IMAGE", "HcpSandboxBackend", "HcpSandboxRuntime", "HcpSandbox",
            "HostImageManager", "SandboxLostError", "create", "get", "check_config"]
@@ -220,7 +220,7 @@ class HcpSandboxBackend(BaseSandboxBackend):
 
     def create_sandbox(self, config: SandboxConfig) -> str:
         mapping = check_config(config, self.policy)
-        # named for this process (hcp_linux.reclaim): if the worker is killed outright, the
+        # named for this process (hcp_linux.jails.reclaim): if the worker is killed outright, the
         # next backend on the node (or `hcp-linux gc`) knows the jail's owner is gone
         jail = os.path.join(self.jail_root, jail_name("ray"))
         try:

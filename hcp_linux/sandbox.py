@@ -16,15 +16,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Mapping, Sequence
 
-from . import executor, native, popen
+from . import native
+from .run import executor, popen
 from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError, HelperLostError,
                      LayerUnavailableError, PolicyError, SandboxError, SetupTimeoutError)
-from .executor import DEVNULL, PIPE, STDOUT, SandboxProcess
-from .plan import Plan, clear_cache, compile_plan
-from .policy import LAYERS, Policy
-from .policy_flags import flags_of
-from .receipt import build_receipt
-from .remedies import remedy
+from .run.executor import DEVNULL, PIPE, STDOUT, SandboxProcess
+from .plan.plan import Plan, clear_cache, compile_plan
+from .policy.policy import LAYERS, Policy
+from .policy.policy_flags import flags_of
+from .run.receipt import build_receipt
+from .host.remedies import remedy
 
 __all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "release_resources", "PIPE",
            "DEVNULL", "STDOUT", "CalledProcessError", "TimeoutExpired"]
@@ -168,7 +169,7 @@ class Sandbox:
         out to be missing, yields the plan without it. Each plan is closed when the next is asked for.
         ``only_with``: stop (StopIteration), before compiling, when a plan would lack one of
         these layers. ``env`` (variables granted by the call, checked), ``cwd`` and
-        ``executable``: as :func:`~hcp_linux.plan.compile_plan` takes them."""
+        ``executable``: as :func:`~hcp_linux.plan.plan.compile_plan` takes them."""
         policy = self.policy
         wanted = self._wanted_layers()
         degraded: dict[str, str] = {}

@@ -6,7 +6,7 @@ per /bin/true here, of which the kernel's namespaces alone are ~2.6). Where comm
 one sandbox that lives on between them (a Ray sandbox, an agent's workspace), they need not
 each get new ones: a session starts one confined run of hcp_linux/zygote.py (the sandbox's
 own ``python3 -I -S``) and sends it each command to fork and exec. Each command is still
-planned here, by the same :func:`~hcp_linux.plan.compile_plan` as a run of its own: the
+planned here, by the same :func:`~hcp_linux.plan.plan.compile_plan` as a run of its own: the
 allow-list, the environment scrub and marker, the working directory in the view; only the
 already-made confinement is shared.
 
@@ -36,10 +36,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from . import popen
+from .run import popen
 from .errors import SandboxError
-from .plan import compile_plan
-from .policy import LAYERS
+from .plan.plan import compile_plan
+from .policy.policy import LAYERS
 from .sandbox import Sandbox
 
 __all__ = ["Session", "SessionEnded", "SessionResult"]

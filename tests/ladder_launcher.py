@@ -31,8 +31,8 @@ import pyseccomp
 SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "hcp_linux", "share", "seccomp", "hcp-linux.json")
 try:  # the installed package's own copy when tests run against site-packages
-    import hcp_linux.remedies
-    SHIPPED = hcp_linux.remedies.SECCOMP_PROFILE
+    import hcp_linux.host.remedies
+    SHIPPED = hcp_linux.host.remedies.SECCOMP_PROFILE
 except ImportError:
     pass
 

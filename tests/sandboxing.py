@@ -309,7 +309,7 @@ class LoopbackServer:
 def stuck_seccomp_listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Within the block the runtime's seccomp listener answers nothing (a stopped or starved
     thread): a notified call waits in the kernel. Released (answering again) on leaving."""
-    from hcp_linux import denials
+    from hcp_linux.observe import denials
     release = threading.Event()
     answer = denials.SeccompListener.answer_one
 

@@ -23,9 +23,9 @@ import pytest
 
 from hcp_linux import Policy
 from hcp_linux.errors import PolicyError, printable
-from hcp_linux.limits import CPU_SECONDS_MAX, PID_MAX_LIMIT, Limits, nr_open
-from hcp_linux.pack import PackError, load_pack
-from hcp_linux.values import MAX_DEPTH, MAX_DOCUMENT, RLIM_MAX
+from hcp_linux.policy.limits import CPU_SECONDS_MAX, PID_MAX_LIMIT, Limits, nr_open
+from hcp_linux.policy.pack import PackError, load_pack
+from hcp_linux.policy.values import MAX_DEPTH, MAX_DOCUMENT, RLIM_MAX
 
 from sandboxing import (EXECUTOR_ARGS, EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT,  # noqa: F401
                         caller_env, jail, run_cli, show, single_error_line, snapshot)
@@ -584,7 +584,7 @@ def test_pack_bin_symlink_inside_the_pack_runs(tmp_path: Path, out: Path, pack_c
 def test_pack_root_on_a_pseudo_fs_refused(tmp_path: Path) -> None:
     """The pack root becomes a read-only root of every run: refused when the pack is read,
     before a workspace is made. Control: an ordinary directory."""
-    from hcp_linux.pack import Pack
+    from hcp_linux.policy.pack import Pack
     for root in ("/proc/self", "/sys/kernel", "/dev"):
         with pytest.raises(PackError) as info:
             Pack.from_mapping({"wrap": {"bin": "sh"}}, root=root)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hcp_linux import Policy
-from hcp_linux.confinement import cache_stats, clear_cache, shared_confinement
+from hcp_linux.plan.confinement import cache_stats, clear_cache, shared_confinement
 from hcp_linux.errors import PolicyError
 from sandboxing import (EXIT_REFUSED, assert_ok, deny_run_cli, out, read_receipt, run_cli,
                         show, single_error_line, snapshot)

@@ -18,8 +18,9 @@ from typing import Any, Callable
 
 import pytest
 
-from hcp_linux import Policy, PolicyError, cli_args
-from hcp_linux.limits import Limits
+from hcp_linux import Policy, PolicyError
+from hcp_linux.cli import cli_args
+from hcp_linux.policy.limits import Limits
 from hcp_linux.sandbox import confine
 from sandboxing import TIMEOUT
 
@@ -120,7 +121,7 @@ def _same(a: Policy, b: Policy) -> None:
 def test_every_field_has_samples() -> None:
     missing = [n for n in FIELDS if n not in SAMPLES]
     assert not missing, (f"Policy fields {missing} have no sample here: give confine a flag "
-                         f"for each (hcp_linux/policy_flags.py FIELDS) or make "
+                         f"for each (hcp_linux/policy/policy_flags.py FIELDS) or make "
                          f"it refuse them, and add samples")
     assert set(SAMPLES) <= set(FIELDS)
 
@@ -185,7 +186,7 @@ def test_confine_argv_runs_under_the_policy(tmp_path: Path) -> None:
 def test_limits_have_exact_text() -> None:
     """Every limit value a Policy can hold comes back through its flag's text unchanged
     (no exponent, no rounding): the parser the CLI uses, on the text confine writes."""
-    from hcp_linux.policy_flags import BY_NAME
+    from hcp_linux.policy.policy_flags import BY_NAME
     for key, value in (("cpu_quota", 0.01), ("cpu_quota", 1.5), ("cpu_quota", 175921860.0),
                        ("nofile", 1), ("as", (1 << 63) - 1), ("output", None)):
         field = "as_" if key == "as" else key

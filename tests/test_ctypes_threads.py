@@ -24,7 +24,9 @@ from typing import Iterator
 
 import pytest
 
-from hcp_linux import Policy, Sandbox, child_main, teardown
+from hcp_linux import Policy, Sandbox
+from hcp_linux.ctypes_executor import child_main
+from hcp_linux.proc import teardown
 from hcp_linux.errors import BinNotFoundError, ChildSetupError, SetupTimeoutError
 from sandboxing import (TIMEOUT, jail, pid_alive, processes_with, ro_root,  # noqa: F401
                         sleep_token, wait_for)
@@ -206,9 +208,9 @@ def test_landlock_without_a_mount_view_holds_from_a_busy_runtime(jail: Path, tmp
     made and checked, handed to the helper by its fd, with the rule the helper adds for
     /proc, restricts the command: a write beside the jail is refused and absent after, while
     a read of /proc/self works; the same write unconfined lands (control)."""
-    from hcp_linux import executor
-    from hcp_linux.plan import compile_plan
-    from hcp_linux.policy import LAYERS
+    from hcp_linux.run import executor
+    from hcp_linux.plan.plan import compile_plan
+    from hcp_linux.policy.policy import LAYERS
     beside = tmp_path / "beside"
     script = f"head -c0 /proc/self/status && echo proc-ok; touch {beside}"
     plan = compile_plan(Policy(jail=str(jail)), ["/bin/sh", "-c", script],

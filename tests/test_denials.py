@@ -17,7 +17,7 @@ import pytest
 from sandboxing import EXECUTOR_ARGS, TIMEOUT, hcp_argv, stuck_seccomp_listener
 
 from hcp_linux import Policy, Sandbox
-from hcp_linux import denials as denials_mod
+from hcp_linux.observe import denials as denials_mod
 from hcp_linux.native import binary
 
 EXECUTORS = ["ctypes"] + (["native"] if binary() is not None else [])

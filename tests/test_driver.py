@@ -15,12 +15,12 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from hcp_linux.driver import DriverResult, Execution, LinuxDriver
+from hcp_linux.driver.driver import DriverResult, Execution, LinuxDriver
 from hcp_linux.errors import HostPathError, NotAllowlistedError, PolicyError
-from hcp_linux.pack import Pack, load_pack
-from hcp_linux.policy import Policy
+from hcp_linux.policy.pack import Pack, load_pack
+from hcp_linux.policy.policy import Policy
 from hcp_linux.sandbox import PIPE
-from hcp_linux.workspace import WorkspaceBusyError
+from hcp_linux.jails.workspace import WorkspaceBusyError
 from sandboxing import processes_with, sleep_token, wait_for
 
 TIMEOUT = 30.0

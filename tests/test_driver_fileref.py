@@ -10,10 +10,10 @@ import os
 import pytest
 
 from hcp_linux.errors import HostPathError, PolicyError
-from hcp_linux.fileref import (INPUT, JAIL, OUTPUT, WritebackError, check_host_path, is_host_path,
+from hcp_linux.driver.fileref import (INPUT, JAIL, OUTPUT, WritebackError, check_host_path, is_host_path,
                                scan)
-from hcp_linux.pack import DEFAULT_FILE_FLAGS
-from hcp_linux.staging import Staging
+from hcp_linux.policy.pack import DEFAULT_FILE_FLAGS
+from hcp_linux.driver.staging import Staging
 
 FLAGS = DEFAULT_FILE_FLAGS
 

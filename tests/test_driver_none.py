@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from hcp_linux.driver import LinuxDriver
+from hcp_linux.driver.driver import LinuxDriver
 from hcp_linux.errors import PolicyError
-from hcp_linux.pack import load_pack
-from hcp_linux.policy import Policy
+from hcp_linux.policy.pack import load_pack
+from hcp_linux.policy.policy import Policy
 from sandboxing import (TIMEOUT, EXECUTOR_ARGS, deny_syscalls_launcher, kill_by_pid,
                         processes_with, read_receipt, sleep_token, snapshot, wait_for)
 

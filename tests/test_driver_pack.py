@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hcp_linux.errors import PolicyError
-from hcp_linux.pack import (DEFAULT_FILE_FLAGS, EPHEMERAL, NONE, WORKSPACE, Pack, PackError,
+from hcp_linux.policy.pack import (DEFAULT_FILE_FLAGS, EPHEMERAL, NONE, WORKSPACE, Pack, PackError,
                             WorkspaceSpec, load_pack)
 
 

@@ -240,7 +240,7 @@ def test_glibc_resolves_through_the_resolver(jail: Path, tmp_path: Path) -> None
 
 
 def test_resolv_conf_names_the_resolver() -> None:
-    from hcp_linux.confinement import RESOLV_CONF
+    from hcp_linux.plan.confinement import RESOLV_CONF
     text = Path(RESOLV_CONF).read_text()
     assert [line.split()[1] for line in text.splitlines() if line.startswith("nameserver")] \
         == [RESOLVER_ADDRESS[0]] and RESOLVER_ADDRESS[1] == 53

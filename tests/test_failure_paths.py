@@ -22,10 +22,11 @@ from typing import Callable
 
 import pytest
 
-from hcp_linux import Policy, Sandbox, native, teardown
+from hcp_linux import Policy, Sandbox, native
+from hcp_linux.proc import teardown
 from hcp_linux.conformance.observers import (on_a_thread, proc_children, proc_state,
                                              processes_in_namespace, resume_and_kill)
-from hcp_linux.teardown import reaper as _reaper
+from hcp_linux.proc.teardown import reaper as _reaper
 
 TIMEOUT = 60
 

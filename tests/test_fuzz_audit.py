@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the audit record reader (hcp_linux/audit.py), which parses
+"""Property-based fuzzing of the audit record reader (hcp_linux/observe/audit.py), which parses
 bytes a sandboxed command shapes: the paths and names in Landlock's records are its own.
 
 Invariants: any datagram splits into netlink messages without an exception, each within the
@@ -19,7 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from fuzzing import fuzz  # noqa: E402
 
-from hcp_linux import audit  # noqa: E402
+from hcp_linux.observe import audit  # noqa: E402
 
 
 def _kernel_value(raw: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """Property-based fuzzing of what a caller hands `hcp-linux run` (issue #15, item 3).
 
-Targets: the CLI's argv (in process, through ``hcp_linux.cli.main``, and a few through the real
+Targets: the CLI's argv (in process, through ``hcp_linux.cli.cli.main``, and a few through the real
 program), TOML policy files loaded as ``--policy FILE`` loads them, and pack manifests loaded
 as ``--pack FILE`` loads them.
 
@@ -48,9 +48,9 @@ from hypothesis import event, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.control import currently_in_test_context  # noqa: E402
 
-from hcp_linux import cli  # noqa: E402
+from hcp_linux.cli import cli  # noqa: E402
 from hcp_linux.errors import SandboxError  # noqa: E402
-from hcp_linux.pack import Pack, PackError, load_pack  # noqa: E402
+from hcp_linux.policy.pack import Pack, PackError, load_pack  # noqa: E402
 
 # -- profiles -------------------------------------------------------------------------------------
 

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from hcp_linux.allowlist import resolve_bin
+from hcp_linux.policy.allowlist import resolve_bin
 from hcp_linux.errors import (BinNotFoundError, HostPathError, NotAllowlistedError,
                               PolicyError)
-from hcp_linux.policy import Policy
+from hcp_linux.policy.policy import Policy
 from hcp_linux.sandbox import Sandbox
 from sandboxing import jail  # noqa: F401
 from test_driver import TIMEOUT, Env, sh

@@ -1,4 +1,4 @@
-"""Files in a jail read and written by descriptor (hcp_linux.jailfiles), without Ray.
+"""Files in a jail read and written by descriptor (hcp_linux.jails.jailfiles), without Ray.
 
 Each refusal is shown on disk: what a planted symlink, FIFO or hard link points at is
 untouched, next to the negative control that a plain open() through the same path does
@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from hcp_linux.errors import PolicyError
-from hcp_linux.jailfiles import open_jail, read_in, write_in
+from hcp_linux.jails.jailfiles import open_jail, read_in, write_in
 
 
 @pytest.fixture

@@ -26,10 +26,11 @@ from pathlib import Path
 import pytest
 
 import ladder_launcher
-from hcp_linux import hostenv, ladder, remedies
+from hcp_linux.host import hostenv, remedies
+from hcp_linux.policy import ladder
 from hcp_linux.errors import PolicyError
-from hcp_linux.policy import LAYERS, Policy
-from hcp_linux.policy_flags import flags_of
+from hcp_linux.policy.policy import LAYERS, Policy
+from hcp_linux.policy.policy_flags import flags_of
 from sandboxing import (EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT, EXECUTOR_ARGS, Listener,
                         caller_env, err, hcp_argv, jail, out, outside, read_receipt, show,
                         single_error_line, snapshot)  # noqa: F401
@@ -211,7 +212,7 @@ def test_shipped_seccomp_profile_adds_exactly_what_the_executors_call() -> None:
     names of the profile's "hcp-linux:" rules."""
     profile = json.loads(Path(remedies.SECCOMP_PROFILE).read_text())
     src = ""
-    for rel in ("hcp_linux/native/hcp_exec.c", "hcp_linux/child.py", "hcp_linux/_libc.py"):
+    for rel in ("hcp_linux/native/hcp_exec.c", "hcp_linux/ctypes_executor/child.py", "hcp_linux/_libc.py"):
         path = ROOT / rel
         if not path.is_file():
             pytest.skip("needs the source tree")

@@ -31,7 +31,8 @@ import pytest
 from sandboxing import TIMEOUT, hcp_argv
 
 import hcp_linux.landlock as landlock
-from hcp_linux import Policy, Sandbox, audit, landlock_log
+from hcp_linux import Policy, Sandbox
+from hcp_linux.observe import audit, landlock_log
 from hcp_linux.native import binary
 
 EXECUTORS = ["ctypes"] + (["native"] if binary() is not None else [])

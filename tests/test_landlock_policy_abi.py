@@ -7,8 +7,8 @@ deliberate edit here and in rulesets.py, and a binding upgrade alone changes not
 from __future__ import annotations
 
 from hcp_linux import landlock
-from hcp_linux.rulesets import POLICY_ABI, landlock_ruleset
-from hcp_linux.policy import LAYERS, Policy
+from hcp_linux.plan.rulesets import POLICY_ABI, landlock_ruleset
+from hcp_linux.policy.policy import LAYERS, Policy
 
 HANDLED_FS = {"EXECUTE", "WRITE_FILE", "READ_FILE", "READ_DIR", "REMOVE_DIR", "REMOVE_FILE",
               "MAKE_CHAR", "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_BLOCK",

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hcp_linux import Policy, Sandbox, teardown
+from hcp_linux import Policy, Sandbox
+from hcp_linux.proc import teardown
 
 TIMEOUT = 60
 DAEMON = ("setsid sh -c 'echo $$ > daemon.pid; "
@@ -291,7 +292,7 @@ def test_bad_limits_are_refused_before_anything_runs(jail: Path, limits: dict,
 
 def test_cgroup_limits_fail_closed_where_they_cannot_apply(jail: Path) -> None:
     from hcp_linux import PolicyError
-    from hcp_linux.limits import cgroup_v2_status
+    from hcp_linux.policy.limits import cgroup_v2_status
     status = cgroup_v2_status()
     if status.startswith("available") and "not yet applied" not in status:
         pytest.skip("this host has a delegated cgroup v2")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hcp_linux import Policy, Sandbox, executor
+from hcp_linux import Policy, Sandbox
+from hcp_linux.run import executor
 from hcp_linux.errors import HelperLostError
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
@@ -160,7 +161,7 @@ def tmpdir_with_foreign_mounts(tmp_path: Path):  # type: ignore[no-untyped-def]
 def test_foreign_mounts_under_tmpdir_leave_packs_and_the_driver_working(
         tmpdir_with_foreign_mounts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ) -> None:
-    from hcp_linux.driver import LinuxDriver
+    from hcp_linux.driver.driver import LinuxDriver
     tmpdir = tmpdir_with_foreign_mounts
     root = tmp_path / "pack"
     root.mkdir()

@@ -23,10 +23,12 @@ import pytest
 
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
-from hcp_linux import Policy, Sandbox, child, executor, native, protocol
+from hcp_linux import Policy, Sandbox, native, protocol
+from hcp_linux.ctypes_executor import child
+from hcp_linux.run import executor
 from hcp_linux.errors import ChildSetupError, PolicyError, SandboxError
-from hcp_linux.plan import compile_plan
-from hcp_linux.policy import LAYERS
+from hcp_linux.plan.plan import compile_plan
+from hcp_linux.policy.policy import LAYERS
 
 built = pytest.mark.skipif(native.binary() is None,
                            reason="native executor not built (python -m hcp_linux.native.build)")
@@ -430,7 +432,7 @@ def test_the_native_executor_never_copies_the_runtime(jail: Path,
     the ctypes executor's helper, which it starts when the runtime has threads (as this one
     does). Negative control: its fork of the runtime (what it does while the runtime has one
     thread; forced here) maps all of it."""
-    from hcp_linux import child_main
+    from hcp_linux.ctypes_executor import child_main
     ballast = bytearray(b"\x01") * (256 << 20)  # touched: really resident
     sizes = {}
     try:

@@ -22,8 +22,9 @@ import pytest
 from sandboxing import TIMEOUT, hcp_argv, jail, stuck_seccomp_listener  # noqa: F401
 
 import hcp_linux.seccomp_profiles as seccomp_profiles
-from hcp_linux import Policy, Sandbox, native, rulesets
-from hcp_linux import denials as denials_mod
+from hcp_linux import Policy, Sandbox, native
+from hcp_linux.plan import rulesets
+from hcp_linux.observe import denials as denials_mod
 from hcp_linux.egress.routes import MMSG_READ, unrouted
 from hcp_linux.protocol import HANDOVER_MARK
 from hcp_linux.seccomp_profiles import bpf

@@ -82,7 +82,7 @@ import sys
 from hcp_linux import native
 if sys.argv[1] != "-":
     native.selection.BUILD_DIR = sys.argv[1]
-from hcp_linux.cli import main
+from hcp_linux.cli.cli import main
 sys.exit(main(["probe", "--json"]))
 """
 

@@ -20,7 +20,7 @@ import pytest
 
 from hcp_linux import Policy, Sandbox
 from hcp_linux.errors import PolicyError
-from hcp_linux.values import symlinks_followed, unpinned_link
+from hcp_linux.policy.values import symlinks_followed, unpinned_link
 from sandboxing import (EXIT_REFUSED, TIMEOUT, assert_ok, jail, out, outside,  # noqa: F401
                         accepted_unix, listen_unix, run_cli, show, single_error_line)
 

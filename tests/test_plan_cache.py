@@ -14,7 +14,8 @@ import pytest
 
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
-from hcp_linux import Policy, Sandbox, confinement, plan
+from hcp_linux import Policy, Sandbox
+from hcp_linux.plan import confinement, plan
 
 
 def _counts() -> dict[str, int]:
@@ -120,7 +121,7 @@ def test_a_plan_of_a_forgotten_confinement_runs_and_holds_no_fd(jail: Path) -> N
     """A plan holds no fd (its Landlock rules' fds are opened when its ruleset is made, and
     closed then): clearing the cache while a plan is being spawned (another thread) takes
     nothing from under it, and nothing is left open."""
-    from hcp_linux import executor
+    from hcp_linux.run import executor
     fds = _open_fds()
     policy = Policy(jail=str(jail))
     sb = Sandbox(policy)

@@ -527,7 +527,7 @@ def test_parameter(name: str, sb: Sandbox, jail: Path, tmp_path: Path,
                    monkeypatch: pytest.MonkeyPatch) -> None:
     case = CASES.get(name)
     assert case is not None, (f"Popen/run parameter {name!r} is not classified: honour it "
-                              f"or refuse it (hcp_linux/popen.py), add it to docs/popen.md "
+                              f"or refuse it (hcp_linux/run/popen.py), add it to docs/popen.md "
                               f"and to CASES here")
     if "monkeypatch" in inspect.signature(case).parameters:
         case(sb, jail, tmp_path, monkeypatch)
@@ -647,7 +647,7 @@ def test_refusals_start_nothing(sb: Sandbox, jail: Path, monkeypatch: pytest.Mon
                                 ) -> None:
     """A refused argument is found before any process is made: the executor is never asked
     to start one (control: an accepted call asks it once), and nothing is written."""
-    from hcp_linux import executor
+    from hcp_linux.run import executor
     started = []
     spawn = executor.spawn
 

@@ -280,7 +280,7 @@ def test_a_faked_container_marker_costs_no_layer(jail: Path, outside: Path,
     """deploying.md, Detection: marks only give hints. A fake root with `/.dockerenv` and a
     Kubernetes service-account directory (HCP_LINUX_MARKER_ROOT) makes `probe` say docker,
     but the run keeps every layer and the write outside the jail fails."""
-    from hcp_linux import hostenv
+    from hcp_linux.host import hostenv
     root = tmp_path / "fakeroot"
     (root / "var/run/secrets/kubernetes.io/serviceaccount").mkdir(parents=True)
     (root / ".dockerenv").write_text("")

@@ -1,6 +1,6 @@
 """Protected by default: a sandboxed command cannot plant code the host runs later.
 
-Inside every writable root, the names of hcp_linux.protected (``.git/hooks``,
+Inside every writable root, the names of hcp_linux.policy.protected (``.git/hooks``,
 ``.git/config``, shell rc files, ``.envrc``, editor and agent settings...) are read-only in
 the mount view when they exist, and whatever appears at one that was missing is removed
 after the run (a symlink changed is restored). Each attack is done for real inside the

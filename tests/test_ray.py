@@ -355,7 +355,7 @@ def test_losing_the_node_loses_the_sandbox_with_a_clear_error(cluster, hr):
     # the jail stays on the dead node's disk (here: this machine's): nobody was left to
     # delete it; docs/ray.md says so
     if os.path.isdir(jail):
-        from hcp_linux.workspace import remove_tree
+        from hcp_linux.jails.workspace import remove_tree
         remove_tree(jail)
 
 
@@ -400,7 +400,7 @@ def test_a_sandbox_says_how_its_commands_run(cluster, hr, session):
 def test_a_killed_workers_jail_is_reclaimed_by_the_next_sandbox(cluster, hr):
     """ray.kill runs no cleanup: the jail stays. It is named for its owner (the worker), so
     the next backend on that node removes it once the owner is gone; a live one stays."""
-    from hcp_linux.reclaim import jail_owner, owner_gone
+    from hcp_linux.jails.reclaim import jail_owner, owner_gone
     _, _, worker = cluster
     doomed, alive = hr.create(node_id=worker), hr.create(node_id=worker)
     jails = [hr.get(sb.get_mapping.remote())["workdir"] for sb in (doomed, alive)]

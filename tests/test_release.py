@@ -22,7 +22,9 @@ import pytest
 
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
-from hcp_linux import Policy, Sandbox, confinement, executor, native, plan, release_resources
+from hcp_linux import Policy, Sandbox, native, release_resources
+from hcp_linux.plan import confinement, plan
+from hcp_linux.run import executor
 from hcp_linux import _libc as L
 from hcp_linux.errors import ChildSetupError
 

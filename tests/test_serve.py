@@ -343,7 +343,7 @@ def test_no_server_listening_runs_in_process(tmp_path: Path, jail: Path) -> None
 
 
 def test_timeout_with_the_monitor_stopped_served_and_not(server: Server, jail: Path) -> None:
-    """The served client ends a run by its own hand too (hcp_linux.teardown): with the
+    """The served client ends a run by its own hand too (hcp_linux.proc.teardown): with the
     monitor stopped from outside, `--timeout 1` still returns 124 and leaves nothing."""
     token = sleep_token(30)
     argv = hcp_argv(jail, "sh", "-c", f"exec sleep {token}", extra=["--timeout", "1"])

@@ -149,7 +149,7 @@ def test_dangerous_socket_needs_the_second_yes(jail: Path, outside: Path,
 @pytest.mark.parametrize("name", ["run/user/1000/bus", "var/run/dbus/system_bus_socket",
                                   "containerd/containerd.sock", "podman/podman.sock"])
 def test_other_dangerous_names_are_refused(tmp_path: Path, name: str) -> None:
-    from hcp_linux.unix_sockets import danger
+    from hcp_linux.policy.unix_sockets import danger
     assert danger("/" + name) is not None
     # a real socket at such a name (under tmp_path for the glob-shaped ones)
     if not name.startswith("run/"):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hcp_linux import Policy
-from hcp_linux.driver import LinuxDriver
+from hcp_linux.driver.driver import LinuxDriver
 from hcp_linux.errors import WritebackError
 from sandboxing import (EXECUTOR_ARGS, IS_ROOT, TIMEOUT, kill_by_pid, processes_with,
                         sleep_token, wait_for)

@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Iterable, Sequence
 
-from .. import ladder
+from ..policy import ladder
 from ..errors import LayerUnavailableError
 from .checks import CHECKS, Check
 from .harness import (DEFAULT_TIMEOUT, FAIL, NOT_APPLICABLE, PASS, Evidence, Fail, Harness,
@@ -94,7 +94,7 @@ def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] |
                     rung: str = ladder.DEFAULT) -> Report:
     """Run the checks (all, or the ids in ``only``) under the configuration that lets
     ``allow_degraded`` layers, and those of the fallback ladder's ``rung``, degrade. The
-    report's configuration names the rung the runs reached (hcp_linux.ladder), so a pass is
+    report's configuration names the rung the runs reached (hcp_linux.policy.ladder), so a pass is
     read against what that rung keeps. Raises PolicyError for an unknown layer, rung or
     check id."""
     from ..errors import PolicyError

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..allowlist import SANDBOX_PATH
-from ..policy import Policy, expand_layers
+from ..policy.allowlist import SANDBOX_PATH
+from ..policy.policy import Policy, expand_layers
 from .observers import Listener
 
 #: Seconds any single run, control or wait of a check may take.
@@ -308,7 +308,7 @@ class Harness:
     def driver(self, **policy_fields: Any) -> Any:
         """A LinuxDriver whose base policy is the configuration under test; its ephemeral
         jails and persistent workspaces live in this check's directory."""
-        from ..driver import LinuxDriver
+        from ..driver.driver import LinuxDriver
         state, tmp = self.dir / "state", self.dir / "tmp"
         state.mkdir(exist_ok=True)
         tmp.mkdir(exist_ok=True)

@@ -4,7 +4,7 @@ Under network = "allow" the namespace has ``lo`` only: 127.0.0.0/8 and ::1 on it
 egress-capture step makes the synthetic range (``SYNTHETIC_NET``) local on it too. Every other
 address has no route, and connect() fails ENETUNREACH: raw IPs never reach the network, only
 allowed names do (through the resolver and the capture). The listener records those attempts
-(:class:`hcp_linux.denials.SeccompListener`); this module says which they are, from the
+(:class:`hcp_linux.observe.denials.SeccompListener`); this module says which they are, from the
 sockaddr the call named. Measured in such a namespace (TCP and UDP connect, non-blocking):
 
 * reached: 0.0.0.0 (the local host), 127.0.0.0/8, 198.18.0.0/15, ::, ::1, and the

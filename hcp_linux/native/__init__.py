@@ -3,7 +3,7 @@
 The parent serialises the Plan (``plan_bytes``) into a memfd and hands it to ``hcp-exec``,
 started with ``posix_spawn`` (vfork + exec: the cost does not grow with the runtime's RSS,
 nothing runs in Python after the fork, and it is safe in a multi-threaded runtime) either now
-or ahead of time (a *spare*). ``hcp-exec`` performs the steps of :mod:`hcp_linux.child` and
+or ahead of time (a *spare*). ``hcp-exec`` performs the steps of :mod:`hcp_linux.ctypes_executor.child` and
 reports a failing step over the same close-on-exec error pipe, in the same error record
 (:mod:`hcp_linux.protocol`): the parent's mapping to errors, and the degraded-host logic of
 :mod:`hcp_linux.sandbox`, are shared with the ctypes executor.
@@ -24,8 +24,8 @@ import errno
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from ..hcp_spawn import memfd, spawn_hcp_exec
-from ..spawner import on_lasting_thread
+from ..proc.hcp_spawn import memfd, spawn_hcp_exec
+from ..proc.spawner import on_lasting_thread
 from . import selection, spares
 from .selection import (BUILD_DIR, EXECUTORS, FALLBACK_WARNING, SOURCE, artifact_name,
                         artifact_path, available, binary, check, get_default, selected,
@@ -36,7 +36,7 @@ from .wire import makes_ruleset, plan_bytes, view_bytes
 if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
 
-    from ..plan import Plan
+    from ..plan.plan import Plan
 
 #: How native spawns went in this process: a ready spare, one started on the spot, or hcp-exec
 #: with the plan on its command line (native-local plans, set_spares("never")).

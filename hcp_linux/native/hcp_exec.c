@@ -4,7 +4,7 @@
  * The parent (hcp_linux/native/) compiles a Plan in Python, serialises it and
  * posix_spawn()s this program (vfork + exec: the cost does not grow with the runtime's RSS,
  * and no Python runs in the child), or hands the plan to a copy of it started earlier (a
- * spare, below). This program performs the steps of hcp_linux/child.py under the same step
+ * spare, below). This program performs the steps of hcp_linux/ctypes_executor/child.py under the same step
  * names, and reports a failure as (step index, errno, detail) on the close-on-exec error pipe,
  * then exits 125. The order is child.py's, except that a spare brings lo up (and, given a
  * template, builds the mount view and confines itself: no_new_privs, capabilities, Landlock,

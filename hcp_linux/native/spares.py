@@ -26,7 +26,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from ..hcp_spawn import memfd
+from ..proc.hcp_spawn import memfd
 from ..protocol import INLINE_MAX, LAYER_FLAGS, MESSAGE_BITS, PLAN_MAGIC, PLAN_VERSION
 from .wire import u64
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from hcp_linux.landlock import CreatedRuleset
 
-    from ..plan import Plan
+    from ..plan.plan import Plan
 
 _spares = "auto"  # "auto": ready spares once a kind of plan repeats; "never": no spares
 SPARES = ("auto", "never")
@@ -171,7 +171,7 @@ def retire(spare: Spare, deadline: float | None = None) -> bool:
     killed by PDEATHSIG, may outlive the reaping by a moment), else True."""
     spare.sock.close()
     if deadline is None:  # never wait on a spare here: the reaper kills one that hangs on
-        from ..teardown import reaper
+        from ..proc.teardown import reaper
         reaper().reap(spare.pid)
         return True
     exited = True

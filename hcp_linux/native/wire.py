@@ -14,13 +14,13 @@ import struct
 import threading
 from typing import TYPE_CHECKING, Sequence
 
-from ..peer import parse_status
+from ..proc.peer import parse_status
 from ..protocol import FLAGS, LAYER_FLAGS, LL_FLAGS_SHIFT, PLAN_MAGIC, PLAN_VERSION
 
 if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
 
-    from ..plan import Plan
+    from ..plan.plan import Plan
 
 u64 = struct.Struct("<Q").pack
 _MASK = (1 << 64) - 1
@@ -122,7 +122,7 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     Call it in the spawning thread: it records that thread's signal mask, and this moment's
     ignored signals and (``set_umask``: for a spare started a while ago) umask; or, given
     ``process`` (umask, ignored, blocked), those of the process that will start hcp-exec."""
-    from ..child import DEFAULT_SIGNALS
+    from ..ctypes_executor.child import DEFAULT_SIGNALS
     from ..protocol import PROXY_ADDRESS
 
     if process is None:

@@ -4,7 +4,7 @@ positive action.
 from __future__ import annotations
 
 from ...errors import PolicyError
-from ...policy import Policy
+from ...policy.policy import Policy
 from ..harness import Evidence, Harness, proc_summary, shown
 from .base import _ran, _stderr, _stdout, _verdict, check
 
@@ -24,7 +24,7 @@ def default_mode(h: Harness, ev: Evidence) -> str:
     f = h.write(h.dir / "policy.toml", 'network = "none"\n')
     pf = Policy.from_toml(f, jail=str(jail))
     ev.require(pf.mode == "sandbox", f"policy file without mode keys: mode {pf.mode!r}")
-    from ...driver import LinuxDriver
+    from ...driver.driver import LinuxDriver
     dmode = LinuxDriver().policy.mode
     ev.require(dmode == "sandbox", f"LinuxDriver() base policy mode is {dmode!r}")
     ev.saw(f"modes: Policy()={p.mode}, policy file={pf.mode}, LinuxDriver()={dmode}")

@@ -1,0 +1,199 @@
+"""`hcp-linux` / `python -m hcp_linux`: run a command confined, probe the host, reclaim leftovers.
+
+Every refusal is one line on stderr, ``error: sandbox: <what>``, with the exit status of
+the README's table of exit statuses, and nothing spawned or written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from typing import Sequence
+
+from .cli_args import build_parser, check_outputs, command_of, policy_from_args
+from ..errors import EXIT_USAGE, PolicyError, SandboxError, printable
+
+#: The subcommands, for the hint a bare `hcp-linux` prints.
+COMMANDS = ("probe", "conformance", "run", "gc", "serve")
+
+
+def _run(a: argparse.Namespace) -> int:
+    from .interrupt import EndOnSignal, end_by_signal
+    from .run_end import end_of_run
+    from ..sandbox import Sandbox
+
+    argv = command_of(a)
+    check_outputs(a)
+    if a.executor is not None:  # hidden: the test suite runs once per executor
+        from ..native import set_default
+        set_default(a.executor)
+    if a.pack is not None or a.principal is not None:  # HCP pack: docs/driver.md
+        from .driver_cli import run_pack
+        return run_pack(a, argv)
+    policy = policy_from_args(a)
+    check_outputs(a, policy)
+    # The CLI's own job control: ^C, TERM or HUP kill the whole sandbox, and then the CLI
+    # dies by that signal, as a shell expects (hcp_linux.cli.interrupt).
+    end = EndOnSignal()
+    proc = None
+    timed_out = False
+    status = None
+    winch = _WinchForwarder() if policy.pty and os.isatty(0) else None
+    with end:
+        try:
+            with end.deferred(then_raise=True):
+                proc = Sandbox(policy).spawn(argv)
+            if winch is not None:
+                winch.attach(proc.pid)
+            status = proc.wait(policy.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            with end.deferred():
+                if proc is not None:
+                    if proc.returncode is None:
+                        proc.kill()
+                    status = proc.wait()
+    if winch is not None:
+        signal.signal(signal.SIGWINCH, signal.SIG_DFL)  # reaped: its pid may be reused
+    receipt = dict(proc.receipt) if proc is not None else None
+    if end.signum is not None:
+        end_by_signal(end.signum, receipt, a.receipt, status)
+    assert receipt is not None and status is not None
+    return end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain)
+
+
+class _WinchForwarder:
+    """--tty on a terminal: the command runs in a session of its own, so the terminal's
+    SIGWINCH reaches only this process; pass it on to the command's process group (the
+    sandbox's session leader's, which the command and its children inherit). Installed before
+    the spawn: a resize meanwhile is passed on once the group is known."""
+
+    def __init__(self) -> None:
+        self.pgid: int | None = None
+        self.pending = False
+        signal.signal(signal.SIGWINCH, self._on_winch)
+
+    def attach(self, pgid: int) -> None:
+        self.pgid = pgid
+        if self.pending:
+            self._on_winch(signal.SIGWINCH, None)
+
+    def _on_winch(self, signum: int, frame: object) -> None:
+        if self.pgid is None:
+            self.pending = True
+            return
+        try:
+            os.killpg(self.pgid, signal.SIGWINCH)
+        except OSError:
+            pass  # the sandbox is gone (not yet reaped: the group is still its own)
+
+
+def _probe(a: argparse.Namespace) -> int:
+    from ..probe import format_table, probe
+
+    if a.executor is not None:  # hidden: the test suite runs once per executor
+        from ..native import set_default
+        set_default(a.executor)
+    report = probe()
+    if a.json:
+        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        print(format_table(report))
+    return 0 if report.fully_enforceable else 1
+
+
+def _gc(a: argparse.Namespace) -> int:
+    """`gc`, its directories checked before anything is removed: each PATH and ``--tmp-dir``
+    must be an existing directory, ``--state-dir`` a directory or absent (no workspace was
+    ever made: nothing to reclaim), none of them "" (which is not "the default"), and the
+    defaults' variables (TMPDIR, XDG_STATE_HOME, HOME) valid, as for a run."""
+    from ..jails.gc import gc
+    from ..jails.workspace import default_state_dir, default_tmp_dir
+    for flag, value in (("--tmp-dir", a.tmp_dir), *(("PATH", p) for p in a.paths)):
+        if value is not None:
+            _check_dir(value, flag, missing_ok=False)
+    if a.state_dir is not None:
+        _check_dir(a.state_dir, "--state-dir", missing_ok=True)
+    tmp_dir = a.tmp_dir if a.tmp_dir is not None else default_tmp_dir()
+    state_dir: str | None = a.state_dir
+    if state_dir is None:
+        home = os.environ.get("HOME", "")
+        if not os.environ.get("XDG_STATE_HOME") and os.path.isabs(home) \
+                and not os.path.lexists(home):
+            # a service user's home that does not exist (nobody: /nonexistent): no workspace
+            # was ever made under the default state dir, so there is none to sweep
+            return gc(a.paths, tmp_dir=tmp_dir, state_dir=None, workspaces=False,
+                      dry_run=a.dry_run)
+        state_dir = default_state_dir()
+    return gc(a.paths, tmp_dir=tmp_dir, state_dir=state_dir, dry_run=a.dry_run)
+
+
+def _check_dir(path: str, what: str, *, missing_ok: bool) -> None:
+    shown = f"gc {what}" if what != "PATH" else "gc"
+    if not path:
+        raise PolicyError(f"{shown}: empty path")
+    shown += f" {printable(path)}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as e:
+        if missing_ok:
+            return
+        raise PolicyError(f"{shown}: {e.strerror}") from None
+    except OSError as e:
+        raise PolicyError(f"{shown}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise PolicyError(f"{shown}: not a directory")
+
+
+def _conformance(a: argparse.Namespace) -> int:
+    """`conformance`: the JUnit file checked, and the temp dir its runs use, before the
+    checks run (they take a while; a bad path found after them loses the report)."""
+    from ..conformance import main as conformance
+    from ..jails.workspace import default_tmp_dir
+    if a.junit is not None:
+        from ..run.receipt import check_output_path
+        check_output_path(a.junit, "--junit")
+    default_tmp_dir()
+    return conformance(a.allow_degraded, json_out=a.json, junit=a.junit, rung=a.rung)
+
+
+def bare_usage(parser: argparse.ArgumentParser) -> int:
+    """`hcp-linux` alone: the usage, on one line whatever the terminal's width, and a hint
+    (argparse would say "the following arguments are required: cmd"); exit 2."""
+    usage = " ".join(parser.format_usage().split())
+    print(usage, file=sys.stderr)
+    print(f"error: sandbox: no command given: {', '.join(COMMANDS)} (see 'hcp-linux --help')",
+          file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not args_list:
+        return bare_usage(parser)
+    args = parser.parse_args(args_list)
+    try:
+        if args.cmd == "conformance":
+            return _conformance(args)
+        if args.cmd == "serve":
+            from .serve import serve
+            return serve(args.socket)
+        if args.cmd == "gc":
+            return _gc(args)
+        return _run(args) if args.cmd == "run" else _probe(args)
+    except SandboxError as e:
+        print(f"error: sandbox: {printable(str(e))}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # ^C before (or after) a run: end by it, as a shell expects
+        from .interrupt import die_by
+        die_by(signal.SIGINT)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

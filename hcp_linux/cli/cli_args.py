@@ -1,0 +1,200 @@
+"""The command line of `hcp-linux`: its parser, and what `run`'s options mean (the policy,
+the command, the output files), for the CLI, the driver's `run --pack` and `hcp-linux serve`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any, NoReturn
+
+from .. import __version__
+from ..policy import ladder, policy_flags, protected
+from ..errors import EXIT_USAGE, PolicyError, SandboxError, printable
+from ..policy.policy import Policy
+from ..policy.policy_flags import FIELDS
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, told the width: left to itself it imports shutil (2 ms, with
+    bz2 and lzma) at every add_argument, on the start-up path of every `hcp-linux run`."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = _columns() - 2
+        super().__init__(prog, **kwargs)
+
+
+def _columns() -> int:
+    """The terminal's width: ``COLUMNS`` when it is a sensible number (as shutil reads it,
+    a hint, so a bad value is ignored, not refused), else the terminal's, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+        if 10 <= columns <= 1000:
+            return columns
+    except ValueError:
+        pass
+    try:
+        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        if 10 <= columns <= 1000:
+            return columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return 80
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """A usage error is one line, with the prefix of every refusal, and exit 2 (the
+        README's table); argparse's own form is two (usage, then "prog: error: ...") and shows what the
+        user typed raw: a control character in argv could add lines or move the cursor."""
+        print(f"error: sandbox: {printable(message)} (see '{self.prog} --help')",
+              file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+class _Once(argparse.Action):
+    """An option that takes one value and may be given once: argparse keeps the last of
+    ``--timeout 5 --timeout 500`` without a word; which one the caller meant is unknown, so
+    the command line is refused (exit 2). Repeatable options are ``action="append"``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = namespace.__dict__.setdefault("_given", set())
+        if self.dest in given:
+            parser.error(f"{option_string or self.dest}: given more than once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `hcp-linux` and its subcommands; it holds no state between parses."""
+    p = _Parser(prog="hcp-linux", description="Linux confinement backend for HCP §10 Sandbox.")
+    p.add_argument("--version", action="version", version=f"hcp-linux {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
+    pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                    help=argparse.SUPPRESS)
+    c = sub.add_parser("conformance", help="check the HCP §10 rules on this host, with evidence")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--junit", action=_Once, metavar="FILE",
+                   help="also write a JUnit XML report to FILE")
+    c.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER",
+                   help="let LAYER degrade in every run the checks make (repeatable)")
+    c.add_argument("--rung", action=_Once, default="full", choices=ladder.NAMES,
+                   help="the weakest fallback rung the checks' runs may fall to "
+                        "(default full: strict)")
+    r = sub.add_parser("run", help="run one command confined",
+                       usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
+    for f in FIELDS:  # the Policy fields' options (hcp_linux.policy.policy_flags)
+        _add_field(r, f)
+        if f.name == "allow_bins":  # where --policy has always stood in the help
+            r.add_argument("--policy", action=_Once, metavar="FILE",
+                           help="TOML policy file (keys as in Policy)")
+    r.add_argument("--receipt", action=_Once, metavar="FILE|-",
+                   help="write the receipt as JSON ('-': stderr)")
+    r.add_argument("--explain", action="store_true",
+                   help="after the run, print one line per denial on stderr (what was "
+                        "blocked, by which layer, and what to change)")
+    r.add_argument("--pack", action=_Once, metavar="FILE",
+                   help="HCP pack manifest: run via the driver")
+    r.add_argument("--principal", action=_Once, metavar="NAME",
+                   help="whose workspace (with --pack)")
+    r.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                   help=argparse.SUPPRESS)
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    g = sub.add_parser("gc", help="remove what runs that died left: ephemeral jails, "
+                                  "staging in idle workspaces, temp files beside outputs")
+    g.add_argument("--dry-run", action="store_true", help="list, remove nothing")
+    g.add_argument("--tmp-dir", action=_Once, metavar="DIR",
+                   help="where ephemeral jails live (default: the system temp dir)")
+    g.add_argument("--state-dir", action=_Once, metavar="DIR",
+                   help="where workspaces live (default: $XDG_STATE_HOME/hcp-linux)")
+    g.add_argument("paths", nargs="*", metavar="PATH",
+                   help="a directory that outputs were written back to: its temp files")
+    sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
+                                      "(clients: HCP_LINUX_SERVER=SOCKET)")
+    sv.add_argument("--socket", action=_Once, required=True, metavar="PATH",
+                    help="the unix socket to listen on (made mode 0600)")
+    return p
+
+
+def policy_from_args(a: argparse.Namespace) -> Policy:
+    """The policy of `run`'s flags (over a ``--policy`` file's), validated (PolicyError)."""
+    if a.jail is None:
+        check_cwd(" (give --jail DIR)")
+    if a.policy == "":
+        raise PolicyError("--policy: empty path")
+    policy_flags.check_args(a)
+    base: dict = {}
+    if a.policy:
+        # a file without a jail takes --jail's, not the cwd's (which may not be a valid one);
+        # a file's own jail is checked, then --jail replaces it
+        fallback = {"jail": a.jail} if a.jail is not None else None
+        from_file = Policy.from_toml(a.policy, fallback=fallback)
+        # it would widen the next run: protected in this process's runs (hcp_linux.policy.protected)
+        protected.protect_file(a.policy)
+        base = {f.name: getattr(from_file, f.name) for f in dataclasses.fields(Policy)}
+    return Policy(**policy_flags.merge(a, base))
+
+
+def _add_field(parser: argparse.ArgumentParser, f: policy_flags.Field) -> None:
+    """A Policy field's option of `run`, as policy_flags describes it."""
+    kwargs: dict[str, Any] = {"help": f.help, "metavar": f.metavar}
+    if f.takes == policy_flags.SWITCH:
+        kwargs = {"action": "store_true", "help": f.help}
+    elif f.takes == policy_flags.APPEND:
+        kwargs.update(action="append", default=[])
+    else:
+        kwargs.update(action=_Once, type=f.type, choices=f.choices)
+    parser.add_argument(f.flag, **kwargs)
+
+
+def check_cwd(hint: str = "") -> None:
+    """The jail defaults to the current directory, and relative paths start there: one that
+    was removed is refused here, by name, rather than as a traceback from deep inside."""
+    try:
+        os.getcwd()
+    except OSError as e:
+        raise PolicyError(f"run: the current directory: {e.strerror}{hint}") from None
+
+
+def check_outputs(a: argparse.Namespace, policy: Policy | None = None) -> None:
+    """`run`'s output files, checked before anything starts (receipt.check_output_path):
+    ``--receipt`` (``-``: standard error) and the proxy log, of the flag or of the policy
+    file. Found after the run, a bad one would cost the command's exit status."""
+    from ..run.receipt import check_output_path
+    if a.receipt is not None and a.receipt != "-":
+        check_output_path(a.receipt, "--receipt", hint="; '-' writes it to standard error")
+    if a.proxy_log is not None:
+        check_output_path(a.proxy_log, "--proxy-log", replace=False)
+    if policy is not None and policy.proxy_log and policy.proxy_log != a.proxy_log:
+        check_output_path(policy.proxy_log, "proxy_log", replace=False)
+    if policy is not None and a.receipt not in (None, "-"):
+        # the receipt is written by the runtime, outside the sandbox: never into a directory
+        # a link left in a writable root by an earlier command names (docs/policy.md)
+        from ..policy.values import unpinned_link
+        found = unpinned_link(os.path.normpath(os.path.abspath(a.receipt)),
+                              policy.writable_roots)
+        if found is not None:
+            raise PolicyError(f"--receipt {printable(a.receipt)}: passes through the symlink "
+                              f"{printable(found[0])} inside writable root "
+                              f"{printable(found[1])}, which a command can re-point; name "
+                              f"a path with no symlink inside a writable root")
+
+
+def command_of(a: argparse.Namespace) -> list[str]:
+    """The command `run` was given (after ``--``); refused when there is none."""
+    argv = list(a.command)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise SandboxError("run: no command given (hcp-linux run [OPTIONS] -- BIN [ARG...])")
+    return argv
+

@@ -1,0 +1,60 @@
+"""The `hcp-linux` command's entry point: a served `run` (hcp_linux.cli.serve_client), else the CLI.
+
+Python's start-up and the engine's imports cost `hcp-linux run` ~40 ms before the command
+runs. With ``HCP_LINUX_SERVER`` set to the socket of a running ``hcp-linux serve``, `run`
+asks that warm process for the plan instead (the policy, the bin, the environment, the mount
+view, the confinement: compiled there, from this process's arguments, environment, cwd, umask
+and signal state) and runs it *here*: hcp-exec is started by this process, so the sandbox
+descends from the caller and inherits the caller's own confinement (its Landlock domain,
+seccomp filters, cgroup, limits), never the server's. The server runs nothing.
+
+Anything unexpected (no server, a server that is not this user's or lives in other
+namespaces or under a confinement this process does not have, a policy file, a pack,
+``--network allow``, a host without the layers the fast path needs) falls back to the
+ordinary in-process run, which gives the same result. This module and the client import only
+what that path needs (no dataclasses, subprocess, argparse...): that is the point of them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the start-up path
+if TYPE_CHECKING:
+    from typing import Sequence
+
+
+def entry() -> None:
+    """The program (`hcp-linux`, `python -m hcp_linux`). A served run ends at once: it
+    imported next to nothing and started no thread, and Python's finalisation alone would
+    cost ~3 ms more than the run's own overhead."""
+    code = main()
+    if _served:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+_served = False
+
+
+def main(argv: "Sequence[str] | None" = None) -> int:
+    global _served
+    args = list(sys.argv[1:] if argv is None else argv)
+    server = os.environ.get("HCP_LINUX_SERVER")
+    if server and args[:1] == ["run"]:
+        from .serve_client import run_via_server
+        try:
+            code = run_via_server(server, args)
+        except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
+            from .interrupt import die_by
+            die_by(2)
+        if code is not None:
+            _served = True
+            return code
+    from .cli import main as cli_main
+    return cli_main(args)

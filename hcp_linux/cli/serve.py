@@ -1,0 +1,336 @@
+"""`hcp-linux serve --socket PATH`: plans for `hcp-linux run`, compiled in a warm process.
+
+A client (hcp_linux.cli.serve_client, with ``HCP_LINUX_SERVER=PATH``) sends its `run` arguments and
+its process state: cwd, environment, umask, ignored and blocked signals, hard limits, the
+terminals on its fds 0-2, and the fd number of its done pipe. The server answers
+with what the in-process run would do: the plan hcp-exec reads (compiled as if in the
+client: the client's pid as the parent, its umask and signals), the receipt, or the refusal
+the CLI would print. The client starts hcp-exec itself, so the sandbox descends from it; a
+setup failure comes back here and is answered as Sandbox.spawn answers it (the error, or a
+plan without a layer the policy lets degrade).
+
+The server runs nothing and writes nothing on a client's behalf: a request whose run would
+need that (a pack, a policy file read here, a jail-side temp dir without a mount view, the
+egress proxy) is answered "fallback", and the client runs in-process. It serves only its own
+user, in its own mount, pid and user namespaces and cgroup, with its hard limits (the plan's
+paths, pids, rlimits and the receipt's facts mean the same there), under no confinement it
+lacks itself (no_new_privs, seccomp), one request at a time: each takes the client's cwd and
+environment as this process's own while it is compiled. The seccomp programs are compiled
+when it starts, so that a request never touches the program cache.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+from typing import Any
+
+from .. import native, protocol
+from ..ctypes_executor import child
+from ..observe import landlock_log
+from .cli_args import build_parser, check_outputs, command_of, policy_from_args
+from ..errors import ChildSetupError, SandboxError, printable
+from ..proc.hcp_spawn import hard_limits
+from ..proc.peer import MAX_SOCKET_PATH, more_confined, peer, same_place
+from ..observe.denials import complete, denial_layers
+from ..plan.plan import Plan
+from ..plan.rulesets import answered_by_filter
+from ..policy.policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
+from ..sandbox import Sandbox
+from .serve_wire import PROTOCOL, encode, recv_frame
+
+#: A client that says nothing for this long is dropped (the server is sequential).
+REQUEST_TIMEOUT = 10.0
+#: The layers a served plan must have: a mount view (no temp dir in the jail, the Landlock
+#: ruleset made by hcp-exec), a pid namespace (the done pipe, the kill request) and a user
+#: namespace (the capability drop does not depend on the server's capabilities).
+SERVED_LAYERS = frozenset({"userns", "mountns", "pidns"})
+
+
+def serve(path: str) -> int:
+    """Listen on ``path`` until SIGTERM or SIGINT; then remove it."""
+    server = _Server(_socket_path(path))
+    shown = printable(server.path)
+    print(f"hcp-linux serve: listening on {shown} (clients: HCP_LINUX_SERVER={shown})",
+          file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        server.loop()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+def _socket_path(path: str) -> str:
+    """``--socket`` as the absolute path the server binds and clients are told; refused
+    when empty or too long for a unix socket (bind's own error says neither)."""
+    if not path:
+        raise SandboxError("serve: --socket: empty path")
+    try:
+        absolute = os.path.abspath(path)
+    except OSError as e:  # a relative path, from a directory that was removed
+        raise SandboxError(f"serve: {printable(path)}: the current directory: "
+                           f"{e.strerror}") from None
+    if len(os.fsencode(absolute)) > MAX_SOCKET_PATH:
+        raise SandboxError(f"serve: {printable(absolute)}: longer than {MAX_SOCKET_PATH} "
+                           f"bytes, the limit of a unix socket's path")
+    return absolute
+
+
+class _Server:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.listener, self.inode = _listen(path)
+        self.parser = build_parser()  # holds no state between parses
+        self.stopping = False
+        try:
+            _warm()
+        except BaseException:
+            self.close()
+            raise
+
+    def loop(self) -> None:
+        while not self.stopping:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                if self.stopping:
+                    return
+                raise
+            with conn:
+                try:
+                    self.serve_one(conn)
+                except Exception as e:  # the client falls back; the server goes on
+                    print(f"hcp-linux serve: a request failed: {type(e).__name__}: {e}",
+                          file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.listener.shutdown(socket.SHUT_RDWR)  # accept() returns
+
+    def close(self) -> None:
+        """Stop listening; remove the socket, if what is at the path is still the one we
+        bound (whatever replaced it meanwhile is not ours to delete)."""
+        self.listener.close()
+        with contextlib.suppress(OSError):
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self.inode:
+                os.unlink(self.path)
+
+    def serve_one(self, conn: socket.socket) -> None:
+        conn.settimeout(REQUEST_TIMEOUT)
+        pid, uid, gid = peer(conn)
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            print(f"hcp-linux serve: refused pid {pid}: uid {uid} gid {gid}", file=sys.stderr,
+                  flush=True)
+            return
+        # a client under a confinement we lack would have us read or write on its behalf
+        # what it may not; one that sees other paths or processes, or sits in another
+        # cgroup, would get a plan (and a receipt) that is not its own
+        why = same_place(pid) or more_confined(pid) or _other_cgroup(pid)
+        if why is not None:
+            conn.sendall(encode([b"fallback", why.encode()]))
+            return
+        request = recv_frame(conn)
+        if request[:2] != [PROTOCOL, b"run"] or len(request) < 12:
+            raise ValueError("not a run request of this protocol")
+        with _as_client(request) as (state, args):
+            _answer(self, conn, pid, state, args)
+
+
+def _listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """A listening socket bound at ``path`` (mode 0600), and its (device, inode).
+
+    Something already at ``path`` is removed only when it is a stale socket: a socket inode
+    of ours that nobody answers on (a server that died). Anything else (a file, a directory,
+    another user's socket, one a server listens on) is refused and left as it is."""
+    shown = printable(path)
+    _remove_stale_socket(path, shown)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket is born 0600: only this user can connect
+    try:
+        listener.bind(path)
+        st = os.lstat(path)
+    except OSError as e:
+        listener.close()
+        raise SandboxError(f"serve: {shown}: {e.strerror or e}") from None
+    finally:
+        os.umask(old)
+    listener.listen(16)
+    return listener, (st.st_dev, st.st_ino)
+
+
+def _remove_stale_socket(path: str, shown: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise SandboxError(f"serve: {shown}: {e.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a socket"
+        raise SandboxError(f"serve: {shown}: exists and is {what} (left as it is)")
+    if st.st_uid != os.geteuid():
+        raise SandboxError(f"serve: {shown}: a socket of uid {st.st_uid}, not ours "
+                           f"(left as it is)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(REQUEST_TIMEOUT)
+        probe.connect(path)
+    except ConnectionRefusedError:  # a socket nobody serves: left by a server that died
+        try:
+            again = os.lstat(path)  # still that inode: not one swapped in meanwhile
+        except FileNotFoundError:
+            return
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+            raise SandboxError(f"serve: {shown}: replaced while it was checked") from None
+        try:
+            os.unlink(path)
+        except OSError as e:
+            raise SandboxError(f"serve: {shown}: {e.strerror}") from None
+    except OSError as e:
+        raise SandboxError(f"serve: {shown}: {e.strerror or e}") from None
+    else:
+        raise SandboxError(f"serve: {shown}: another server is listening there")
+    finally:
+        probe.close()
+
+
+#: The receipt's denial_layers.seccomp for a served run.
+SERVED_UNRECORDED = ("unavailable: served run (hcp-linux serve): the client starts hcp-exec "
+                     "and runs no listener; the filter answers denials itself")
+
+
+def _warm() -> None:
+    """Compile the seccomp programs a served plan can name, now, in the server's own
+    environment: a request then finds them in memory and never reads or writes the disk
+    cache where a client's environment (XDG_CACHE_HOME) would point."""
+    import hcp_linux.seccomp_profiles as seccomp_profiles
+    # a policy made from flags names the default profiles (others need a policy file, which
+    # is not served); without a network namespace its plan adds network-off
+    for names in (DEFAULT_SECCOMP_PROFILES, DEFAULT_SECCOMP_PROFILES + ("network-off",)):
+        seccomp_profiles.compile_profiles(names)
+        seccomp_profiles.compile_profiles(names, notify=True)
+
+
+def _other_cgroup(pid: int) -> str | None:
+    """The receipt says what cgroup limits could do here: the client must be in our cgroup."""
+    with open(f"/proc/{pid}/cgroup", "rb") as f, open("/proc/self/cgroup", "rb") as g:
+        return None if f.read() == g.read() else "another cgroup"
+
+
+@contextlib.contextmanager
+def _as_client(request: list[bytes]):  # type: ignore[no-untyped-def]
+    """Take the client's cwd and environment as ours while its plan is compiled."""
+    cwd, umask, ignored, blocked, done_w, tty0, tty1, tty2, limits, nargs = request[2:12]
+    n = int(nargs)
+    args = [os.fsdecode(a) for a in request[12:12 + n]]
+    env = dict(item.split(b"=", 1) for item in request[12 + n:] if b"=" in item)
+    state = {"process": (int(umask), int(ignored), int(blocked)), "done_w": int(done_w),
+             "terminals": [os.fsdecode(t) for t in (tty0, tty1, tty2) if t], "limits": limits}
+    old_cwd, old_env = os.open(".", os.O_PATH | os.O_CLOEXEC), dict(os.environb)
+    try:
+        os.chdir(cwd)
+        os.environb.clear()
+        os.environb.update(env)
+        yield state, args
+    finally:
+        os.environb.clear()
+        os.environb.update(old_env)
+        os.fchdir(old_cwd)
+        os.close(old_cwd)
+
+
+def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any],
+            args: list[str]) -> None:
+    """What the in-process `run` would do with ``args``, as far as it is planning."""
+    def say(*items: bytes) -> None:
+        conn.sendall(encode(list(items)))
+
+    def refuse(code: int, text: str) -> None:
+        say(b"exit", b"%d" % code, text.encode())
+
+    if state["limits"] != hard_limits():  # the plan's rlimits are clamped to them
+        return say(b"fallback", b"other hard limits")
+    stderr, stdout = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
+            a = server.parser.parse_args(args)
+    except SystemExit as e:  # a usage error: the parser printed its line
+        if not e.code:  # --help: printed to stdout, which is the client's to print
+            return say(b"fallback", b"help")
+        return refuse(int(e.code), stderr.getvalue())
+    if (a.cmd != "run" or a.pack is not None or a.principal is not None or a.policy
+            or a.executor == "ctypes" or native.binary() is None):
+        return say(b"fallback", b"not served here")
+    if a.explain:  # denials are recorded by a listener in the process that runs it
+        return say(b"fallback", b"--explain")
+    try:
+        argv = command_of(a)
+        check_outputs(a)
+        policy = policy_from_args(a)
+        check_outputs(a, policy)
+    except SandboxError as e:
+        return refuse(e.exit_code, f"error: sandbox: {printable(str(e))}\n")
+    if policy.network == "allow":  # the egress proxy lives in the process that runs it
+        return say(b"fallback", b"network allow")
+    if policy.mode == NATIVE_LOCAL:  # its plan makes a temp dir in the jail
+        return say(b"fallback", b"native-local")
+    # Stop before compiling a plan without a mount view: that one makes a temp dir in the jail
+    attempts = Sandbox(policy, executor="native").attempts(argv, terminals=state["terminals"],
+                                                          only_with=SERVED_LAYERS)
+    try:
+        plan, make_receipt = next(attempts)
+        while True:
+            if not _servable(plan):
+                return say(b"fallback", b"a plan this server does not serve")
+            plan.parent_pid = pid  # the client starts hcp-exec
+            if plan.seccomp is not None and plan.seccomp_listener:
+                # The client starts hcp-exec and has no listener: the filter answers its
+                # denials itself, as before, and the receipt says they are not recorded.
+                plan.seccomp = answered_by_filter(plan.seccomp_names)
+                plan.seccomp_listener = False
+                plan.seccomp_unrecorded = SERVED_UNRECORDED
+            if plan.landlock_log:  # nor does it read the Landlock domain's records
+                plan.landlock_log = False
+                plan.landlock_restrict = landlock_log.restrict_flags(False)
+            blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
+                                     process=state["process"])
+            receipt = make_receipt()
+            receipt["served_by"] = {"pid": os.getpid(), "socket": server.path}
+            receipt["executor"] = "native"  # the client starts hcp-exec with this plan
+            receipt["denial_layers"] = denial_layers(plan)
+            complete(receipt, None)  # none recorded: see denial_layers
+            say(b"plan", os.fsencode(native.binary() or ""), blob,
+                json.dumps(receipt).encode(),
+                b"" if policy.timeout is None else repr(policy.timeout).encode(),
+                b"%d" % child.KILL_REQUEST, (a.receipt or "").encode())
+            try:
+                report = recv_frame(conn)
+            except ConnectionError:  # it ran: the client closed
+                return None
+            if report[:1] != [b"failed"] or len(report) != 5:
+                raise ValueError("expected a setup failure report")
+            step_i, err, detail, done_w = report[1:]
+            state["done_w"] = int(done_w)
+            step = protocol.step_name(int(step_i))
+            failure = ChildSetupError(step, int(err) or errno.EIO, detail.decode(errors="replace"))
+            plan, make_receipt = attempts.throw(failure)
+    except StopIteration:  # the next plan would lack a layer a served plan needs
+        return say(b"fallback", b"a plan this server does not serve")
+    except SandboxError as e:
+        return refuse(e.exit_code, f"error: sandbox: {printable(str(e))}\n")
+    finally:
+        attempts.close()
+
+
+def _servable(plan: Plan) -> bool:
+    return plan.confined and SERVED_LAYERS <= plan.layers and not plan.proxy

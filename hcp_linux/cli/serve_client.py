@@ -1,0 +1,277 @@
+"""The client side of `hcp-linux serve`: the plan from a warm server, run here.
+
+See hcp_linux.cli.launch for why, and when a run falls back to the in-process path. Imported on
+the start-up path of a served run: only what that path needs, the rest on first use.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..proc.hcp_spawn import hard_limits, memfd, spawn_hcp_exec
+from ..proc.peer import bad_server_path, more_confined, peer, same_place, status_fields
+from .run_end import end_of_run
+from .serve_wire import PROTOCOL, encode, recv_frame
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the start-up path
+if TYPE_CHECKING:
+    from typing import Sequence
+
+#: How long the client waits for the server (connect, each reply) before falling back.
+SERVER_TIMEOUT = 5.0
+
+
+def _not_using(what: str, why: str) -> None:
+    """The one line that says a server is not used, and why (the run goes on in-process,
+    with the same result); control characters in the path are escaped."""
+    from ..errors import printable
+    print(f"hcp-linux: not using {printable(what)}: {printable(why)}; running in-process",
+          file=sys.stderr)
+
+
+def _unreachable(path: str, error: OSError) -> str | None:
+    """Why a failed connect to ``path`` is worth a word, or None: no socket there, or a
+    socket nobody listens on (a server that stopped), is the documented quiet case;
+    anything else there (a file, a directory) or in the way is a misconfiguration."""
+    import errno
+    if error.errno == errno.ENOENT:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return e.strerror or str(e)
+    from stat import S_ISSOCK
+    if not S_ISSOCK(st.st_mode):
+        return "not a socket"
+    return None if error.errno == errno.ECONNREFUSED else (error.strerror or str(error))
+
+
+def run_via_server(path: str, args: list[str]) -> int | None:
+    """`hcp-linux run ARGS` with the plan from the server at ``path``; None: run in-process
+    instead (and nothing was started). A path that cannot name a server's socket is said
+    so, once."""
+    why = bad_server_path(path)
+    if why is not None:
+        _not_using(f"HCP_LINUX_SERVER={path}", why)
+        return None
+    import _socket
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(SERVER_TIMEOUT)
+        try:
+            sock.connect(path)
+        except OSError as e:  # no server there: nothing to say (unless a misconfiguration)
+            why = _unreachable(path, e)
+            if why is not None:
+                _not_using(f"HCP_LINUX_SERVER={path}", why)
+            return None
+        pid, uid, gid = peer(sock)
+        why = None
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            why = f"it runs as uid {uid} gid {gid}"
+        else:
+            why = same_place(pid) or more_confined(pid)
+        if why is not None:
+            _not_using(f"the server at {path}", why)
+            return None
+        client = _Client(sock)
+        try:
+            return client.run(args)
+        except Exception:
+            if client.started:  # never run a command twice: this is the run's end
+                raise
+            return None  # a server that went away, or spoke nonsense: nothing was started
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+class _Client:
+    def __init__(self, sock) -> None:  # type: ignore[no-untyped-def]
+        self.sock = sock
+        self.started = False  # a command may have run: falling back would run it again
+
+    def ask(self, items: "Sequence[bytes]") -> list[bytes]:
+        self.sock.sendall(encode(items))
+        reply = recv_frame(self.sock)
+        if not reply:
+            raise ValueError("empty reply")
+        return reply
+
+    def run(self, args: list[str]) -> int | None:
+        """One request, then plans until one reaches exec (a setup failure goes back to the
+        server, which answers with the error it means or a plan without a missing layer the
+        policy lets degrade), then the run, as cli._run does it."""
+        pipes = _Pipes()
+        try:
+            reply = self.ask(_request(args, pipes))
+            while True:
+                kind = reply[0]
+                if kind == b"fallback":
+                    return None
+                if kind == b"exit":  # refused: what the in-process run would print
+                    sys.stderr.write(reply[2].decode(errors="replace"))
+                    sys.stderr.flush()
+                    return int(reply[1])
+                if kind != b"plan" or len(reply) != 7:
+                    raise ValueError(f"unexpected reply {kind!r}")
+                exe, plan, receipt, timeout, _kill_request, receipt_to = reply[1:]
+                from ..proc.teardown import SETUP_TIMEOUT, Monitor
+                pid = _spawn(exe, plan, pipes)
+                monitor = Monitor(pid, True)
+                self.started = True
+                pipes.close_ours()
+                try:  # EOF: the command was exec'd; None: no answer in time
+                    record = _read_all(pipes.err_r, SETUP_TIMEOUT)
+                except BaseException:  # ^C before the wait took over: leave nothing behind
+                    monitor.kill()
+                    monitor.wait(None)
+                    raise
+                if record is None:
+                    monitor.kill()
+                    monitor.wait(None)
+                    from ..errors import SetupTimeoutError
+                    error = SetupTimeoutError(SETUP_TIMEOUT)
+                    sys.stderr.write(f"error: sandbox: {error}\n")
+                    return error.exit_code
+                if not record:
+                    self.sock.close()  # the server is free for the next client
+                    return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,
+                                 receipt, receipt_to.decode())
+                monitor.over()  # it exits 125 after its report: nothing ran
+                monitor.wait(None)
+                monitor.close()
+                self.started = False
+                from ..protocol import ERROR_RECORD
+                step, errno_ = ERROR_RECORD.unpack_from(record)
+                pipes.close()
+                pipes = _Pipes()
+                reply = self.ask([b"failed", b"%d" % step, b"%d" % errno_, record[4:],
+                                  b"%d" % pipes.done_w])
+        finally:
+            pipes.close()
+
+
+class _Pipes:
+    """The error pipe (EOF at exec, else the failed step) and the done pipe (the init
+    writes the command's status) of one attempt; our write ends close once hcp-exec has
+    them."""
+
+    def __init__(self) -> None:
+        self.err_r, self.err_w = os.pipe2(os.O_CLOEXEC)
+        self.done_r, self.done_w = os.pipe2(os.O_CLOEXEC)
+
+    def close_ours(self) -> None:
+        for name in ("err_w", "done_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+    def close(self) -> None:
+        self.close_ours()
+        for name in ("err_r", "done_r"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+
+def _request(args: list[str], pipes: _Pipes) -> list[bytes]:
+    umask, ignored, blocked = _process_status()
+    ttys = []
+    for fd in (0, 1, 2):
+        try:
+            ttys.append(os.fsencode(os.ttyname(fd)) if os.isatty(fd) else b"")
+        except OSError:
+            ttys.append(b"")
+    items = [PROTOCOL, b"run", os.fsencode(os.getcwd()), b"%d" % umask, b"%d" % ignored,
+             b"%d" % blocked, b"%d" % pipes.done_w, *ttys, hard_limits(),
+             b"%d" % len(args), *(os.fsencode(a) for a in args)]
+    items += [k + b"=" + v for k, v in os.environb.items()]
+    return items
+
+
+def _process_status() -> tuple[int, int, int]:
+    """(umask, ignored signals, blocked signals) of this process, as the plan records them
+    for an in-process run (hcp_linux.native.wire._process_status, _blocked_signals)."""
+    fields = status_fields("self", "Umask", "SigIgn", "SigBlk")
+    return int(fields["Umask"], 8), int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
+
+
+
+def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
+    """hcp-exec with the plan, our fds 0-2 its stdio."""
+    fd = memfd(plan)
+    try:
+        return spawn_hcp_exec(exe, fd, pipes.err_w, {pipes.done_w})
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int, timeout: float) -> bytes | None:
+    """Everything until EOF, or None when EOF has not come within ``timeout`` seconds."""
+    import time
+    from ..proc.teardown import readable
+    parts: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        if not readable(fd, max(0.0, deadline - time.monotonic())):
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore
+          receipt_to: str) -> int:
+    """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
+    and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then the
+    receipt, and the exit status."""
+    import _signal
+    import time
+    from _struct import unpack
+
+    from ..proc.teardown import TEARDOWN_WAIT, readable
+
+    class Killed(Exception):
+        pass
+
+    def on_signal(signum: int, _frame: object) -> None:
+        monitor.kill()
+        raise Killed(signum)  # out of the wait: from now on it is bounded
+    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(sig, on_signal)
+    by, signum = "exit", 0
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while not readable(done_r, None if deadline is None
+                           else max(0.0, deadline - time.monotonic())):
+            if deadline is not None and time.monotonic() >= deadline:
+                by = "timeout"
+                monitor.kill()
+                break
+    except Killed as k:
+        by, signum = "kill", k.args[0]
+    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(sig, _signal.SIG_IGN)  # the run is ending already
+    data = os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT) else b""
+    monitor.over()  # the init reported, or is gone: the monitor's time to exit counts
+    status = monitor.wait(None)
+    monitor.close()
+    if len(data) == 4:
+        status = unpack("<i", data)[0]
+    timed_out = by == "timeout"
+    import json
+    rec = json.loads(receipt)
+    from ..policy.protected import sweep, sweep_of_receipt
+    done = sweep(sweep_of_receipt(rec))  # every process of the run is gone (the init said)
+    if done:
+        rec["protected_sweep"] = done
+    rec["end"] = {"by": by, **({"notes": monitor.notes} if monitor.notes else {})}
+    if signum:  # as the in-process run: the receipt, then die by that signal
+        from .interrupt import end_by_signal
+        end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status))
+    return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout)

@@ -1,0 +1,408 @@
+"""Where a pack's process may write: the jail of each workspace mode (HCP §10.6).
+
+- ``ephemeral``: a fresh, private (0700) directory per exec under the temp dir, removed in
+  cleanup whatever happened to the child. Its name carries the owner's identity
+  (:mod:`hcp_linux.jails.reclaim`), so one left by a runtime that was killed is removed by a later
+  sweep (:func:`sweep_jails`, run at the start of every driver run, and ``hcp-linux gc``).
+- ``none``: the jail is the pack root itself (HCP §10.6: "none — pack root"), granted
+  read-only (``Policy.read_only_jail``), so the pack's own executables stay unwritable. What
+  the run may write goes to a fresh private *scratch* directory made, named and reclaimed
+  exactly like an ephemeral jail: the driver's staging (``.hcp-io``) and the ``home_env``
+  keys. (Why read-only: docs/driver.md, decision 1.)
+- ``workspace``: a persistent directory per (pack, principal) under the state dir
+  (``$XDG_STATE_HOME/hcp-linux`` or ``~/.local/state/hcp-linux``). Concurrent execs in one
+  workspace are serialised by ``flock`` on a lock file kept *beside* the jail, not in it: the
+  child can write anywhere in its jail and could otherwise delete or swap the lock.
+
+Paths below the state dir are created one component at a time and checked with ``lstat``:
+every one must be a real directory owned by us, so a planted symlink cannot move a workspace
+elsewhere. Where the state dir and the temp dir are, and what makes either acceptable:
+:mod:`hcp_linux.jails.locations`.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..errors import PolicyError, SandboxError
+from .locations import check_state_dir, check_tmp_dir, default_state_dir, default_tmp_dir
+from ..policy.pack import EPHEMERAL, NONE, WORKSPACE, Pack
+from .reclaim import RENAME_NOREPLACE, Sweep, jail_name, jail_owner, renameat2, sweep_dead
+
+__all__ = ["Workspace", "WorkspaceBusyError", "check_principal", "default_state_dir",
+           "default_tmp_dir", "check_state_dir", "check_tmp_dir",
+           "open_workspace", "remove_tree", "snapshot", "diff_snapshots", "DEFAULT_PRINCIPAL",
+           "IO_DIR", "ENGINE_TMP_DIR", "sweep_jails", "sweep_workspaces"]
+
+#: The principal of a workspace-mode exec when the caller names none.
+DEFAULT_PRINCIPAL = "default"
+#: The driver's staging directory inside a jail (host inputs copied in, outputs staged).
+IO_DIR = ".hcp-io"
+#: The engine's private tmp inside the jail when there is no mount namespace.
+ENGINE_TMP_DIR = ".hcp-tmp"
+#: Walking a workspace to list new files stops here (the listing is then "unknown").
+SNAPSHOT_LIMIT = 100_000
+
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-@+")
+
+
+class WorkspaceBusyError(SandboxError):
+    """Another exec held the workspace's lock for longer than the caller would wait."""
+
+
+class _Cancelled(Exception):
+    """Lock acquisition was abandoned because the caller was cancelled."""
+
+
+def check_principal(name: object) -> str:
+    """A principal name is one path component: refuse anything that could leave its dir."""
+    if not isinstance(name, str):
+        raise PolicyError(f"principal: expected a string, got {type(name).__name__}")
+    if not name:
+        raise PolicyError("principal: empty name")
+    if name in (".", ".."):
+        raise PolicyError(f"principal {name!r}: not a name")
+    if "/" in name or "\\" in name:
+        raise PolicyError(f"principal {name!r}: contains a path separator")
+    if "\0" in name:
+        raise PolicyError("principal: contains a NUL byte")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise PolicyError(f"principal {name!r}: contains a control character")
+    if len(name.encode("utf-8", "surrogatepass")) > 128:
+        raise PolicyError("principal: longer than 128 bytes")
+    return name
+
+
+def _component(text: str) -> str:
+    """A name as one safe directory component (injective: % is escaped too)."""
+    out = "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
+                  for c in text)
+    if out in (".", ".."):
+        out = out.replace(".", "%2E")
+    return out[:200]
+
+
+@dataclass(eq=False)
+class Workspace:
+    """The jail of one exec. ``release()`` unlocks it and removes what this exec made.
+
+    ``jail``: the working directory (in mode ``none`` the pack root, read-only).
+    ``scratch``: where the run writes besides its private /tmp, and where the driver
+    stages its I/O: the jail itself, but in mode ``none`` a fresh private directory.
+    ``owned``: the directory made for this exec alone, removed by :meth:`release` (None for a
+    persistent workspace)."""
+
+    mode: str
+    jail: str
+    persistent: bool
+    principal: str
+    scratch: str = ""
+    owned: str | None = None
+    lock_path: str | None = None
+    _lock_fd: int | None = field(default=None, repr=False)
+    _released: bool = field(default=False, repr=False)
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.scratch:
+            self.scratch = self.jail
+
+    @property
+    def read_only(self) -> bool:
+        """True when the jail is granted read-only (mode ``none``: the pack root)."""
+        return self.mode == NONE
+
+    def release(self) -> None:
+        """Idempotent; safe to call from any thread."""
+        with self._mutex:
+            if self._released:
+                return
+            self._released = True
+            try:
+                if self.owned is not None:
+                    remove_tree(self.owned)
+            finally:
+                if self._lock_fd is not None:
+                    os.close(self._lock_fd)  # closing the description drops the flock
+                    self._lock_fd = None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+
+def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
+                   tmp_dir: str | None = None, lock_timeout: float | None = None,
+                   cancel: threading.Event | None = None) -> Workspace:
+    """Allocate the jail for one exec of ``pack`` in its declared mode.
+
+    For ``workspace`` mode this blocks until the workspace's lock is free (or ``lock_timeout``
+    seconds pass: :class:`WorkspaceBusyError`; or ``cancel`` is set).
+    """
+    check_principal(principal)
+    mode = pack.workspace.mode
+    if mode in (NONE, EPHEMERAL):
+        parent = _new_jail_parent(mode, tmp_dir)
+        try:
+            # none: the pack root is the (read-only) jail; only the scratch is made here
+            scratch = os.path.join(parent, "scratch" if mode == NONE else "jail")
+            os.mkdir(scratch, 0o700)
+        except BaseException:
+            remove_tree(parent)
+            raise
+        return Workspace(mode=mode, jail=pack.root if mode == NONE else scratch,
+                         persistent=False, principal=principal, scratch=scratch, owned=parent)
+    assert mode == WORKSPACE
+    root = (check_state_dir(state_dir, f"state_dir {state_dir}") if state_dir
+            else default_state_dir())
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    pack_dir = _private_dir(_private_dir(root, "workspaces"), _component(pack.key))
+    lock_path = os.path.join(pack_dir, _component(principal) + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        _acquire(fd, lock_path, lock_timeout, cancel)
+        jail = _private_dir(pack_dir, _component(principal))
+    except BaseException:
+        os.close(fd)
+        raise
+    return Workspace(mode=mode, jail=jail, persistent=True, principal=principal,
+                     lock_path=lock_path, _lock_fd=fd)
+
+
+def _new_jail_parent(mode: str, tmp_dir: str | None) -> str:
+    """A fresh 0700 directory ``<tmp>/hcp-linux-<mode>-<owner>-<rand>``: the name says which
+    process owns it, so that a later sweep can reclaim it once that process is gone."""
+    base = default_tmp_dir() if tmp_dir is None else check_tmp_dir(tmp_dir, f"tmp_dir {tmp_dir}")
+    for _ in range(100):
+        path = os.path.join(base, jail_name(mode))
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no unused jail name", base)
+
+
+def sweep_jails(tmp_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
+    """Remove the ephemeral jails in ``tmp_dir`` whose owner process is gone.
+
+    One ``scandir`` of the temp dir; only names matching :data:`~hcp_linux.jails.reclaim.JAIL_RE`,
+    only real directories (``lstat``) of our uid, whose owner is certainly dead. A jail is
+    first *claimed*: renamed (``RENAME_NOREPLACE``, in place) to a jail name owned by this
+    process, so a concurrent sweep sees a live owner and leaves it, and a sweep killed half-way
+    leaves a name the next one reclaims. Errors are recorded, never raised, but for a bad
+    ``TMPDIR`` (PolicyError, naming it, before anything is touched).
+    """
+    out = Sweep()
+    base = tmp_dir if tmp_dir is not None else default_tmp_dir()
+    try:
+        dfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        out.failed.append((base, os.strerror(e.errno or errno.EIO)))
+        return out
+    try:
+        # claimed first, then removed: see above
+        out.add(sweep_dead(dfd, base, jail_owner, stat.S_ISDIR,
+                           lambda name: remove_tree(os.path.join(base, _claim(dfd, name))),
+                           dry_run=dry_run))
+    finally:
+        os.close(dfd)
+    return out
+
+
+def _claim(dfd: int, name: str) -> str:
+    """Rename a dead owner's jail to a name of ours (its mode kept); the new name."""
+    mine = jail_name(name.split("-")[2])
+    try:
+        renameat2(dfd, name, dfd, mine, RENAME_NOREPLACE)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOSYS):  # EINVAL: the fs lacks the flag
+            raise
+        os.rename(name, mine, src_dir_fd=dfd, dst_dir_fd=dfd)  # mine is fresh: no replace
+    return mine
+
+
+def sweep_workspaces(state_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
+    """Remove the driver's staging dir (``.hcp-io``) left in persistent workspaces by a run
+    that died, in each workspace whose lock is free (taken without waiting, held meanwhile:
+    a live run keeps its lock, so its staging is never touched). The next run in a workspace
+    clears it too; this is for workspaces nobody runs in any more."""
+    out = Sweep()
+    if not state_dir:  # a bad XDG_STATE_HOME or HOME: PolicyError, naming it
+        state_dir = default_state_dir()
+    root = os.path.join(os.path.abspath(state_dir), "workspaces")
+    uid = os.geteuid()
+    try:
+        packs = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return out
+    except OSError as e:
+        out.failed.append((root, os.strerror(e.errno or errno.EIO)))
+        return out
+    for pack in packs:
+        pack_dir = os.path.join(root, pack)
+        try:
+            st = os.lstat(pack_dir)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+                continue
+            locks = sorted(n for n in os.listdir(pack_dir) if n.endswith(".lock"))
+        except OSError as e:
+            out.failed.append((pack_dir, os.strerror(e.errno or errno.EIO)))
+            continue
+        for lock in locks:
+            _sweep_one_workspace(os.path.join(pack_dir, lock[:-len(".lock")]), uid, dry_run,
+                                 out)
+    return out
+
+
+def _sweep_one_workspace(jail: str, uid: int, dry_run: bool, out: Sweep) -> None:
+    io = os.path.join(jail, IO_DIR)
+    try:
+        fd = os.open(jail + ".lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        out.failed.append((jail + ".lock", os.strerror(e.errno or errno.EIO)))
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a run is using it
+        jst = os.lstat(jail)
+        if not stat.S_ISDIR(jst.st_mode) or jst.st_uid != uid:
+            return
+        st = os.lstat(io)
+        if st.st_uid != uid:
+            return
+        if not dry_run:
+            if stat.S_ISDIR(st.st_mode):
+                remove_tree(io)
+            else:
+                os.unlink(io)
+        out.removed.append(io)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        out.failed.append((io, os.strerror(e.errno or errno.EIO)))
+    finally:
+        os.close(fd)
+
+
+def _private_dir(parent: str, name: str) -> str:
+    """``parent/name`` as a real directory (not a symlink) owned by us; created 0700."""
+    path = os.path.join(parent, name)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PolicyError(f"workspace {path}: not a directory (a symlink or file is in the way)")
+    if st.st_uid != os.geteuid():
+        raise PolicyError(f"workspace {path}: owned by uid {st.st_uid}, not by us")
+    return path
+
+
+def _acquire(fd: int, path: str, timeout: float | None, cancel: threading.Event | None) -> None:
+    if timeout is None and cancel is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a signal (^C) interrupts it
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled()
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WorkspaceBusyError(f"workspace lock {path}: still held by another run "
+                                     f"after {timeout:g}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a jail the child may have left unfriendly (directories chmod 000).
+
+    ``shutil.rmtree`` walks by file descriptor and never follows symlinks; when it fails for
+    permissions we restore owner rights on every directory, again by descriptor
+    (``O_NOFOLLOW``, ``fchmod``), so a symlink swapped in cannot redirect a chmod.
+    """
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    _restore_dir_modes(path)
+    shutil.rmtree(path, ignore_errors=False)
+
+
+def _restore_dir_modes(path: str) -> None:
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        try:
+            # O_PATH needs no permission on d itself; chmod through /proc/self/fd acts on
+            # exactly the inode opened (O_NOFOLLOW|O_DIRECTORY: never a symlink's target).
+            pfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            os.chmod(f"/proc/self/fd/{pfd}", 0o700)
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(os.path.join(d, entry.name))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(pfd)
+
+
+Snapshot = Mapping[str, tuple[int, int, int]]
+
+
+def snapshot(jail: str, *, limit: int = SNAPSHOT_LIMIT) -> dict[str, tuple[int, int, int]] | None:
+    """(inode, size, mtime) of every non-directory in ``jail``, by relative path; symlinks
+    are recorded, never followed. ``None`` when the tree is larger than ``limit``."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(jail, followlinks=False):
+        if dirpath == jail:
+            dirnames[:] = [d for d in dirnames if d not in (IO_DIR, ENGINE_TMP_DIR)]
+            filenames = [f for f in filenames if f not in (IO_DIR, ENGINE_TMP_DIR)]
+        for name in filenames + [d for d in dirnames
+                                 if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            out[os.path.relpath(full, jail)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if len(out) > limit:
+                return None
+    return out
+
+
+def diff_snapshots(before: Snapshot | None, after: Snapshot | None
+                   ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(new, modified) relative paths, sorted; ``None`` when either side is unknown."""
+    if before is None or after is None:
+        return None
+    new = tuple(sorted(p for p in after if p not in before))
+    modified = tuple(sorted(p for p in after if p in before and after[p] != before[p]))
+    return new, modified

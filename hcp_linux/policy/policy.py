@@ -1,0 +1,467 @@
+"""What a confined command may do: one validated, immutable value.
+
+A ``Policy`` is built from defaults, a TOML file and call-site overrides, and validated once
+here; nothing below it reads configuration. Every error names the offending field or path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from . import ladder, protected, unix_sockets, values
+from .environment import check_explicit
+from ..errors import PolicyError, printable
+from .limits import Limits, cgroup_v2_status
+
+#: Read-only system roots of the default policy (docs/policy.md). Missing ones are simply absent.
+DEFAULT_SYSTEM_ROOTS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt")
+
+#: Layers a policy can require; each one can be given up with ``allow_degraded``.
+NAMESPACE_LAYERS = ("userns", "mountns", "netns", "ipcns", "pidns")
+LAYERS = NAMESPACE_LAYERS + ("landlock", "seccomp")
+LAYER_ALIASES = {"namespaces": NAMESPACE_LAYERS}
+
+NETWORK_MODES = ("none", "host", "allow")
+#: What happens to the rest of the process tree when the command exits.
+ON_EXIT = ("kill", "wait")
+#: The longest wait the kernel's poll/epoll timeouts can express (2**31 - 1 ms), in seconds.
+MAX_TIMEOUT = 2_147_483
+SANDBOX, NATIVE_LOCAL = "sandbox", "native-local"
+
+
+#: Whether ``path`` is ``root`` or beneath it (plan.py uses it too).
+_is_within = values.is_within
+
+
+def _items(value: Any, what: str, expected: str = "a list of strings") -> tuple[Any, ...]:
+    """The items of a list-like field; a string (a list of its characters to Python) or a
+    mapping is refused."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise PolicyError(f"{what}: expected {expected}, got {_kind(value)}")
+    try:
+        return tuple(value)
+    except Exception:  # a generator raising half-way: one line, not its traceback
+        raise PolicyError(f"{what}: expected {expected}, could not read the items") from None
+
+
+def _str_tuple(value: Any, what: str) -> tuple[str, ...]:
+    out = []
+    for item in _items(value, what):
+        text = item
+        if isinstance(item, os.PathLike):
+            try:
+                text = os.fspath(item)
+            except Exception:
+                text = None
+        if not isinstance(text, str):
+            raise PolicyError(f"{what}: expected strings, got {_kind(item)} {values.show(item)}")
+        out.append(text)
+    return tuple(out)
+
+
+def _path_tuple(value: Any, what: str) -> tuple[str, ...]:
+    """A list of absolute paths (``str``, ``bytes`` or ``os.PathLike`` each), normalised."""
+    return tuple(values.text_path(p, what) for p in _items(value, what, "a list of paths"))
+
+
+def _kind(value: Any) -> str:
+    return {str: "a string", bytes: "bytes", bool: "a boolean", int: "an integer",
+            float: "a number", list: "a list", tuple: "a tuple", dict: "a table"
+            }.get(type(value), type(value).__name__)
+
+
+def _choice(value: Any, what: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise PolicyError(f"{what}: expected one of {', '.join(choices)}, got {values.show(value)}")
+    return value
+
+
+def expand_layers(names: Iterable[str]) -> frozenset[str]:
+    out: set[str] = set()
+    for name in names:
+        if name in LAYER_ALIASES:
+            out.update(LAYER_ALIASES[name])
+        elif name in LAYERS:
+            out.add(name)
+        else:
+            known = ", ".join(LAYERS + tuple(LAYER_ALIASES))
+            raise PolicyError(f"allow_degraded: unknown layer {name!r} (known: {known})")
+    return frozenset(out)
+
+
+#: The longest single "KEY=VALUE" string execve takes (MAX_ARG_STRLEN, 32 pages, with the
+#: NUL): a longer one fails the exec with E2BIG after everything was set up.
+MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def check_env_text(key: str, value: str) -> None:
+    """One variable for the child: text keys and values, a name execve can carry (no '=',
+    no NUL), valid UTF-8, and short enough for the kernel."""
+    if not isinstance(key, str) or not isinstance(value, str):
+        raise PolicyError(f"env: {values.show(key)}: keys and values must be strings")
+    if not _ENV_NAME.match(key):  # what a shell can name; the CLI and packs say the same
+        raise PolicyError(f"env: invalid variable name {values.show(key)} (letters, digits "
+                          f"and _, not starting with a digit)")
+    if "\0" in value:
+        raise PolicyError(f"env: {values.show(key)}: value contains a NUL byte")
+    try:
+        length = len(key.encode("utf-8")) + len(value.encode("utf-8")) + 2
+    except UnicodeEncodeError:
+        raise PolicyError(f"env: {values.show(key)}: not valid UTF-8") from None
+    if length > MAX_ARG_STRLEN:
+        raise PolicyError(f"env: {values.show(key)}: {length} bytes with its name, more than "
+                          f"the kernel takes for one variable ({MAX_ARG_STRLEN})")
+
+
+#: The seccomp profiles a policy names unless it says otherwise.
+DEFAULT_SECCOMP_PROFILES = ("baseline", "socket-families")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The confinement of one command. Construct it; it validates itself.
+
+    ``jail`` is the working directory and first writable root (default: the current
+    directory); with ``read_only_jail`` it is the working directory only, shown and granted
+    read-only like a ``read_only_roots`` entry (the command reads its project and writes
+    its private /tmp and the ``write_roots``). ``read_only_paths`` and ``hidden_paths`` are
+    carve-outs: existing paths inside a granted root, shown read-only or masked by the mount
+    view (docs/policy.md, "Carve-outs"). Paths must be absolute; they are canonicalised
+    once, here, so the plan opens exactly what was validated.
+    """
+
+    jail: str | None = None
+    read_only_jail: bool = False
+    write_roots: tuple[str, ...] = ()
+    read_only_roots: tuple[str, ...] = ()
+    system_roots: tuple[str, ...] = DEFAULT_SYSTEM_ROOTS
+    network: str = "none"
+    allow_bins: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    allow_degraded: frozenset[str] = frozenset()
+    sandbox: bool = True
+    native_local: bool = False
+    seccomp_profiles: tuple[str, ...] = DEFAULT_SECCOMP_PROFILES
+    timeout: float | None = None
+    allow_hosts: tuple[str, ...] = ()
+    deny_hosts: tuple[str, ...] = ()
+    proxy_log: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    on_exit: str = "kill"
+    read_only_paths: tuple[str, ...] = ()
+    hidden_paths: tuple[str, ...] = ()
+    allow_unix_sockets: tuple[str, ...] = ()
+    allow_dangerous_sockets: tuple[str, ...] = ()
+    pty: bool = False
+    rung: str = ladder.DEFAULT
+    allow_write_protected: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Check every field, in one pass, before anything is opened, spawned or written;
+        normalise each (canonical paths, tuples, a read-only env, parsed limits)."""
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        if not isinstance(self.sandbox, bool) or not isinstance(self.native_local, bool):
+            raise PolicyError("sandbox/native_local: expected true or false, got "
+                              f"{values.show(self.sandbox)}/{values.show(self.native_local)}")
+        if self.sandbox == self.native_local:
+            # HCP §10.1/10.5: native-local only by an explicit, positive action on both switches.
+            raise PolicyError("native-local needs both sandbox=false and native_local=true "
+                              "(--no-sandbox --native-local); give both or neither")
+        if not isinstance(self.pty, bool):
+            raise PolicyError(f"pty: expected true or false, got {values.show(self.pty)}")
+        if not isinstance(self.read_only_jail, bool):
+            raise PolicyError(f"read_only_jail: expected true or false, got "
+                              f"{values.show(self.read_only_jail)}")
+        given_roots = self._check_roots(set_)
+        set_("network", _choice(self.network, "network", NETWORK_MODES))
+        self._check_egress(set_)
+        bins = _str_tuple(self.allow_bins, "allow_bins")
+        for b in bins:
+            if not b or "\0" in b:
+                raise PolicyError(f"allow_bins: invalid entry {values.show(b)}")
+        set_("allow_bins", bins)
+        if not isinstance(self.env, Mapping):
+            raise PolicyError(f"env: expected a table of KEY = VALUE, got {_kind(self.env)}")
+        for k, v in self.env.items():
+            # code-injection names refused here, not at the spawn (before a driver makes a
+            # jail, or a plan a tmp dir), with their own message
+            if isinstance(k, str):
+                check_explicit({k: v})
+            check_env_text(k, v)
+        set_("env", MappingProxyType(dict(self.env)))
+        # a rung is a name for a set of layers that may degrade (hcp_linux.policy.ladder): the same
+        # machinery as layers named one by one, so there is one way to degrade
+        set_("rung", _choice(self.rung, "rung", ladder.NAMES))
+        set_("allow_degraded", expand_layers(_str_tuple(self.allow_degraded, "allow_degraded"))
+             | ladder.BY_NAME[self.rung].loses)
+        set_("seccomp_profiles", _str_tuple(self.seccomp_profiles, "seccomp_profiles"))
+        if self.timeout is not None:
+            set_("timeout", values.duration(self.timeout, "timeout", MAX_TIMEOUT))
+        set_("limits", Limits.from_mapping(self.limits))
+        if self.limits.cgroup_requested():
+            status = cgroup_v2_status()
+            if not status.startswith("available") or "not yet applied" in status:
+                keys = ", ".join(sorted(self.limits.cgroup_requested()))
+                raise PolicyError(f"limits {keys}: cgroup v2 limits cannot be applied here "
+                                  f"({printable(status.split(': ', 1)[-1])})")
+        set_("on_exit", _choice(self.on_exit, "on_exit", ON_EXIT))
+        system = tuple(os.path.realpath(p) for p in self.system_roots)  # resolved once
+        self._check_overlaps(system)
+        for name, paths in given_roots.items():  # after the plainer overlap error
+            for given in paths:
+                self._check_pinned(name, given)
+        mounts = values.mount_table()  # read once for every root and carve-out
+        self._check_grantable(system, mounts)
+        self._check_carve_outs(set_, mounts)
+        self._check_sockets(set_)
+        # names of hcp_linux.policy.protected (in every writable root) or absolute paths
+        set_("allow_write_protected", protected.check_allowed(
+            _str_tuple(self.allow_write_protected, "allow_write_protected"), PolicyError))
+
+    def _check_roots(self, set_) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
+        """Jail, write and read-only roots: absolute paths of existing directories, made
+        canonical. System roots: absolute paths (a missing one is simply absent from the
+        view, as documented). Returns each field's paths as written (normalised), for
+        :meth:`_check_pinned` once every writable root is known."""
+        if self.jail is None:
+            try:
+                jail = os.getcwd()
+            except OSError as e:
+                raise PolicyError(f"jail: not given, and the current directory cannot be "
+                                  f"used ({e.strerror})") from None
+        else:
+            jail = self.jail
+        real = values.existing_dir(jail, "jail")
+        # the command's working directory: one the sandbox cannot enter fails its chdir step
+        # after the setup (exit 125 naming no jail); say so now, naming it
+        if not os.access(real, os.X_OK, effective_ids=True):
+            raise PolicyError(f"jail: {printable(real)}: not searchable by uid {os.geteuid()}")
+        set_("jail", real)
+        given: dict[str, tuple[str, ...]] = {"jail": (values.text_path(jail, "jail"),)}
+        for name in ("write_roots", "read_only_roots"):
+            given[name] = _path_tuple(getattr(self, name), name)
+            set_(name, tuple(values.existing_dir(p, name) for p in given[name]))
+        set_("system_roots", _path_tuple(self.system_roots, "system_roots"))
+        given["system_roots"] = self.system_roots
+        return given
+
+    def _check_pinned(self, name: str, given: str) -> None:
+        """Refuse ``given`` (a path of field ``name`` as written) when resolving it passes
+        through a symlink inside one of this policy's writable roots. A command may replace
+        such a link (or rename a directory on the path and leave a link in its place), and
+        the next run, resolving the path again, would grant, mask or bind whatever the link
+        names then: a host directory read-write, a decoy masked instead of the secret, another
+        daemon's socket. Refused, not followed: what a path of the policy means must not be
+        the sandboxed command's to choose (docs/policy.md, "Paths a command can change")."""
+        found = values.unpinned_link(given, self.writable_roots)
+        if found is not None:
+            link, root = found
+            what = "is a symlink" if link == given else \
+                f"passes through the symlink {printable(link)}"
+            raise PolicyError(f"{name}: {printable(given)} {what} inside writable root "
+                              f"{printable(root)}, which a command can "
+                              f"re-point between runs; name the file or directory itself, "
+                              f"by a path with no symlink inside a writable root")
+
+    def _check_grantable(self, system: tuple[str, ...], mounts: list[tuple[str, str]]) -> None:
+        """No root is, holds or lies on a kernel pseudo file system (/proc, /sys, /dev, a
+        sysfs or cgroupfs mounted anywhere...): granting one hands the command a kernel
+        interface, writable as root. Checked last, so that a plainer error (a read-only root
+        inside the jail, as with ``jail = "/"``) is the one reported."""
+        assert self.jail is not None  # _check_roots set it (the cwd when not given)
+        roots = [("jail", self.jail)] + [("write_roots", p) for p in self.write_roots] \
+            + [("read_only_roots", p) for p in self.read_only_roots]
+        for real in system:
+            if os.path.isdir(real):  # a missing one is absent from the view: nothing to grant
+                roots.append(("system_roots", real))
+        for what, real in roots:
+            values.check_grantable(real, what, mounts)
+
+    def _check_carve_outs(self, set_, mounts) -> None:  # type: ignore[no-untyped-def]
+        """``read_only_paths`` and ``hidden_paths``: existing files or directories strictly
+        inside a granted root (the jail, a write or read-only root), made canonical. A path
+        that does not exist yet is refused: the view binds or masks an existing inode, and
+        creating one would write into the user's tree (docs/policy.md, "Carve-outs")."""
+        assert self.jail is not None
+        roots = (self.jail,) + self.write_roots + self.read_only_roots
+        seen: dict[str, str] = {}
+        for name in ("read_only_paths", "hidden_paths"):
+            out: list[str] = []
+            for given in _path_tuple(getattr(self, name), name):
+                self._check_pinned(name, given)
+                real, shown, st = values.resolved(
+                    given, name, "a carve-out must exist when the policy is made (create it "
+                    "first: it is never created for you)")
+                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                    raise PolicyError(f"{name}: {shown} is neither a file nor a directory")
+                if real in roots:
+                    raise PolicyError(f"{name}: {shown} is a granted root itself; a carve-out "
+                                      f"lies inside one (for a read-only jail: "
+                                      f"--read-only-jail; else drop the root)")
+                if not any(_is_within(real, r) for r in roots):
+                    raise PolicyError(f"{name}: {shown} is not inside a granted root (the "
+                                      f"jail, write_roots, read_only_roots)")
+                values.check_grantable(real, name, mounts, given)
+                if real in seen:
+                    if seen[real] != name:
+                        raise PolicyError(f"{name}: {shown} is in {seen[real]} too; give it "
+                                          f"once")
+                    continue  # the same path twice in one list: once
+                seen[real] = name
+                out.append(real)
+            set_(name, tuple(out))
+        if seen and self.native_local:
+            raise PolicyError("read_only_paths/hidden_paths: carve-outs are enforced by the "
+                              "sandbox's mount view; native-local has none")
+
+    def _check_sockets(self, set_) -> None:  # type: ignore[no-untyped-def]
+        """``allow_unix_sockets`` and ``allow_dangerous_sockets`` (hcp_linux.policy.unix_sockets):
+        kept as written; the canonical socket of each, resolved once here, is what the plan
+        binds (:attr:`unix_socket_binds`)."""
+        lists = {name: _path_tuple(getattr(self, name), name)
+                 for name in ("allow_unix_sockets", "allow_dangerous_sockets")}
+        for name, paths in lists.items():
+            for given in paths:
+                # a grant inside a writable root is the socket file at that path or nothing:
+                # a link there could be re-pointed at another daemon's socket between runs
+                self._check_pinned(name, given)
+        granted, acknowledged, pairs = unix_sockets.validate(
+            lists["allow_unix_sockets"], lists["allow_dangerous_sockets"], self.hidden_paths)
+        set_("allow_unix_sockets", granted)
+        set_("allow_dangerous_sockets", acknowledged)
+        if pairs and self.native_local:
+            raise PolicyError("allow_unix_sockets: sockets are granted through the sandbox's "
+                              "mount view; native-local has none (every socket is reachable)")
+        self.__dict__["_socket_binds"] = pairs
+
+    @property
+    def unix_socket_binds(self) -> tuple[tuple[str, str], ...]:
+        """(path in the view, canonical socket) for each granted socket: the canonical path,
+        and the path as written when it went through a symlink (/var/run -> /run)."""
+        return self.__dict__.get("_socket_binds", ())
+
+    def _check_egress(self, set_) -> None:  # type: ignore[no-untyped-def]
+        allow = _str_tuple(self.allow_hosts, "allow_hosts")
+        deny = _str_tuple(self.deny_hosts, "deny_hosts")
+        set_("allow_hosts", allow)
+        set_("deny_hosts", deny)
+        if self.network != "allow":
+            if allow or deny or self.proxy_log:
+                raise PolicyError("allow_hosts/deny_hosts/proxy_log need network = \"allow\" "
+                                  "(--network allow)")
+            return
+        if not allow:
+            raise PolicyError("network = \"allow\" needs at least one allow_hosts entry "
+                              "(--allow-host HOST[:PORT])")
+        from ..egress import EgressPolicy  # validates every pattern, naming the culprit
+        EgressPolicy.parse(allow, deny)
+        if self.proxy_log is not None:
+            set_("proxy_log", values.output_file(self.proxy_log, "proxy_log"))
+            # the runtime appends to it while the command runs: never through a link the
+            # command can re-point (at a host file the runtime's user owns)
+            self._check_pinned("proxy_log", self.proxy_log)
+
+    def egress(self):  # type: ignore[no-untyped-def]
+        """The parsed allow/deny lists (network = "allow" only)."""
+        from ..egress import EgressPolicy
+        return EgressPolicy.parse(self.allow_hosts, self.deny_hosts)
+
+    def _check_overlaps(self, system: tuple[str, ...]) -> None:
+        # Landlock rules only add rights: a read-only root inside a writable one would be
+        # writable after all. Refuse the combination instead of silently granting it. A
+        # writable root inside a read-only one (or inside a read-only jail) is a carve-in:
+        # allowed, it is what was asked (the deeper bind lies over the read-only one).
+        writable = self.writable_roots
+        assert self.jail is not None
+        jail = ((("read-only jail", self.jail),) if self.read_only_jail else ())
+        for what, ro in jail + tuple(("read-only root", p)
+                                     for p in self.read_only_roots + system):
+            for rw in writable:
+                if _is_within(ro, rw):
+                    raise PolicyError(f"overlapping roots: {what} {printable(ro)} "
+                                      f"is inside writable root {printable(rw)}")
+
+    @property
+    def writable_roots(self) -> tuple[str, ...]:
+        """The jail (unless ``read_only_jail``), then the ``write_roots``."""
+        assert self.jail is not None
+        if self.read_only_jail:
+            return self.write_roots
+        return (self.jail,) + tuple(p for p in self.write_roots if p != self.jail)
+
+    @property
+    def readable_roots(self) -> tuple[str, ...]:
+        """The roots granted read and execute only, beside the system roots: the jail when
+        ``read_only_jail`` (first, once), then the ``read_only_roots``."""
+        assert self.jail is not None
+        if not self.read_only_jail:
+            return self.read_only_roots
+        return (self.jail,) + tuple(p for p in self.read_only_roots if p != self.jail)
+
+    @property
+    def mode(self) -> str:
+        return SANDBOX if self.sandbox else NATIVE_LOCAL
+
+    def replace(self, **changes: Any) -> "Policy":
+        return dataclasses.replace(self, **changes)
+
+    def digest(self) -> str:
+        """A stable hash of the policy, for receipts. A Policy is immutable (frozen, its env
+        a read-only mapping, its limits frozen): computed once per instance."""
+        cached = self.__dict__.get("_digest")
+        if cached is not None:
+            return cached
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["env"] = dict(sorted(self.env.items()))
+        data["allow_degraded"] = sorted(self.allow_degraded)
+        data["limits"] = self.limits.as_dict()
+        blob = json.dumps(data, sort_keys=True, default=list).encode()
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        object.__setattr__(self, "_digest", digest)
+        return digest
+
+    # --- construction from files -------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "policy",
+                     fallback: Mapping[str, Any] | None = None, **overrides: Any) -> "Policy":
+        """Build from a parsed config table (TOML keys = field names; ``nativeLocal`` too).
+        ``fallback``: values for the fields the table does not set (each value the table
+        does set is still checked); ``overrides`` replace the table's."""
+        if not isinstance(data, Mapping):
+            raise PolicyError(f"{source}: expected a table, got {_kind(data)}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            name = "native_local" if key == "nativeLocal" else key
+            if name not in known:
+                raise PolicyError(f"{source}: unknown key {values.show(key)}")
+            kwargs[name] = value
+        for k, v in (fallback or {}).items():
+            kwargs.setdefault(k, v)
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**kwargs)
+        except PolicyError as e:
+            raise PolicyError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str], *,
+                  fallback: Mapping[str, Any] | None = None, **overrides: Any) -> "Policy":
+        """Read a TOML policy file (at most values.MAX_DOCUMENT bytes, values.MAX_DEPTH
+        levels deep); every failure is one line naming the file. ``fallback`` and
+        ``overrides`` as for :meth:`from_mapping`."""
+        text = values.file_name(path, "policy file")
+        source = f"policy file {printable(text)}"
+        data = values.parse_document(values.read_document(text, source), source, "toml")
+        return cls.from_mapping(data, source=source, fallback=fallback, **overrides)

@@ -1,0 +1,333 @@
+"""Names in a writable root that make the host run code later: protected by default.
+
+A sandboxed command may write its jail; the user's own tools read some of what it holds
+afterwards, on the host, unconfined: git runs ``.git/hooks/*`` and the commands named in
+``.git/config``, a shell sources its rc files, direnv runs ``.envrc``, editors and agents run
+tasks and MCP servers named in their settings. So, at the top level of every writable root
+(the jail, each write root), the names in :data:`NAMES` are protected unless the policy's
+``allow_write_protected`` opts out (docs/policy.md, "Protected names"):
+
+- an existing file or directory is bound read-only over itself in the mount view (the
+  carve-out machinery of hcp_linux.plan.confinement), its parents inside the root pinned;
+- a missing one cannot be a mount point without creating a file in the user's tree, so
+  whatever appears there during the run is removed once the run has ended (every process
+  of it gone), without following a symlink; a symlink is restored to what it named (and
+  its target, when inside a writable root, is bound read-only).
+
+What exists is found per run (:func:`find`): ``git init`` makes ``.git`` between two runs.
+Without a mount view only the after-run sweep is left, and the receipt says so. During the
+run the host should not run its tools in the jail (a file planted at a missing name exists
+until the run ends). Only stdlib, imported on the served client's path (its sweep).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from dataclasses import dataclass
+
+#: Each protected name, relative to a writable root's top level, and why it is there.
+NAMES: dict[str, str] = {
+    ".git/hooks": "git runs these on the host (pre-commit, post-checkout...)",
+    ".git/config": "core.fsmonitor, core.hooksPath, core.pager, aliases and filter drivers: "
+                   "commands git runs on the user's next git status",
+    ".git/commondir": "names the directory git reads the repository's config and hooks "
+                      "from (a worktree's common dir): a redirect around .git/config",
+    ".git": "as a file (a gitdir pointer) it names the repository git uses, with its "
+            "hooks and config; as a directory only .git/hooks and .git/config are protected",
+    ".gitmodules": "submodule URLs and update commands git runs on submodule update",
+    ".gitconfig": "git's user config, when a writable root is a home directory",
+    ".bashrc": "sourced by bash", ".bash_profile": "sourced by bash",
+    ".bash_login": "sourced by bash", ".bash_logout": "sourced by bash",
+    ".profile": "sourced by sh and bash", ".zshrc": "sourced by zsh",
+    ".zshenv": "sourced by zsh", ".zprofile": "sourced by zsh", ".zlogin": "sourced by zsh",
+    ".zlogout": "sourced by zsh",
+    ".envrc": "run by direnv on entering the directory",
+    ".vscode": "tasks, launch configurations and settings VS Code runs",
+    ".idea": "run configurations and settings of JetBrains IDEs",
+    ".mcp.json": "MCP servers an agent starts (commands)",
+    ".claude": "an agent's settings: hooks and permissions",
+    ".cursor": "an editor agent's rules, settings and MCP servers",
+    ".ssh": "authorized_keys, config (ProxyCommand) of a home directory",
+}
+
+#: A name protected only when it is not a directory (its protected children are listed).
+_FILE_ONLY = frozenset({".git"})
+
+#: How each protected path is kept (the receipt's ``protected`` values).
+BOUND = "read-only bind"
+REMOVED = "removed after the run"
+RESTORED = "restored after the run"
+REMOVED_NO_VIEW = "removed after the run (no mount view: the sweep is the only protection)"
+RESTORED_NO_VIEW = "restored after the run (no mount view: the sweep is the only protection)"
+WRITABLE_NO_VIEW = "writable: no mount view to make it read-only"
+ALLOWED = "writable: allow_write_protected"
+
+#: Files this process's own configuration came from (the CLI's --policy and --pack): they
+#: would widen the next run, so they are protected like the names, in every run of this
+#: process, while they lie in a writable root (:func:`protect_file`).
+_config_files: list[str] = []
+_config_lock = threading.Lock()
+
+
+def protect_file(path: str) -> None:
+    """Protect ``path`` (a configuration file this process read) in every later run."""
+    real = os.path.realpath(path)
+    with _config_lock:
+        if real not in _config_files:
+            _config_files.append(real)
+
+
+def check_allowed(entries: tuple[str, ...], error: type[Exception]) -> tuple[str, ...]:
+    """``allow_write_protected``: names of :data:`NAMES` or absolute paths, kept as given
+    (a path normalised); an unknown name is refused with the list of known ones."""
+    out = []
+    for entry in entries:
+        if entry.startswith("/"):
+            out.append(os.path.normpath(entry))
+        elif entry in NAMES:
+            out.append(entry)
+        else:
+            raise error(f"allow_write_protected: unknown name {entry!r} (known: "
+                        f"{' '.join(NAMES)}; or an absolute path)")
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one run protects, found right before it (hashable: part of the confinement
+    cache's key). ``read_only``: existing files and directories to bind read-only;
+    ``pins``: existing directories between a protected path and its root, bound over
+    themselves so that none can be renamed away; ``how``: each path and how it is kept;
+    ``sweep``: (path, symlink target or None for missing, file_only) for the sweep."""
+
+    read_only: tuple[str, ...] = ()
+    pins: tuple[str, ...] = ()
+    how: tuple[tuple[str, str], ...] = ()
+    sweep: tuple[tuple[str, str | None, bool], ...] = ()
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
+    """The protected paths of ``policy``'s writable roots as they are now. A path inside a
+    carve-out of the policy (read-only or hidden already) or opted out is skipped."""
+    allowed = policy.allow_write_protected
+    covered = policy.read_only_paths + policy.hidden_paths
+    read_only: list[str] = []
+    pins: list[str] = []
+    how: list[tuple[str, str]] = []
+    sweep: list[tuple[str, str | None, bool]] = []
+    roots = policy.writable_roots
+    with _config_lock:
+        configs = [(None, p) for p in _config_files]
+    entries: list[tuple[str | None, str]] = [(r, n) for r in roots for n in NAMES] + configs
+    for root, name in entries:
+        if root is None:  # a configuration file: inside a writable root, or nothing
+            root = next((r for r in roots if _within(name, r) and name != r), None)
+            if root is None:
+                continue
+            path = name
+        else:
+            path = root + "/" + name if root != "/" else "/" + name
+        if any(_within(path, c) for c in covered):
+            continue
+        if name in allowed or path in allowed:
+            how.append((path, ALLOWED))
+            continue
+        kind, target, parents = _look(root, path)
+        if parents is None or (kind == "dir" and name in _FILE_ONLY):
+            # under a file or symlink (a gitdir-pointer .git: itself protected), or the .git
+            # directory (its hooks and config are listed): nothing of its own to protect
+            continue
+        if kind in ("missing", "missing-parent"):
+            how.append((path, REMOVED if view else REMOVED_NO_VIEW))
+            sweep.append((path, None, name in _FILE_ONLY))
+            pins.extend(parents or ())
+        elif kind == "symlink":
+            how.append((path, RESTORED if view else RESTORED_NO_VIEW))
+            sweep.append((path, target, False))
+            pins.extend(parents or ())
+            real = os.path.realpath(path)
+            holder = next((r for r in roots if _within(real, r) and real != r), None)
+            if view and holder is not None and not any(_within(real, c) for c in covered):
+                _, _, real_parents = _look(holder, real)
+                if os.path.isdir(real) or os.path.isfile(real):
+                    read_only.append(real)
+                    pins.extend(real_parents or ())
+        elif kind in ("file", "dir"):
+            if view:
+                how.append((path, BOUND))
+                read_only.append(path)
+                pins.extend(parents or ())
+            else:
+                how.append((path, WRITABLE_NO_VIEW))
+        # anything else (a fifo, a socket, a device) is left as it is: no code in it
+    ro = tuple(dict.fromkeys(read_only))
+    return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
+                 how=tuple(how), sweep=tuple(sweep))
+
+
+def _look(root: str, path: str) -> tuple[str, str | None, list[str] | None]:
+    """(kind, symlink target, the existing real directories strictly between ``root`` and
+    ``path``; None when one of them is not a real directory). Kind: file, dir, symlink,
+    other, missing (the parent exists), missing-parent. Most names are missing: one
+    faccessat each (no exception raised), an lstat only for what exists."""
+    parents: list[str] = []
+    rel = path[len(root):].strip("/").split("/")
+    at = root
+    for part in rel[:-1]:
+        at = at.rstrip("/") + "/" + part
+        if not os.access(at, os.F_OK, follow_symlinks=False):
+            return "missing-parent", None, parents
+        try:
+            st = os.lstat(at)
+        except FileNotFoundError:
+            return "missing-parent", None, parents
+        if not stat.S_ISDIR(st.st_mode):
+            return "missing-parent", None, None
+        parents.append(at)
+    if not os.access(path, os.F_OK, follow_symlinks=False):
+        return "missing", None, parents
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing", None, parents
+    if stat.S_ISLNK(st.st_mode):
+        return "symlink", os.readlink(path), parents
+    if stat.S_ISREG(st.st_mode):
+        return "file", None, parents
+    if stat.S_ISDIR(st.st_mode):
+        return "dir", None, parents
+    return "other", None, parents
+
+
+# --- after the run -------------------------------------------------------------------------
+
+def sweep(entries: tuple[tuple[str, str | None, bool], ...]) -> dict[str, str]:
+    """Once every process of the run is gone: remove what appeared at each missing path,
+    restore each changed symlink. Walks from / without following a symlink (a directory
+    swapped for a link leads nowhere), each directory opened once. Returns each path acted
+    on and what was done (or why it could not be)."""
+    done: dict[str, str] = {}
+    dirs: dict[str, int | None] = {}
+    try:
+        for path, target, file_only in entries:
+            parent, name = path.rsplit("/", 1)
+            try:
+                fd = _open_dir_path(parent or "/", dirs)
+                result = "" if fd is None else _sweep_one(fd, name, target, file_only)
+            except OSError as e:
+                result = f"failed: {e.strerror or e}"
+            if result:
+                done[path] = result
+    finally:
+        for fd in dirs.values():
+            if fd is not None:
+                os.close(fd)
+    return done
+
+
+def sweep_of_receipt(receipt: dict) -> tuple[tuple[str, str | None, bool], ...]:
+    """The sweep a served run's client does, from the receipt the server made."""
+    links = receipt.get("protected_links") or {}
+    out = []
+    for path, how in (receipt.get("protected") or {}).items():
+        if how.startswith(REMOVED):
+            out.append((path, None, os.path.basename(path) in _FILE_ONLY))
+        elif how.startswith(RESTORED) and path in links:
+            out.append((path, links[path], False))
+    return tuple(out)
+
+
+def _sweep_one(fd: int, name: str, target: str | None, file_only: bool) -> str:
+    """The sweep of ``name`` in the directory ``fd``: what was done, or "" for nothing."""
+    if not os.access(name, os.F_OK, dir_fd=fd, follow_symlinks=False):
+        st = None  # the usual case: nothing appeared (no exception raised for it)
+    else:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+    if target is None:
+        if st is None or (file_only and stat.S_ISDIR(st.st_mode)):
+            return ""
+        _remove(fd, name, st)
+        return "removed"
+    if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=fd) == target:
+        return ""
+    if st is not None:
+        _remove(fd, name, st)
+    os.symlink(target, name, dir_fd=fd)
+    return "restored"
+
+
+def _open_dir_path(path: str, dirs: dict[str, int | None]) -> int | None:
+    """An O_PATH fd of the directory ``path``, reached from / one component at a time, none
+    of them a symlink (O_NOFOLLOW), kept in ``dirs``; None when a component is missing or
+    is not a directory (nothing can be at a path below it)."""
+    if path in dirs:
+        return dirs[path]
+    if path == "/":
+        fd: int | None = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        parent, name = path.rsplit("/", 1)
+        up = _open_dir_path(parent or "/", dirs)
+        fd = None
+        if up is not None:
+            try:
+                fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=up)
+            except (FileNotFoundError, NotADirectoryError):
+                fd = None
+            except OSError as e:
+                if e.errno != errno.ELOOP:  # a symlink where a directory was: nothing there
+                    raise
+    dirs[path] = fd
+    return fd
+
+
+def _remove(dir_fd: int, name: str, st: os.stat_result) -> None:
+    """Remove ``name`` under ``dir_fd``: a file or link unlinked, a directory emptied
+    through fds (each opened O_NOFOLLOW and checked to be the inode listed), made
+    searchable and writable first (the run may have left it mode 000), then removed.
+    Iterative: a deep tree costs one fd per level, not the interpreter's stack."""
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    stack: list[tuple[int, str, int, list[str]]] = []  # (parent fd, name, fd, entries left)
+    stack.append((dir_fd, name, _open_dir(dir_fd, name, st), []))
+    stack[-1][3].extend(os.listdir(stack[-1][2]))
+    try:
+        while stack:
+            parent, dname, fd, left = stack[-1]
+            if not left:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(dname, dir_fd=parent)
+                continue
+            entry = left.pop()
+            est = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(est.st_mode):
+                child = _open_dir(fd, entry, est)
+                stack.append((fd, entry, child, os.listdir(child)))
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        for _, _, fd, _ in stack:
+            os.close(fd)
+
+
+def _open_dir(dir_fd: int, name: str, st: os.stat_result) -> int:
+    if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+        os.chmod(name, 0o700, dir_fd=dir_fd)  # a directory (lstat): chmod follows nothing
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=dir_fd)
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise OSError(f"{name}: changed while it was removed")
+    return fd

@@ -1,0 +1,436 @@
+"""The parent side of a spawn: fork, learn whether the child reached exec, hand back a process.
+
+Modelled on CPython's _posixsubprocess protocol: the child reports a failing step and its
+errno over a close-on-exec pipe; EOF on that pipe means execve succeeded. The process handed
+back is a :class:`hcp_linux.run.process.SandboxProcess`.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import json
+import os
+import socket
+import stat
+import subprocess
+import time
+from typing import IO, Any, Callable, Sequence
+
+from .. import native
+from ..ctypes_executor import child_main
+from ..observe import landlock_log
+from ..proc import spawner, teardown
+from ..observe.denials import MAX_RECORDED, SeccompListener, denial_layers, receive_listener
+from ..errors import (ChildSetupError, HelperLostError, SandboxError, SetupTimeoutError,
+                     printable)
+from ..plan.plan import Plan
+from .popen import Stdio
+from .process import RAW, SandboxProcess
+from ..protocol import (CAPTURE_PORTS_MAX, PROXY_ADDRESS, RESOLVER_ADDRESS, SYNTHETIC_NET,
+                       decode_error_record)
+
+PIPE = subprocess.PIPE
+DEVNULL = subprocess.DEVNULL
+STDOUT = subprocess.STDOUT
+
+
+def _stdio_fd(spec: Any, index: int, to_close: list[int], pipesize: int = -1
+              ) -> tuple[int, int | None]:
+    """(fd for the child, parent's end of a pipe or None). ``pipesize`` > 0: the capacity
+    asked of a pipe made here (F_SETPIPE_SZ, as Popen's pipesize)."""
+    if spec is None:
+        return index, None
+    if spec == PIPE:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        if index == 0:
+            to_close.append(r)
+            end = w
+        else:
+            to_close.append(w)
+            end = r
+        try:
+            if pipesize > 0:
+                fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, pipesize)
+        except BaseException:
+            os.close(end)
+            raise
+        return (r, w) if index == 0 else (w, r)
+    if spec == DEVNULL:
+        fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        to_close.append(fd)
+        return fd, None
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"{('stdin', 'stdout', 'stderr')[index]}: invalid file "
+                             f"descriptor {spec}")
+        return spec, None
+    if hasattr(spec, "fileno"):
+        return spec.fileno(), None
+    raise TypeError(f"unsupported stdio value: {spec!r}")
+
+
+def _refuse_reopenable_stdio(plan: Plan, fds: Sequence[int]) -> None:
+    """Without Landlock, refuse standard streams that the command could re-open by path.
+
+    /proc/self/fd/N is a magic link: opening it reaches the very file behind fd N, wherever
+    that is, with a fresh open mode; the mount view does not stop it (the jump needs no path
+    in the view) and a file's owner passes its own mode bits, so a stdout appended to a
+    host log re-opens for reading (and read-write). Landlock stops it: the jump lands on a
+    path no rule grants. A plan without Landlock (rung no-landlock) takes only streams that
+    re-open to nothing new: pipes, sockets (no open through /proc) and character devices (a
+    terminal, /dev/null). A regular file, directory or block device is refused, before
+    anything is spawned, with the remedy (a pipe)."""
+    if not plan.confined or plan.landlock is not None:
+        return
+    for i, fd in enumerate(fds):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue  # not open: the stdio step reports it
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+            continue
+        name = ("stdin", "stdout", "stderr")[i]
+        raise SandboxError(f"{name} is a file the command could re-open through "
+                           f"/proc/self/fd/{i} and read or rewrite: without Landlock (this "
+                           f"run's rung) nothing stops that; give it a pipe "
+                           f"(e.g. {'cat FILE |' if i == 0 else '| cat >FILE'})")
+
+
+def _open_streams(ends: list[int | None], stdio: Stdio) -> list[IO[Any] | None]:
+    """The parent's ends of the standard streams' pipes as file objects, as Popen opens
+    them: binary with ``bufsize``, then, in text mode, a TextIOWrapper over each (stdin's
+    writes through)."""
+    streams: list[IO[Any] | None] = []
+    for i, end in enumerate(ends):
+        if end is None:
+            streams.append(None)
+            continue
+        f: Any = io.open(end, "wb" if i == 0 else "rb", stdio.bufsize)
+        if stdio.text and i == 0:
+            f = io.TextIOWrapper(f, encoding=stdio.encoding, errors=stdio.errors,
+                                 write_through=True, line_buffering=stdio.line_buffering)
+        elif stdio.text:
+            f = io.TextIOWrapper(f, encoding=stdio.encoding, errors=stdio.errors)
+        streams.append(f)
+    return streams
+
+
+def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
+          receipt: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+          executor: str | None = None, setup_timeout: float | None = None,
+          stdio: Stdio = RAW, args: Any = None) -> SandboxProcess:
+    """Start the confined command. Raises ChildSetupError when a setup step failed.
+    ``stdin``/``stdout``/``stderr`` as Popen's (``stderr=STDOUT``: the command's stderr is
+    its stdout, whatever that is); ``stdio``: how the parent's ends are opened (buffering,
+    text mode, pipe size); ``args``: the process's ``args`` (default: the plan's argv).
+    ``executor``: "native", "ctypes" or "auto" (None: the process default, see native).
+    ``receipt``, given as the function that makes it, is made once the child has the plan,
+    while it sets up (it is a function of the plan alone): off the spawn's critical path.
+
+    The setup is bounded: a ready spare that does not confirm the exec within
+    ``teardown.SPARE_ANSWER`` seconds is killed and the run started afresh; a setup not done
+    within ``setup_timeout`` seconds (default ``teardown.SETUP_TIMEOUT``) is killed and
+    raises :class:`SetupTimeoutError`."""
+    setup_by = time.monotonic() + (teardown.SETUP_TIMEOUT if setup_timeout is None
+                                   else setup_timeout)
+    to_close: list[int] = []
+    ends: list[int | None] = []
+    fds: list[int] = []
+    pidns = plan.confined and "pidns" in plan.layers
+    if plan.landlock_log:
+        landlock_log.prepare()  # subscribed before the run can log anything
+    notify_end = notify_child = -1  # the seccomp listener's channel, once an attempt makes it
+    try:
+        for i, spec in enumerate((stdin, stdout, stderr)):
+            if isinstance(spec, int) and not isinstance(spec, bool) and spec == STDOUT:
+                if i != 2:
+                    raise ValueError(f"{('stdin', 'stdout')[i]}=STDOUT: only stderr can be "
+                                     f"sent to stdout")
+                fds.append(fds[1])  # the same open file as stdout: one pipe, in order
+                ends.append(None)
+                continue
+            fd, end = _stdio_fd(spec, i, to_close, stdio.pipesize)
+            fds.append(fd)
+            ends.append(end)
+        _refuse_reopenable_stdio(plan, fds)
+        proxy_end = child_end = -1
+        if plan.proxy:
+            proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM
+                                                      | socket.SOCK_CLOEXEC)
+            proxy_end, child_end = proxy_sock.detach(), child_sock.detach()
+            ends.append(proxy_end)
+            to_close.append(child_end)
+        ready_ok = True
+        while True:
+            for fd in (notify_end, notify_child):  # one channel per attempt: an abandoned
+                if fd >= 0:                        # one may have sent its listener
+                    os.close(fd)
+            notify_end = notify_child = -1
+            if plan.confined and plan.seccomp is not None and plan.seccomp_listener:
+                notify_end, notify_child = _channel()
+            pid, ready, err_r, done_r, ran = _start(plan, executor, fds, child_end, pidns,
+                                                    ready_ok, notify_child)
+            if notify_child >= 0:
+                os.close(notify_child)
+                notify_child = -1
+            try:
+                if callable(receipt):
+                    receipt = receipt()
+                answer_by = min(setup_by, time.monotonic() + teardown.SPARE_ANSWER) \
+                    if ready else setup_by
+                record = _answer(err_r, answer_by)
+            except BaseException:  # interrupted (^C) before exec was confirmed: no run left
+                _abandon(pid, pidns)
+                os.close(err_r)
+                if done_r >= 0:
+                    os.close(done_r)
+                raise
+            os.close(err_r)
+            if record and ready and _stale_spare(record):
+                _abandon(pid, pidns)  # its view predates a change (a mount on the jail)
+                if done_r >= 0:
+                    os.close(done_r)
+                ready_ok = False
+                continue
+            if record is not None:
+                break
+            _abandon(pid, pidns)  # no answer in time: it never gets to run the command
+            if done_r >= 0:
+                os.close(done_r)
+            if not ready or time.monotonic() >= setup_by:
+                raise SetupTimeoutError(teardown.SETUP_TIMEOUT if setup_timeout is None
+                                        else setup_timeout)
+            ready_ok = False  # a ready spare did not answer: start one now
+    except BaseException:
+        for fd in to_close + [e for e in ends if e is not None]:
+            os.close(fd)
+        for fd in (notify_end, notify_child):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    for fd in to_close:
+        os.close(fd)
+    if record:
+        if notify_end >= 0:
+            os.close(notify_end)
+        monitor = teardown.Monitor(pid, pidns)
+        monitor.over()  # it exits 125 after its report; bounded if it does not
+        monitor.wait(None)
+        monitor.close()
+        for end in ends:
+            if end is not None:
+                os.close(end)
+        if done_r >= 0:
+            os.close(done_r)
+        step, err, detail = decode_error_record(record)
+        raise ChildSetupError(step, err or errno.EIO, detail)
+    stdin_f, stdout_f, stderr_f = _open_streams(ends[:3], stdio)
+    proc = SandboxProcess(pid, stdin_f, stdout_f, stderr_f,
+                          receipt=receipt or {},  # type: ignore[arg-type]
+                          pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None,
+                          args=[a.decode() for a in plan.argv] if args is None else args,
+                          stdio=stdio)
+    proc.receipt["executor"] = ran
+    if plan.protect is not None:
+        proc._sweep = plan.protect.sweep
+    if notify_end >= 0:
+        listener, maker = receive_listener(notify_end)
+        if listener < 0:  # its blocked calls would wait for an answer that never comes
+            # before our kill: did the monitor die on its own (the OOM killer, an operator)?
+            died = proc._monitor.wait(0.05)  # its raw wait status, or None: still there
+            proc.kill()
+            proc.wait()
+            why = "closed the hand-over channel" if died is None else _ended_text(died)
+            raise HelperLostError("seccomp", errno.EPROTO,
+                                  f"hand-over: the sandbox's monitor (pid {proc.pid}) {why} "
+                                  f"before handing over the seccomp listener; this run alone "
+                                  f"failed, the next starts afresh")
+        proc._denials = SeccompListener(listener, plan.seccomp_names)
+        proc._denials.start()
+        if plan.landlock_log and maker > 0:  # the init (or monitor) that made the domain
+            proc._landlock = landlock_log.watch(maker, MAX_RECORDED)
+    proc.receipt["denial_layers"] = denial_layers(plan)
+    if ready_ok is False:
+        proc.receipt.setdefault("spawn", {})["notes"] = [
+            f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; it was killed "
+            f"and the run started afresh"]
+    if plan.proxy:
+        try:
+            proc._proxy = _start_proxy(plan, proxy_end, proc.receipt)
+        except BaseException:
+            proc.kill()  # no proxy, no run: the command must not go on without its way out
+            proc.wait()
+            raise
+    return proc
+
+
+def _ended_text(status: int) -> str:
+    """A raw wait status as words: "was killed by SIGKILL", "exited with status 1"."""
+    if os.WIFSIGNALED(status):
+        import signal
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"was killed by {name}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
+
+
+def _channel() -> tuple[int, int]:
+    """A socketpair (ours, the child's) for the seccomp listener, both close-on-exec. Ours
+    passes credentials: the kernel attaches the sender's pid to what the child sends, which
+    tells the Landlock domain's maker (landlock_log)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    return ours.detach(), theirs.detach()
+
+
+def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pidns: bool,
+           ready_ok: bool, notify_fd: int = -1) -> tuple[int, bool, int, int, str]:
+    """Start one attempt: (monitor pid, whether a ready spare took it, error pipe's read end,
+    done pipe's read end or -1, the executor that started it: the receipt's ``executor``). Each attempt has its own error and done pipes: a spare that
+    was given up on may hold the last ones until it is gone."""
+    done_r = done_w = -1
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    ruleset = None
+    try:
+        if pidns:
+            done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        # hcp-exec through posix_spawn; None: the ctypes executor (child_main: a fork of
+        # this process while it has one thread, else a fresh helper process)
+        started = native.spawn(executor, plan, err_w, fds, child_end, done_w, ready_ok,
+                               notify_fd)
+        if started is not None:
+            (pid, ready), ran = started, "native"
+        else:  # the ctypes executor: the child restricts itself with our ruleset
+            if plan.landlock is not None:
+                ruleset = plan.landlock.create()
+
+            def start() -> int:
+                return child_main.start(plan, err_w, (fds[0], fds[1], fds[2]), ruleset,
+                                        child_end, done_w, err_r, notify_fd)
+            # from a thread that lasts: the run must not die with the spawning thread
+            pid, ready, ran = spawner.on_lasting_thread(start), False, "ctypes"
+    except BaseException:
+        for fd in (err_r, done_r):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    finally:
+        for fd in (err_w, done_w):
+            if fd >= 0:
+                os.close(fd)
+        if ruleset is not None:
+            ruleset.close()
+    return pid, ready, err_r, done_r, ran
+
+
+def _answer(err_r: int, by: float) -> bytes | None:
+    """The child's answer on the error pipe: b"" (EOF: it reached exec), a failure record,
+    or None when neither came by ``by`` (time.monotonic())."""
+    parts: list[bytes] = []
+    while True:
+        if not teardown.readable(err_r, max(0.0, by - time.monotonic())):
+            return None
+        chunk = os.read(err_r, 4096)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+def _stale_spare(record: bytes) -> bool:
+    """Whether a ready spare's failure is its age, not the plan's: a tree it cloned is not
+    the one the plan checked (a file system mounted on a granted path since the spare made
+    its mount namespace). A spare started now sees what the plan saw."""
+    step, err, _ = decode_error_record(record)
+    return step == "bind-clone" and err in (errno.ESTALE, errno.ENOENT)
+
+
+def _abandon(pid: int, pidns: bool) -> None:
+    """SIGKILL a run no SandboxProcess owns (a setup that was interrupted or never answered):
+    its init, whose exit empties the namespace (the monitor then exits; the reaper reaps it,
+    and kills it if it does not). Waits for nothing."""
+    monitor = teardown.Monitor(pid, pidns)
+    monitor.kill()
+    monitor.close()
+    teardown.reaper().reap(pid)
+
+
+def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
+    """Receive the listening socket the sandbox made in its namespace; serve the proxy."""
+    from ..egress import ProxyThread  # off the spawn path unless network = "allow"
+
+    with socket.socket(fileno=channel) as ch:
+        # egress-capture's message ("C": the resolver's socket, then the capture listeners),
+        # then proxy-listen's ("L": the proxy's listener)
+        got_c, capture, _, _ = socket.recv_fds(ch, 1, 1 + CAPTURE_PORTS_MAX)
+        got_l, fds, _, _ = socket.recv_fds(ch, 1, 1)
+    socks = [socket.socket(fileno=fd) for fd in capture + fds]
+    if got_c != b"C" or len(capture) != 1 + len(plan.capture_ports):
+        for sock in socks:
+            sock.close()
+        raise ChildSetupError("egress-capture", errno.EPROTO,
+                              f"{len(capture)} sockets received, {1 + len(plan.capture_ports)} "
+                              "expected")
+    if got_l != b"L" or len(fds) != 1:
+        for sock in socks:
+            sock.close()
+        raise ChildSetupError("proxy-listen", errno.EPROTO, "no listening socket received")
+    resolver, captured, listener = socks[0], socks[1:-1], socks[-1]
+    decisions: list[dict[str, Any]] = []
+    receipt.setdefault("network", {}).update(mode="allow", proxy="%s:%d" % PROXY_ADDRESS,
+                                             resolver="%s:%d" % RESOLVER_ADDRESS,
+                                             synthetic="%s/%d" % SYNTHETIC_NET,
+                                             captured_ports=list(plan.capture_ports),
+                                             decisions=decisions,
+                                             **plan.policy.egress().describe())
+    log_file = _open_proxy_log(plan.policy.proxy_log)
+
+    def log(decision: dict[str, Any]) -> None:
+        if len(decisions) < 10_000:
+            decisions.append(decision)
+        if log_file is not None:
+            log_file.write(json.dumps(decision, sort_keys=True) + "\n")
+            log_file.flush()
+
+    proxy = ProxyThread(plan.policy.egress(), listener, log=log, captured=captured,
+                        resolver=resolver)
+    try:
+        proxy.start()
+    except BaseException:
+        if log_file is not None:
+            log_file.close()
+        raise
+    return _ProxyRun(proxy, log_file)
+
+
+class _ProxyRun:
+    """The egress proxy of one run and its log file, stopped and closed together."""
+
+    def __init__(self, proxy: Any, log_file: IO[str] | None) -> None:
+        self._proxy, self._log_file = proxy, log_file
+
+    def stop(self) -> None:
+        try:
+            self._proxy.stop()
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+
+def _open_proxy_log(path: str | None) -> IO[str] | None:
+    """The proxy log, opened once for the run: appended to through this fd only, so a
+    command that replaces the file (or a directory above it) by a link while it runs cannot
+    make the runtime write elsewhere; an existing link is refused (O_NOFOLLOW: ELOOP)."""
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        why = "a symlink (not followed)" if e.errno == errno.ELOOP else e.strerror
+        raise SandboxError(f"proxy_log: {printable(path)}: {why}") from None
+    return open(fd, "a", closefd=True)
