@@ -328,7 +328,7 @@ def test_a_domain_allocated_before_its_maker_started_is_not_the_runs() -> None:
     (its denials in the run's receipt). The reader binds a domain to a run only when the
     allocation came after the run's maker started. Fed the kernel's record text directly
     (the reader's own parsing and matching, no audit needed); a real process is the maker."""
-    from hcp_linux import audit, landlock_log
+    from hcp_linux.observe import audit, landlock_log
     child = subprocess.Popen(["sleep", "30"])
     try:
         started = landlock_log._started(child.pid)
