@@ -216,3 +216,63 @@ def test_no_writable_tmp_probe_reports_gc_and_pack_say_one_line(tmp_path: Path) 
         lines = p.stderr.decode().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), lines
         assert "TMPDIR" in lines[0], lines
+
+
+LIMITS = textwrap.dedent(r"""
+    import json, os, resource, sys
+    from hcp_linux import Policy, Sandbox, native
+    executor, jail = sys.argv[1], sys.argv[2]
+    native.set_default(executor)
+    sandbox = Sandbox(Policy(jail=jail))
+
+    def ulimit_n():
+        try:
+            r = sandbox.run(["sh", "-c", "ulimit -n"], capture_output=True, timeout=20)
+            return [r.returncode, r.stdout.decode()]
+        except Exception as e:
+            return [type(e).__name__, str(e)]
+
+    for _ in range(3):  # the kind repeats: the pool keeps spares of it
+        before = ulimit_n()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    tight, free = 0, 0  # the lowest limit under which a spare can still be made (4 fds)
+    while free < 4:
+        free += tight not in used
+        tight += 1
+    out = {"before": before, "runs": []}
+    for low in (tight, 256):  # too low to take a run's fds; merely lower
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        try:  # while the limit is low, a spare is made (as the pool's keeper would)
+            if executor == "native":
+                pool = native.spares.pool()
+                kind = next(iter(pool.idle))
+                pool.put(kind, native.spares.make(kind))
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        out["runs"].append(ulimit_n())  # the limit is back: the next run is as ever
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("executor", ["native", "ctypes"])
+def test_a_run_after_rlimit_nofile_was_lowered_and_restored_is_as_ever(
+        jail: Path, executor: str) -> None:
+    """The runtime's RLIMIT_NOFILE lowered for a moment (EMFILE in the runtime) while a
+    spare is made, then restored: the next run must not go to that spare. A spare keeps
+    the limits of the moment it was started: one too low to take a run's fds failed the
+    next run (its monitor exited 125), and one merely lower gave the command a limit the
+    runtime no longer had. The command gets the runtime's limit of the moment, as a fresh
+    hcp-exec (and Popen) would give it."""
+    from hcp_linux import native
+    if executor == "native" and not native.available():
+        pytest.skip("native executor not built")
+    p = subprocess.run([sys.executable, "-c", LIMITS, executor, str(jail)], capture_output=True,
+                       timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    import json
+    out = json.loads(p.stdout)
+    want = out["before"]  # the policy's limit (below the runtime's), as before the fault
+    assert want[0] == 0 and int(want[1]) > 256, out
+    assert out["runs"] == [want, want], out
+
