@@ -276,3 +276,40 @@ def test_a_run_after_rlimit_nofile_was_lowered_and_restored_is_as_ever(
     assert want[0] == 0 and int(want[1]) > 256, out
     assert out["runs"] == [want, want], out
 
+
+FULL_TMPDIR = r"""
+T="$1"; shift
+mount -t tmpfs -o size=256k,nr_inodes=16 tmpfs "$T" || exit 99
+head -c 1M /dev/zero > "$T/fill" 2>/dev/null
+i=0; while true > "$T/f$i" 2>/dev/null; do i=$((i+1)); done
+TMPDIR="$T" "$@" 2>&1; echo "status $?"
+echo ---
+rm -f "$T"/fill "$T"/f*
+TMPDIR="$T" "$@"
+"""
+
+
+def test_a_full_tmpdir_fails_a_pack_run_in_one_line_and_the_next_run_works(
+        tmp_path: Path) -> None:
+    """`hcp-linux run --pack` whose TMPDIR is a full file system (blocks and inodes, a tmpfs
+    in a mount namespace of the test's): one line naming the directory and the remedy,
+    exit 125, no traceback; the space freed, the same command runs."""
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
+    control = subprocess.run([*unshare, "true"], capture_output=True, timeout=TIMEOUT)
+    if control.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {control.stderr.decode()[-200:]}")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "pack").mkdir()
+    pack = tmp_path / "pack" / "pack.toml"
+    pack.write_text('name = "p"\n[wrap]\nbin = ["sh"]\n[wrap.workspace]\nmode = "ephemeral"\n')
+    p = subprocess.run([*unshare, "sh", "-c", FULL_TMPDIR, "sh", str(tmp_path / "full"),
+                        sys.executable, "-m", "hcp_linux", "run", "--pack", str(pack), "--",
+                        "sh", "-c", "echo ok"],
+                       capture_output=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, (p.stdout.decode(), p.stderr.decode())
+    full, freed = p.stdout.decode().split("---\n")
+    lines = full.splitlines()
+    assert lines[-1] == "status 125", lines
+    assert len(lines) == 2 and lines[0].startswith("error: sandbox: "), lines
+    assert "No space left on device" in lines[0] and "TMPDIR" in lines[0], lines
+    assert freed == "ok\n", (freed, p.stderr.decode())
