@@ -313,3 +313,49 @@ def test_a_full_tmpdir_fails_a_pack_run_in_one_line_and_the_next_run_works(
     assert len(lines) == 2 and lines[0].startswith("error: sandbox: "), lines
     assert "No space left on device" in lines[0] and "TMPDIR" in lines[0], lines
     assert freed == "ok\n", (freed, p.stderr.decode())
+
+
+IDLE_KILLS = textwrap.dedent(r"""
+    import collections, os, signal, sys, time
+    from hcp_linux import Policy, Sandbox, native
+    jail, n = sys.argv[1], int(sys.argv[2])
+    sandbox = Sandbox(Policy(jail=jail))
+    for _ in range(3):
+        sandbox.run(["true"], timeout=20)
+    pool = native.spares.pool()
+    kind = next(iter(pool.idle))
+
+    def zombie(pid):
+        with open(f"/proc/{pid}/stat") as f:  # our unreaped child
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    out = collections.Counter()
+    for i in range(n):
+        spare = native.spares.make(kind)
+        time.sleep(0.006 * i / n)  # at a moment of its early steps, or once it waits
+        os.kill(spare.pid, signal.SIGKILL)  # the OOM killer, an operator
+        while not zombie(spare.pid):
+            time.sleep(0.0002)
+        pool.put(kind, spare)  # the next spare handed out
+        try:
+            r = sandbox.run(["sh", "-c", "echo ok"], capture_output=True, timeout=20)
+            out["ok" if (r.returncode, r.stdout) == (0, b"ok\n") else f"rc {r.returncode}"] += 1
+        except Exception as e:
+            out[f"{type(e).__name__}: {e}"[:50]] += 1
+    print(dict(out))
+""")
+
+
+def test_a_spare_whose_monitor_died_idle_is_never_handed_a_run(jail: Path) -> None:
+    """An idle spare's monitor SIGKILLed (for real) at a moment of its early steps: its init
+    may live on (killed between its fork and its parent-death signal: it holds the spare's
+    socket, the monitor's death noted as a failure for the next plan). The run handed to it
+    failed ("pdeathsig ... the monitor is gone"), a run after the fault. A spare whose
+    monitor has exited is retired, never handed a run: every run succeeds."""
+    from hcp_linux import native
+    if not native.available():
+        pytest.skip("native executor not built (spares are the native executor's)")
+    p = subprocess.run([sys.executable, "-c", IDLE_KILLS, str(jail), "400"], capture_output=True,
+                       timeout=300, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stdout.decode().strip() == "{'ok': 400}", p.stdout.decode()

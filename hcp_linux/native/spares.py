@@ -11,7 +11,8 @@ one plan and the run's fds, refuses a plan it was not prepared for, and reports 
 failed meanwhile on that run's error pipe as if it had just failed. A spare keeps the resource
 limits of the moment it was started: one started under other limits than the runtime's now is
 retired, never handed a run (a RLIMIT_NOFILE lowered for a moment left spares that could not
-take a run's fds after it was restored). Each spare serves one run:
+take a run's fds after it was restored); so is one whose monitor has exited (killed while
+idle: its init, killed before it set its parent-death signal, lives on with the socket). Each spare serves one run:
 no namespace is ever shared. Every confined spawn goes through a spare (started on the spot
 when none is ready); ready ones are made by one thread that lives as long as the process
 (PDEATHSIG follows the thread that spawned a process), once a kind of plan repeats. An idle
@@ -84,6 +85,15 @@ _RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource))
 def limits() -> tuple:
     """This process's resource limits, which a spare started now inherits."""
     return tuple(resource.getrlimit(r) for r in _RLIMITS)
+
+
+def exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited: a zombie not reaped yet (waitid with WNOWAIT,
+    which leaves it to be reaped as ever), or reaped."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 class Spare:
@@ -246,7 +256,9 @@ class Pool:
             for kind in (full, bare) if view is not None else (bare,):
                 while spare is None and self.idle.get(kind):
                     spare = self.idle[kind].pop(0)
-                    if spare.limits != now:  # started under other limits: retired
+                    # started under other limits, or its monitor is gone (killed while
+                    # idle: its init may live on, holding the socket): retired
+                    if spare.limits != now or exited(spare.pid):
                         stale.append(spare)
                         spare = None
                 if spare is not None:
