@@ -277,8 +277,8 @@ class Pool:
                     self.thread = threading.Thread(target=self._keep, name="hcp-linux spares",
                                                    daemon=True)
                     self.thread.start()
-        for old in stale:
-            self.discard(old)
+        for gone in stale:
+            self.discard(gone)
         return spare
 
     def kick(self) -> None:
