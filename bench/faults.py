@@ -2,8 +2,10 @@
 time, and leaves nothing behind.
 
     python bench/faults.py [--runs 1000] [--seed N] [--bombs 10] [--as-nobody] [--json FILE]
+    python bench/faults.py --suite long-life [--runs 1000] [--seed N] [--executor E]
+                           [--as-nobody] [--json FILE]          (as root)
 
-Each of ``--runs`` iterations picks a fault and a moment at random and checks the outcome:
+``--suite classic`` (the default): each of ``--runs`` iterations picks a fault and a moment at random and checks the outcome:
 
 - in-process (the Python API): SIGSTOP or SIGKILL of the monitor or the sandbox's init at a
   random moment, followed by kill(), a timeout, or the command ending by itself; SIGSTOP or
@@ -19,6 +21,19 @@ returned), *files* (a temp file beside a destination or an ephemeral jail left a
 *torn* (a destination that is neither its old nor its new content). Runtimes are killed under a
 supervisor process that is a child subreaper, as systemd, tini or docker-init are: a killed
 runtime's monitor goes to it, not to a pid 1 that may not reap (this machine's does not).
+
+``--suite long-life`` (issue 29, bench/long_life.py): one runtime process (under a
+subreaper, as above) takes ``--runs`` faults that must cost at most the run they hit: a spare,
+monitor or init SIGKILLed or SIGSTOPped (then resumed, killed, or held) at a point of the
+spawn protocol (the plan's hand-over to a spare, just after it, between start and exec, the
+seccomp listener's hand-over; an idle spare), EMFILE (RLIMIT_NOFILE lowered for one run),
+ENOSPC (a full tmpfs as the jail, or as the driver's TMPDIR; then freed), foreign proc and
+nsfs mounts appearing in the driver's TMPDIR during a driver run (as nobody: made by root
+before). After each fault a new Sandbox must run ``sh -c 'echo ok'`` with every layer
+enforced (and the driver too, after a driver fault): any other result is a *degradation*.
+Counted: outcomes of the faulted runs, degradations, hangs, processes left (the runtime's
+descendants after release_resources, orphans at the subreaper), files and mounts left.
+Root makes the tmpfs mounts and unmounts them in a finally, then checks that none is left.
 
 ``--bombs N``: N runs of `hcp-linux run --timeout 5` of a C fork bomb filling the default
 process limit; reports how late each returned (median, worst). Exit 1 when any count is not 0.
@@ -292,6 +307,118 @@ def supervise(n: int, seed: int, work: str, out: str) -> None:
         json.dump({"counts": tally.counts, "stray": tally.stray}, f)
 
 
+# --- the long-life suite -----------------------------------------------------------------------
+
+def subreaper() -> threading.Event:
+    """Make this process a child subreaper that reaps orphans' zombies (not OWN's); set the
+    event returned to stop."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER")
+    stop = threading.Event()
+
+    def reap_orphans() -> None:
+        while not stop.is_set():
+            time.sleep(0.01)
+            for child in children(os.getpid()):
+                if child not in OWN and state(child) == "Z":
+                    try:
+                        os.waitpid(child, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+    threading.Thread(target=reap_orphans, daemon=True).start()
+    return stop
+
+
+def long_life_supervised(a: argparse.Namespace, seed: int, work: str) -> dict:
+    """The suite's runtime in a child process, under this subreaper; the report, with the
+    orphans still alive once it exited."""
+    stop = subreaper()
+    out = os.path.join(work, "report.json")
+    argv = [sys.executable, __file__, "--suite", "long-life", "--work", work, "--runtime",
+            str(a.runs), str(seed), out]
+    if a.executor:
+        argv += ["--executor", a.executor]
+    rt = subprocess.Popen(argv)
+    OWN.add(rt.pid)
+    rt.wait()
+    orphans = left([c for c in children(os.getpid()) if c not in OWN], None)
+    force_end(orphans)
+    stop.set()
+    with open(out) as f:
+        report = json.load(f)
+    os.unlink(out)
+    report["orphans_left"] = len(orphans)
+    report["runtime_status"] = rt.returncode
+    return report
+
+
+def mounts_under(path: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(path + "/")]
+
+
+def long_life_main(a: argparse.Namespace) -> int:
+    import long_life
+    if a.runtime:
+        report = long_life.run_suite(int(a.runtime[0]), int(a.runtime[1]), a.work)
+        with open(a.runtime[2], "w") as f:
+            json.dump(report, f)
+        return 0
+    seed = a.seed if a.seed is not None else random.randrange(1 << 32)
+    reports = []
+    if a.work:  # as nobody, in a tree root prepared
+        reports.append(long_life_supervised(a, seed, a.work))
+    else:
+        if os.geteuid() != 0:
+            print("--suite long-life: run as root (it mounts the tmpfs jails; --as-nobody "
+                  "runs it again as nobody)", file=sys.stderr)
+            return 2
+        for owner in ([None, 65534] if a.as_nobody else [None]):
+            work = tempfile.mkdtemp(prefix="hcp-faults-", dir="/var/tmp")
+            os.chmod(work, 0o755)
+            mounts: list[str] = []
+            try:
+                mounts = long_life.prepare(work, owner)
+                if owner is None:
+                    reports.append(long_life_supervised(a, seed, work))
+                else:
+                    out = os.path.join(work, "nobody.json")
+                    argv = ["runuser", "-u", "nobody", "--", sys.executable, __file__,
+                            "--suite", "long-life", "--runs", str(a.runs), "--seed",
+                            str(seed), "--work", work, "--json", out]
+                    if a.executor:
+                        argv += ["--executor", a.executor]
+                    done = subprocess.run(argv, check=False, cwd="/")
+                    try:
+                        with open(out) as f:
+                            reports += json.load(f)
+                    except (OSError, ValueError) as e:  # counted: a run that did not finish
+                        reports.append({"uid": 65534, "error": f"{e} (exit {done.returncode})",
+                                        "degradations": 1, "hangs": 0, "processes_left": 0,
+                                        "orphans_left": 0, "files_left": {},
+                                        "mounts_left": []})
+            finally:
+                stuck = long_life.unprepare(mounts)
+                still = mounts_under(work)  # counted; then unmounted all the same (a
+                long_life.unprepare(still)  # runtime that died mid-fault left them)
+                stuck += mounts_under(work)
+                if not stuck:
+                    shutil.rmtree(work, ignore_errors=True)
+                if reports:
+                    reports[-1]["mounts_left"] = reports[-1].get("mounts_left", []) + still
+                    reports[-1]["work_left"] = os.path.exists(work)
+    text = json.dumps(reports, indent=2)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text)
+    bad = sum(r["degradations"] + r["hangs"] + r["processes_left"] + r["orphans_left"]
+              + len(r["files_left"]) + len(r["mounts_left"]) + bool(r.get("work_left"))
+              for r in reports)
+    return 1 if bad else 0
+
+
 # --- the fork bomb --------------------------------------------------------------------------------
 
 def bombs(n: int, work: str, executor: str) -> list[float]:
@@ -324,7 +451,15 @@ def main() -> int:
     ap.add_argument("--supervise", nargs=3, metavar=("N", "SEED", "OUT"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--suite", choices=["classic", "long-life"], default="classic")
+    ap.add_argument("--executor", choices=["native", "ctypes"], default=None)
+    ap.add_argument("--runtime", nargs=3, metavar=("N", "SEED", "OUT"),
+                    help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.executor:
+        native.set_default(a.executor)
+    if a.suite == "long-life":
+        return long_life_main(a)
     if a.supervise:
         supervise(int(a.supervise[0]), int(a.supervise[1]), a.work, a.supervise[2])
         return 0

@@ -218,3 +218,146 @@ def test_no_writable_tmp_probe_reports_gc_and_pack_say_one_line(tmp_path: Path) 
         lines = p.stderr.decode().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), lines
         assert "TMPDIR" in lines[0], lines
+
+
+LIMITS = textwrap.dedent(r"""
+    import json, os, resource, sys
+    from hcp_linux import Policy, Sandbox, native
+    executor, jail = sys.argv[1], sys.argv[2]
+    native.set_default(executor)
+    sandbox = Sandbox(Policy(jail=jail))
+
+    def ulimit_n():
+        try:
+            r = sandbox.run(["sh", "-c", "ulimit -n"], capture_output=True, timeout=20)
+            return [r.returncode, r.stdout.decode()]
+        except Exception as e:
+            return [type(e).__name__, str(e)]
+
+    for _ in range(3):  # the kind repeats: the pool keeps spares of it
+        before = ulimit_n()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    tight, free = 0, 0  # the lowest limit under which a spare can still be made (4 fds)
+    while free < 4:
+        free += tight not in used
+        tight += 1
+    out = {"before": before, "runs": []}
+    for low in (tight, 256):  # too low to take a run's fds; merely lower
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        try:  # while the limit is low, a spare is made (as the pool's keeper would)
+            if executor == "native":
+                pool = native.spares.pool()
+                kind = next(iter(pool.idle))
+                pool.put(kind, native.spares.make(kind))
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        out["runs"].append(ulimit_n())  # the limit is back: the next run is as ever
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("executor", ["native", "ctypes"])
+def test_a_run_after_rlimit_nofile_was_lowered_and_restored_is_as_ever(
+        jail: Path, executor: str) -> None:
+    """The runtime's RLIMIT_NOFILE lowered for a moment (EMFILE in the runtime) while a
+    spare is made, then restored: the next run must not go to that spare. A spare keeps
+    the limits of the moment it was started: one too low to take a run's fds failed the
+    next run (its monitor exited 125), and one merely lower gave the command a limit the
+    runtime no longer had. The command gets the runtime's limit of the moment, as a fresh
+    hcp-exec (and Popen) would give it."""
+    from hcp_linux import native
+    if executor == "native" and not native.available():
+        pytest.skip("native executor not built")
+    p = subprocess.run([sys.executable, "-c", LIMITS, executor, str(jail)], capture_output=True,
+                       timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    import json
+    out = json.loads(p.stdout)
+    want = out["before"]  # the policy's limit (below the runtime's), as before the fault
+    assert want[0] == 0 and int(want[1]) > 256, out
+    assert out["runs"] == [want, want], out
+
+
+FULL_TMPDIR = r"""
+T="$1"; shift
+mount -t tmpfs -o size=256k,nr_inodes=16 tmpfs "$T" || exit 99
+head -c 1M /dev/zero > "$T/fill" 2>/dev/null
+i=0; while true > "$T/f$i" 2>/dev/null; do i=$((i+1)); done
+TMPDIR="$T" "$@" 2>&1; echo "status $?"
+echo ---
+rm -f "$T"/fill "$T"/f*
+TMPDIR="$T" "$@"
+"""
+
+
+def test_a_full_tmpdir_fails_a_pack_run_in_one_line_and_the_next_run_works(
+        tmp_path: Path) -> None:
+    """`hcp-linux run --pack` whose TMPDIR is a full file system (blocks and inodes, a tmpfs
+    in a mount namespace of the test's): one line naming the directory and the remedy,
+    exit 125, no traceback; the space freed, the same command runs."""
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
+    control = subprocess.run([*unshare, "true"], capture_output=True, timeout=TIMEOUT)
+    if control.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {control.stderr.decode()[-200:]}")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "pack").mkdir()
+    pack = tmp_path / "pack" / "pack.toml"
+    pack.write_text('name = "p"\n[wrap]\nbin = ["sh"]\n[wrap.workspace]\nmode = "ephemeral"\n')
+    p = subprocess.run([*unshare, "sh", "-c", FULL_TMPDIR, "sh", str(tmp_path / "full"),
+                        sys.executable, "-m", "hcp_linux", "run", "--pack", str(pack), "--",
+                        "sh", "-c", "echo ok"],
+                       capture_output=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, (p.stdout.decode(), p.stderr.decode())
+    full, freed = p.stdout.decode().split("---\n")
+    lines = full.splitlines()
+    assert lines[-1] == "status 125", lines
+    assert len(lines) == 2 and lines[0].startswith("error: sandbox: "), lines
+    assert "No space left on device" in lines[0] and "TMPDIR" in lines[0], lines
+    assert freed == "ok\n", (freed, p.stderr.decode())
+
+
+IDLE_KILLS = textwrap.dedent(r"""
+    import collections, os, signal, sys, time
+    from hcp_linux import Policy, Sandbox, native
+    jail, n = sys.argv[1], int(sys.argv[2])
+    sandbox = Sandbox(Policy(jail=jail))
+    for _ in range(3):
+        sandbox.run(["true"], timeout=20)
+    pool = native.spares.pool()
+    kind = next(iter(pool.idle))
+
+    def zombie(pid):
+        with open(f"/proc/{pid}/stat") as f:  # our unreaped child
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    out = collections.Counter()
+    for i in range(n):
+        spare = native.spares.make(kind)
+        time.sleep(0.006 * i / n)  # at a moment of its early steps, or once it waits
+        os.kill(spare.pid, signal.SIGKILL)  # the OOM killer, an operator
+        while not zombie(spare.pid):
+            time.sleep(0.0002)
+        pool.put(kind, spare)  # the next spare handed out
+        try:
+            r = sandbox.run(["sh", "-c", "echo ok"], capture_output=True, timeout=20)
+            out["ok" if (r.returncode, r.stdout) == (0, b"ok\n") else f"rc {r.returncode}"] += 1
+        except Exception as e:
+            out[f"{type(e).__name__}: {e}"[:50]] += 1
+    print(dict(out))
+""")
+
+
+def test_a_spare_whose_monitor_died_idle_is_never_handed_a_run(jail: Path) -> None:
+    """An idle spare's monitor SIGKILLed (for real) at a moment of its early steps: its init
+    may live on (killed between its fork and its parent-death signal: it holds the spare's
+    socket, the monitor's death noted as a failure for the next plan). The run handed to it
+    failed ("pdeathsig ... the monitor is gone"), a run after the fault. A spare whose
+    monitor has exited is retired, never handed a run: every run succeeds."""
+    from hcp_linux import native
+    if not native.available():
+        pytest.skip("native executor not built (spares are the native executor's)")
+    p = subprocess.run([sys.executable, "-c", IDLE_KILLS, str(jail), "400"], capture_output=True,
+                       timeout=300, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stdout.decode().strip() == "{'ok': 400}", p.stdout.decode()

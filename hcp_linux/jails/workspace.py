@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..errors import PolicyError, SandboxError
+from ..errors import PolicyError, SandboxError, printable
 from .locations import check_state_dir, check_tmp_dir, default_state_dir, default_tmp_dir
 from ..policy.pack import EPHEMERAL, NONE, WORKSPACE, Pack
 from .reclaim import RENAME_NOREPLACE, Sweep, jail_name, jail_owner, renameat2, sweep_dead
@@ -154,8 +154,10 @@ def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
             # none: the pack root is the (read-only) jail; only the scratch is made here
             scratch = os.path.join(parent, "scratch" if mode == NONE else "jail")
             os.mkdir(scratch, 0o700)
-        except BaseException:
+        except BaseException as e:
             remove_tree(parent)
+            if isinstance(e, OSError):
+                raise _cannot_make(os.path.dirname(parent), e) from None
             raise
         return Workspace(mode=mode, jail=pack.root if mode == NONE else scratch,
                          persistent=False, principal=principal, scratch=scratch, owned=parent)
@@ -186,8 +188,18 @@ def _new_jail_parent(mode: str, tmp_dir: str | None) -> str:
             os.mkdir(path, 0o700)
         except FileExistsError:
             continue
+        except OSError as e:  # ENOSPC, EDQUOT, EROFS, EMFILE...: this run cannot have a jail
+            raise _cannot_make(base, e) from None
         return path
     raise FileExistsError(errno.EEXIST, "no unused jail name", base)
+
+
+def _cannot_make(base: str, e: OSError) -> SandboxError:
+    """One line for a jail that cannot be made in ``base`` (a full or read-only file
+    system, a quota): the directory, why, and the remedy. Nothing is left behind."""
+    why = os.strerror(e.errno) if e.errno else str(e)
+    return SandboxError(f"jail: cannot make a directory in {printable(base)}: {why}; free "
+                        f"space there or set TMPDIR to a directory with room")
 
 
 def sweep_jails(tmp_dir: str | None = None, *, dry_run: bool = False) -> Sweep:

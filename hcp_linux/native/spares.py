@@ -8,7 +8,11 @@ the same as the last one's (same grants, same inodes, same masks, same rules, sa
 program): such a spare waits already confined, and only rlimits follow the plan. A spare is an
 hcp-exec started with ``--spare``: it does those steps of child.py, then waits on a socket for
 one plan and the run's fds, refuses a plan it was not prepared for, and reports a step that
-failed meanwhile on that run's error pipe as if it had just failed. Each spare serves one run:
+failed meanwhile on that run's error pipe as if it had just failed. A spare keeps the resource
+limits of the moment it was started: one started under other limits than the runtime's now is
+retired, never handed a run (a RLIMIT_NOFILE lowered for a moment left spares that could not
+take a run's fds after it was restored); so is one whose monitor has exited (killed while
+idle: its init, killed before it set its parent-death signal, lives on with the socket). Each spare serves one run:
 no namespace is ever shared. Every confined spawn goes through a spare (started on the spot
 when none is ready); ready ones are made by one thread that lives as long as the process
 (PDEATHSIG follows the thread that spawned a process), once a kind of plan repeats. An idle
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import threading
 import time
 from typing import TYPE_CHECKING, Sequence
@@ -73,13 +78,33 @@ def spare_key(plan: "Plan", exe: str) -> tuple:
     return flags, plan.uid, plan.gid, exe
 
 
+_RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource))
+                 if name.startswith("RLIMIT_"))
+
+
+def limits() -> tuple:
+    """This process's resource limits, which a spare started now inherits."""
+    return tuple(resource.getrlimit(r) for r in _RLIMITS)
+
+
+def exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited: a zombie not reaped yet (waitid with WNOWAIT,
+    which leaves it to be reaped as ever), or reaped."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 class Spare:
-    """One hcp-exec started with ``--spare``: its pid and our end of its socket."""
+    """One hcp-exec started with ``--spare``: its pid, our end of its socket, and the
+    resource limits it was started with (None: unknown, they changed meanwhile)."""
 
-    __slots__ = ("pid", "sock", "born")
+    __slots__ = ("pid", "sock", "born", "limits")
 
-    def __init__(self, pid: int, sock: "socket.socket") -> None:
+    def __init__(self, pid: int, sock: "socket.socket", limits: tuple | None = None) -> None:
         self.pid, self.sock, self.born = pid, sock, time.monotonic()
+        self.limits = limits
 
 
 def hand_over(spare: Spare, plan: bytes, err_w: int, stdio: Sequence[int],
@@ -150,6 +175,7 @@ def make(kind: tuple, sigmask: "set[int] | None" = None) -> Spare:
             actions.append((os.POSIX_SPAWN_DUP2, view_fd, view_fd))
         if min(theirs, devnull, 3 if view_fd < 0 else view_fd) < 3:
             raise OSError(errno.EBADF, "fds 0-2 are not open")
+        before = limits()
         if sigmask is None:
             pid = os.posix_spawn(exe, argv, {}, file_actions=actions)
         else:
@@ -161,7 +187,8 @@ def make(kind: tuple, sigmask: "set[int] | None" = None) -> Spare:
         for fd in (theirs, devnull, view_fd):
             if fd >= 0:
                 os.close(fd)
-    return Spare(pid, socket.socket(fileno=ours))
+    after = limits()
+    return Spare(pid, socket.socket(fileno=ours), before if before == after else None)
 
 
 def retire(spare: Spare, deadline: float | None = None) -> bool:
@@ -217,6 +244,8 @@ class Pool:
     def take(self, key: tuple, view: bytes | None) -> Spare | None:
         """A ready spare for this plan (its view built, else namespaces only), or None."""
         full, bare = key + (view,), key + (None,)
+        now = limits()
+        stale: list[Spare] = []
         with self.cond:
             seen = self.seen[key] = self.seen.get(key, 0) + 1
             same = view is not None and self.last_view.get(key) == view
@@ -225,8 +254,14 @@ class Pool:
                 self.seen, self.last_view = {key: seen}, {key: view}
             spare = None
             for kind in (full, bare) if view is not None else (bare,):
-                if self.idle.get(kind):
+                while spare is None and self.idle.get(kind):
                     spare = self.idle[kind].pop(0)
+                    # started under other limits, or its monitor is gone (killed while
+                    # idle: its init may live on, holding the socket): retired
+                    if spare.limits != now or exited(spare.pid):
+                        stale.append(spare)
+                        spare = None
+                if spare is not None:
                     break
             if _spares == "auto" and seen >= 2:
                 kind = full if same else bare
@@ -242,7 +277,9 @@ class Pool:
                     self.thread = threading.Thread(target=self._keep, name="hcp-linux spares",
                                                    daemon=True)
                     self.thread.start()
-            return spare
+        for gone in stale:
+            self.discard(gone)
+        return spare
 
     def kick(self) -> None:
         """A spawn is handed over: the keeper may refill now (not earlier: it would compete
