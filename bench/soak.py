@@ -241,7 +241,7 @@ def _grown(report: dict) -> bool:
 def _jails() -> list[str]:
     """Directories a run of ours may leave in the temp dir (the jail names, reclaim.JAIL_RE),
     and soak-jail-* (this bench's)."""
-    from hcp_linux.reclaim import JAIL_RE
+    from hcp_linux.jails.reclaim import JAIL_RE
     tmp = tempfile.gettempdir()
     return [n for n in os.listdir(tmp) if JAIL_RE.match(n) or n.startswith("soak-jail-")]
 
