@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import struct
 
+import _signal
+
 #: The steps of a confined spawn, in the order they run; a failure travels as the index.
 #: "helper" is the ctypes executor's own: its helper interpreter could not start the steps.
 STEPS = (
@@ -139,6 +141,12 @@ def table() -> str:
 def _c_string(data: bytes) -> str:
     return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\{b:03o}"
                          for b in data) + '"'
+
+
+#: Signals the command gets at their default action whatever the runtime does with them: the
+#: Python runtime ignores these, ignored stays ignored across execve, and subprocess resets
+#: them (restore_signals). Both executors apply it (hcp-exec through the plan's ignored set).
+DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
 
 
 def c_header() -> str:

@@ -36,7 +36,8 @@ import _socket
 from .. import _libc as L
 from ..protocol import (CANARY, PROXY_ADDRESS, RESOLVER_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP,
                        STATUS_SETPCAP, SYNTHETIC_NET)
-from ..protocol import DETAILS, HANDOVER_MARK, encode_error_record, status_lacks
+from ..protocol import (DEFAULT_SIGNALS, DETAILS, HANDOVER_MARK, encode_error_record,
+                        status_lacks)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
@@ -303,11 +304,6 @@ def _kill_quietly(pid: int, sig: int) -> None:
     except ProcessLookupError:
         pass
 
-
-#: Signals the command gets at their default action whatever the runtime does with them: the
-#: Python runtime ignores these, ignored stays ignored across execve, and subprocess resets
-#: them (restore_signals). Both executors apply it (hcp-exec through the plan's ignored set).
-DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
 
 
 def _exec(plan: "Plan") -> NoReturn:

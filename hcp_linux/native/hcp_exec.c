@@ -1030,7 +1030,7 @@ static void __attribute__((noreturn)) do_exec(void) {
     /* Signal dispositions and mask as a fork of the spawning thread would have them now (a
      * spare was started a while ago; glibc's posix_spawn makes its internal signals 32 and
      * 33 ignored): each signal ignored iff the plan says so, else default (a handler would be
-     * reset by execve anyway). The plan's set is the runtime's minus child.DEFAULT_SIGNALS.
+     * reset by execve anyway). The plan's set is the runtime's minus protocol.DEFAULT_SIGNALS.
      * A zeroed kernel sigaction is SIG_DFL whatever the layout; the raw syscall, as glibc's
      * sigaction() refuses 32 and 33. */
     for (int sig = 1; sig <= 64; sig++) {

@@ -122,8 +122,7 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     Call it in the spawning thread: it records that thread's signal mask, and this moment's
     ignored signals and (``set_umask``: for a spare started a while ago) umask; or, given
     ``process`` (umask, ignored, blocked), those of the process that will start hcp-exec."""
-    from ..ctypes_executor.child import DEFAULT_SIGNALS
-    from ..protocol import PROXY_ADDRESS
+    from ..protocol import DEFAULT_SIGNALS, PROXY_ADDRESS
 
     if process is None:
         umask, ignored = _process_status()
