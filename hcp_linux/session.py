@@ -72,7 +72,9 @@ class SessionResult:
     ``abandoned``: the output pipes were still held open :data:`DRAIN` s after the command
     ended (or :data:`GRACE` s after its timeout kill), by a leftover left running or by a
     process the command passed them to; the read stopped there, and what they write later is
-    lost (they get EPIPE)."""
+    lost (they get EPIPE). ``protected_sweep``: what the command (or anything else in the
+    session) left at a missing protected name, removed once the command ended (path: what
+    was done), as a run's receipt has it (docs/policy.md, "Protected names")."""
 
     args: list[str]
     returncode: int
@@ -82,6 +84,7 @@ class SessionResult:
     truncated: bool = False
     leftovers: str = "none"
     abandoned: bool = False
+    protected_sweep: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +132,7 @@ class Session:
         self._ctl = ours
         self._lock = threading.Lock()  # guards _pending, _next_id, _ended
         self._send_lock = threading.Lock()
+        self._sweep_lock = threading.Lock()  # one sweep at a time (commands end in parallel)
         self._pending: dict[int, _Pending] = {}
         self._next_id = 1
         self._ended: str | None = None
@@ -275,8 +279,13 @@ class Session:
                 ident, pending, out_r, err_r, limit, cap)
             if pending.status is None:
                 raise SessionEnded(f"session: {self._ended} while {argv[0]} ran")
+            # the command has ended: what it planted at a missing protected name goes now,
+            # not when the session ends (a leftover left running can plant again: the
+            # session's end sweeps once more)
+            with self._sweep_lock:
+                swept = self._proc.sweep_protected()
             return SessionResult(list(argv), pending.status, out, err, timed_out, truncated,
-                                 pending.leftovers, abandoned)
+                                 pending.leftovers, abandoned, swept)
         finally:
             for fd in (out_r, err_r):
                 try:

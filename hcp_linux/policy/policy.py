@@ -165,6 +165,7 @@ class Policy:
     pty: bool = False
     rung: str = ladder.DEFAULT
     allow_write_protected: tuple[str, ...] = ()
+    protect_missing: str = "sweep"
 
     def __post_init__(self) -> None:
         """Check every field, in one pass, before anything is opened, spawned or written;
@@ -227,6 +228,8 @@ class Policy:
         # names of hcp_linux.policy.protected (in every writable root) or absolute paths
         set_("allow_write_protected", protected.check_allowed(
             _str_tuple(self.allow_write_protected, "allow_write_protected"), PolicyError))
+        set_("protect_missing", _choice(self.protect_missing, "protect_missing",
+                                        protected.PROTECT_MISSING))
 
     def _check_roots(self, set_) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
         """Jail, write and read-only roots: absolute paths of existing directories, made

@@ -208,6 +208,14 @@ FIELDS: tuple[Field, ...] = (
           "command may write after all (see Protected names)", metavar="NAME|PATH",
           help="let the command write a protected name (.git/hooks, .envrc...; in every "
                "writable root) or path (repeatable)"),
+    Field("protect_missing", "--protect-missing", ONCE, _replace("protect_missing"),
+          lambda how: [] if how == "sweep" else [f"--protect-missing={how}"],
+          r'`"sweep"` \| `"placeholders"`', '`"sweep"`',
+          "how a missing protected name is kept missing: removed after the run, or an "
+          "empty placeholder made once and bound read-only (see Protected names)",
+          help="missing protected names: remove what a run left there (sweep, default) or "
+               "make empty read-only placeholders so none can be created (placeholders)",
+          choices=("sweep", "placeholders")),
     Field("allow_unix_sockets", "--allow-unix-socket", APPEND, _add("allow_unix_socket"),
           _repeated("--allow-unix-socket"), _ROOTS, "`[]`",
           "existing unix sockets made connectable in the view, each alone (its inode bound "

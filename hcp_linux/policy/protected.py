@@ -10,14 +10,19 @@ tasks and MCP servers named in their settings. So, at the top level of every wri
 - an existing file or directory is bound read-only over itself in the mount view (the
   carve-out machinery of hcp_linux.plan.confinement), its parents inside the root pinned;
 - a missing one cannot be a mount point without creating a file in the user's tree, so
-  whatever appears there during the run is removed once the run has ended (every process
-  of it gone), without following a symlink; a symlink is restored to what it named (and
-  its target, when inside a writable root, is bound read-only).
+  by default (``protect_missing = "sweep"``) whatever appears there during the run is
+  removed once the run has ended (every process of it gone), without following a symlink;
+  with ``protect_missing = "placeholders"`` an empty placeholder is made there once (and
+  left: a new inode each run would defeat the confinement cache and the spares) and bound
+  read-only like an existing one, so nothing can be created there during the run either;
+- a symlink is restored to what it named (and its target, when inside a writable root, is
+  bound read-only).
 
 What exists is found per run (:func:`find`): ``git init`` makes ``.git`` between two runs.
-Without a mount view only the after-run sweep is left, and the receipt says so. During the
-run the host should not run its tools in the jail (a file planted at a missing name exists
-until the run ends). Only stdlib, imported on the served client's path (its sweep).
+Without a mount view only the after-run sweep is left, and the receipt says so. With the
+sweep, during the run the host should not run its tools in the jail (a file planted at a
+missing name exists until the run ends). Only stdlib, imported on the served client's path
+(its sweep).
 """
 from __future__ import annotations
 
@@ -55,8 +60,23 @@ NAMES: dict[str, str] = {
 #: A name protected only when it is not a directory (its protected children are listed).
 _FILE_ONLY = frozenset({".git"})
 
+#: ``protect_missing``: what keeps a missing name missing during a run (docs/policy.md).
+PROTECT_MISSING = ("sweep", "placeholders")
+
+#: Names whose placeholder is an empty directory (the tools that read them expect one).
+_DIR_NAMES = frozenset({".git/hooks", ".vscode", ".idea", ".claude", ".cursor", ".ssh"})
+
+#: A placeholder's content where empty is not what the tool reads as absent: ``.`` makes
+#: git's common dir the repository itself (an empty commondir makes git die).
+_CONTENT = {".git/commondir": b".\n"}
+
+#: Names never given a placeholder: an empty ``.git`` file or directory would break git in
+#: the jail (``git init`` included); the sweep is left for it.
+_NO_PLACEHOLDER = frozenset({".git"})
+
 #: How each protected path is kept (the receipt's ``protected`` values).
 BOUND = "read-only bind"
+PLACED = "read-only bind (placeholder made by protect_missing = placeholders)"
 REMOVED = "removed after the run"
 RESTORED = "restored after the run"
 REMOVED_NO_VIEW = "removed after the run (no mount view: the sweep is the only protection)"
@@ -114,8 +134,11 @@ def _within(path: str, tree: str) -> bool:
 
 def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     """The protected paths of ``policy``'s writable roots as they are now. A path inside a
-    carve-out of the policy (read-only or hidden already) or opted out is skipped."""
+    carve-out of the policy (read-only or hidden already) or opted out is skipped. With a
+    mount view and ``protect_missing = "placeholders"``, a missing name gets its placeholder
+    here (PolicyError, naming it, when it cannot be made: fail closed)."""
     allowed = policy.allow_write_protected
+    place = view and policy.protect_missing == "placeholders"
     covered = policy.read_only_paths + policy.hidden_paths
     read_only: list[str] = []
     pins: list[str] = []
@@ -139,6 +162,10 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
             how.append((path, ALLOWED))
             continue
         kind, target, parents = _look(root, path)
+        placed = False
+        if place and kind == "missing" and name in NAMES and name not in _NO_PLACEHOLDER:
+            placed = _make_placeholder(root, path, name)
+            kind, target, parents = _look(root, path)  # made, or what appeared meanwhile
         if parents is None or (kind == "dir" and name in _FILE_ONLY):
             # under a file or symlink (a gitdir-pointer .git: itself protected), or the .git
             # directory (its hooks and config are listed): nothing of its own to protect
@@ -160,7 +187,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                     pins.extend(real_parents or ())
         elif kind in ("file", "dir"):
             if view:
-                how.append((path, BOUND))
+                how.append((path, PLACED if placed else BOUND))
                 read_only.append(path)
                 pins.extend(parents or ())
             else:
@@ -169,6 +196,39 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     ro = tuple(dict.fromkeys(read_only))
     return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
                  how=tuple(how), sweep=tuple(sweep))
+
+
+def _make_placeholder(root: str, path: str, name: str) -> bool:
+    """Make ``name``'s placeholder at ``path`` (its parents real directories, reached from
+    ``root`` without following a symlink): an empty directory or file, or a file holding
+    :data:`_CONTENT`. False when something is there already (made meanwhile)."""
+    from ..errors import PolicyError  # here: the served client imports this module light
+    parts = path[len(root):].strip("/").split("/")
+    fds = [os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               dir_fd=fds[-1]))
+        if name in _DIR_NAMES:
+            os.mkdir(parts[-1], 0o755, dir_fd=fds[-1])
+        else:
+            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644, dir_fd=fds[-1])
+            try:
+                content = _CONTENT.get(name, b"")
+                if os.write(fd, content) != len(content):
+                    raise OSError(errno.EIO, "short write")
+            finally:
+                os.close(fd)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as e:
+        raise PolicyError(f"protect_missing: cannot make the placeholder {path}: "
+                          f"{e.strerror or e}") from None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _look(root: str, path: str) -> tuple[str, str | None, list[str] | None]:

@@ -101,6 +101,12 @@ class SandboxProcess:
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to do
             pass
 
+    def sweep_protected(self) -> dict[str, str]:
+        """Sweep the run's missing protected names now, while it goes on (a session, after
+        each command); the run's end sweeps again. Returns each path acted on and what was
+        done (hcp_linux.policy.protected.sweep)."""
+        return protected.sweep(self._sweep) if self._sweep else {}
+
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
         if self._monitor.status is not None:  # reaped here, not by the reaper: its fds go
