@@ -107,7 +107,8 @@ def _write_receipt(result: Any, receipt_to: str | None) -> None:
         return
     from ..run.receipt import write_receipt
     receipt = dict(result.receipt)
-    receipt["exit"] = {"returncode": result.returncode, "timed_out": result.timed_out}
+    from ..receipt_keys import set_exit
+    set_exit(receipt, result.returncode, result.timed_out)
     try:
         write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
     except OSError as e:

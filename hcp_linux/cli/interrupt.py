@@ -95,8 +95,8 @@ def end_by_signal(signum: int, receipt: dict[str, Any] | None, receipt_to: str |
     if receipt is not None and receipt_to:
         from ..errors import printable
         from ..run.receipt import write_receipt
-        receipt["exit"] = {"returncode": returncode, "timed_out": False,
-                           "ended_by": SIGNAL_NAMES.get(signum, str(signum))}
+        from ..receipt_keys import set_exit
+        set_exit(receipt, returncode, False, SIGNAL_NAMES.get(signum, str(signum)))
         try:
             write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
         except OSError as e:

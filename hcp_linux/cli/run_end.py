@@ -12,7 +12,8 @@ def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_o
     the timeout's line, the exit status."""
     if receipt_to:
         from ..run.receipt import write_receipt
-        receipt["exit"] = {"returncode": returncode, "timed_out": timed_out}
+        from ..receipt_keys import set_exit
+        set_exit(receipt, returncode, timed_out)
         try:
             write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
         except OSError as e:  # checked before the run; this is a race with its removal

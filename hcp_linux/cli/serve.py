@@ -31,6 +31,7 @@ import stat
 import sys
 from typing import Any
 
+from .. import receipt_keys as keys
 from .. import native, protocol
 from ..ctypes_executor import child
 from ..observe import landlock_log
@@ -305,9 +306,9 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
                                      process=state["process"])
             receipt = make_receipt()
-            receipt["served_by"] = {"pid": os.getpid(), "socket": server.path}
-            receipt["executor"] = "native"  # the client starts hcp-exec with this plan
-            receipt["denial_layers"] = denial_layers(plan)
+            keys.set_served_by(receipt, os.getpid(), server.path)
+            keys.set_executor(receipt, "native")  # the client starts hcp-exec with this plan
+            keys.set_denial_layers(receipt, denial_layers(plan))
             complete(receipt, None)  # none recorded: see denial_layers
             say(b"plan", os.fsencode(native.binary() or ""), blob,
                 json.dumps(receipt).encode(),

@@ -267,10 +267,10 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
     import json
     rec = json.loads(receipt)
     from ..policy.protected import sweep, sweep_of_receipt
-    done = sweep(sweep_of_receipt(rec))  # every process of the run is gone (the init said)
-    if done:
-        rec["protected_sweep"] = done
-    rec["end"] = {"by": by, **({"notes": monitor.notes} if monitor.notes else {})}
+    from ..receipt_keys import set_end, set_protected_sweep
+    # every process of the run is gone (the init said)
+    set_protected_sweep(rec, sweep(sweep_of_receipt(rec)))
+    set_end(rec, by, monitor.notes)
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
         end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status))

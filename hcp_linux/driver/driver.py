@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from .. import receipt_keys as keys
 from ..policy.allowlist import is_allowlisted
 from .async_pipes import communicate
 from ..policy.environment import check_explicit
@@ -371,13 +372,14 @@ class LinuxDriver:
         ``writeback`` entry when ``report`` is given)."""
         assert ex.process is not None
         receipt = dict(ex.process.receipt)
-        receipt["driver"] = {"name": self.name, "mode": ex.mode, "jail": ex.jail,
-                             "scratch": ex.scratch,
-                             "principal": ex.principal, "pack_root": ex.pack.root,
-                             "ignored_keys": list(ex.pack.ignored_keys),
-                             "written_back": list(report.written) if report else []}
+        section: dict[str, Any] = {
+            "name": self.name, "mode": ex.mode, "jail": ex.jail, "scratch": ex.scratch,
+            "principal": ex.principal, "pack_root": ex.pack.root,
+            "ignored_keys": list(ex.pack.ignored_keys),
+            "written_back": list(report.written) if report else []}
         if report is not None:
-            receipt["driver"]["writeback"] = report.as_receipt()
+            section["writeback"] = report.as_receipt()
+        keys.set_driver(receipt, section)
         return receipt
 
     def _finish(self, ex: Execution, returncode: int, out: bytes | None, err: bytes | None,

@@ -35,6 +35,7 @@ import socket
 import threading
 from typing import Any
 
+from .. import receipt_keys as keys
 from . import landlock_log
 from ..seccomp_profiles.model import OBSERVE
 
@@ -435,7 +436,6 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None",
     count past MAX_RECORDED per layer)."""
     denials: list[dict[str, Any]] = []
     dropped: dict[str, int] = {}
-    layers = receipt.setdefault("denial_layers", {})
     if listener is not None:
         listener.finish()
         records, count = listener.summary()
@@ -443,7 +443,8 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None",
         if count > len(records):
             dropped["seccomp"] = count - len(records)
         if listener.error:
-            layers["seccomp"] = f"incomplete: the listener stopped: {listener.error}"
+            keys.set_denial_layer(receipt, "seccomp",
+                                  f"incomplete: the listener stopped: {listener.error}")
     decisions = receipt.get("network", {}).get("decisions") or []
     net = network_records(decisions)
     net_count = len(net)
@@ -455,20 +456,21 @@ def complete(receipt: dict[str, Any], listener: "SeccompListener | None",
     if net_count > MAX_RECORDED:
         dropped["network"] = net_count - MAX_RECORDED
     if landlock is not None:  # after the listener is closed: it holds nothing of the run
-        layers["landlock"] = landlock.finish()
+        keys.set_denial_layer(receipt, "landlock", landlock.finish())
         denials += landlock.records
         if landlock.count > len(landlock.records):
             dropped["landlock"] = landlock.count - len(landlock.records)
-    elif layers.get("landlock") == "recorded":  # the maker's pid never came
-        layers["landlock"] = ("unavailable: the process that made the run's Landlock domain "
+    elif keys.denial_layer(receipt, "landlock") == "recorded":  # the maker's pid never came
+        keys.set_denial_layer(receipt, "landlock",
+                              "unavailable: the process that made the run's Landlock domain "
                               "was not learned (no credentials with the listener)")
-    if listener is not None and listener.unread and "network" in layers:
-        layers["network"] = ("incomplete: the destination of a connect() or a send could "
-                             f"not be read ({listener.unread}); the kernel refused it all the "
-                             "same")
-    receipt["denials"] = denials
-    if dropped:
-        receipt["denials_not_recorded"] = dropped
+    if listener is not None and listener.unread \
+            and keys.denial_layer(receipt, "network") is not None:
+        keys.set_denial_layer(receipt, "network",
+                              "incomplete: the destination of a connect() or a send could "
+                              f"not be read ({listener.unread}); the kernel refused it all "
+                              "the same")
+    keys.set_denials(receipt, denials, dropped)
 
 
 #: The calls whose no-route attempts are recorded, and the word --explain says for each.

@@ -489,33 +489,33 @@ _OBJECT_FIELDS = ("path", "dev", "ino", "ioctlcmd", "daddr", "dest", "saddr", "s
 
 
 def _access_record(fields: dict[str, str]) -> dict[str, Any]:
-    rec: dict[str, Any] = {"layer": "landlock",
-                           "blockers": [b for b in fields.get("blockers", "").split(",") if b]}
+    entry: dict[str, Any] = {"layer": "landlock",
+                             "blockers": [b for b in fields.get("blockers", "").split(",") if b]}
     for name in _OBJECT_FIELDS:
         if name in fields:
-            rec[name] = fields[name]
-    return rec
+            entry[name] = fields[name]
+    return entry
 
 
-def _add_syscall(rec: dict[str, Any], fields: dict[str, str]) -> None:
+def _add_syscall(entry: dict[str, Any], fields: dict[str, str]) -> None:
     """The refused call, from the event's AUDIT_SYSCALL record: its pid (ours: the initial
     namespace's), its name and its errno."""
     from hcp_linux.seccomp_profiles.syscalls import name_of
     try:
-        rec["pid"] = int(fields.get("pid", ""))
+        entry["pid"] = int(fields.get("pid", ""))
     except ValueError:
         pass
     try:
         nr, arch = int(fields.get("syscall", "")), int(fields.get("arch", ""), 16)
     except ValueError:
         return
-    rec["syscall"] = name_of(nr, arch) or f"#{nr}"
+    entry["syscall"] = name_of(nr, arch) or f"#{nr}"
     try:
         code = -int(fields.get("exit", ""))
     except ValueError:
         return
     if code > 0:
-        rec["errno"] = errno.errorcode.get(code, str(code))
+        entry["errno"] = errno.errorcode.get(code, str(code))
 
 
 #: Each blocker (the access right Landlock refused) as a verb and why it is refused, with

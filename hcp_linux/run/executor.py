@@ -17,6 +17,7 @@ import subprocess
 import time
 from typing import IO, Any, Callable, Sequence
 
+from .. import receipt_keys as keys
 from .. import native
 from ..ctypes_executor import child_main
 from ..observe import landlock_log
@@ -231,7 +232,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                           pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None,
                           args=[a.decode() for a in plan.argv] if args is None else args,
                           stdio=stdio)
-    proc.receipt["executor"] = ran
+    keys.set_executor(proc.receipt, ran)
     if plan.protect is not None:
         proc._sweep = plan.protect.sweep
     if notify_end >= 0:
@@ -250,11 +251,11 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         proc._denials.start()
         if plan.landlock_log and maker > 0:  # the init (or monitor) that made the domain
             proc._landlock = landlock_log.watch(maker, MAX_RECORDED)
-    proc.receipt["denial_layers"] = denial_layers(plan)
+    keys.set_denial_layers(proc.receipt, denial_layers(plan))
     if ready_ok is False:
-        proc.receipt.setdefault("spawn", {})["notes"] = [
-            f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; it was killed "
-            f"and the run started afresh"]
+        keys.add_spawn_note(proc.receipt,
+                            f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; "
+                            f"it was killed and the run started afresh")
     if plan.proxy:
         try:
             proc._proxy = _start_proxy(plan, proxy_end, proc.receipt)
@@ -379,13 +380,11 @@ def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
             sock.close()
         raise ChildSetupError("proxy-listen", errno.EPROTO, "no listening socket received")
     resolver, captured, listener = socks[0], socks[1:-1], socks[-1]
-    decisions: list[dict[str, Any]] = []
-    receipt.setdefault("network", {}).update(mode="allow", proxy="%s:%d" % PROXY_ADDRESS,
-                                             resolver="%s:%d" % RESOLVER_ADDRESS,
-                                             synthetic="%s/%d" % SYNTHETIC_NET,
-                                             captured_ports=list(plan.capture_ports),
-                                             decisions=decisions,
-                                             **plan.policy.egress().describe())
+    decisions = keys.set_egress(receipt, dict(proxy="%s:%d" % PROXY_ADDRESS,
+                                              resolver="%s:%d" % RESOLVER_ADDRESS,
+                                              synthetic="%s/%d" % SYNTHETIC_NET,
+                                              captured_ports=list(plan.capture_ports),
+                                              **plan.policy.egress().describe()))
     log_file = _open_proxy_log(plan.policy.proxy_log)
 
     def log(decision: dict[str, Any]) -> None:

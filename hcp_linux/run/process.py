@@ -14,6 +14,7 @@ import subprocess
 import time
 from typing import IO, Any
 
+from .. import receipt_keys as keys
 from ..policy import protected
 from ..proc import teardown
 from ..observe.denials import complete
@@ -119,13 +120,8 @@ class SandboxProcess:
             self._denials = self._landlock = None
         sweep, self._sweep = self._sweep, ()
         if sweep:  # every process of the run is gone: what it left at a protected name goes
-            done = protected.sweep(sweep)
-            if done:
-                self.receipt["protected_sweep"] = done
-        end: dict[str, Any] = {"by": self._ended_by or "exit"}
-        if self._monitor.notes:
-            end["notes"] = list(self._monitor.notes)
-        self.receipt["end"] = end
+            keys.set_protected_sweep(self.receipt, protected.sweep(sweep))
+        keys.set_end(self.receipt, self._ended_by or "exit", self._monitor.notes)
         return self.returncode
 
     def _reported(self) -> int | None:
