@@ -38,7 +38,7 @@ from typing import Mapping, Sequence
 
 from .run import popen
 from .errors import SandboxError
-from .plan.plan import compile_plan
+from .plan.plan import compile_plan, prepare
 from .policy.policy import LAYERS
 from .sandbox import Sandbox
 
@@ -236,6 +236,7 @@ class Session:
         plan = compile_plan(self.policy, list(argv), layers=self.layers,
                             env=popen.granted_env(env), cwd=popen.working_dir(cwd))
         try:
+            prepare(plan)  # without a view: its HOME and TMPDIR, as a run's spawn makes them
             req = {"op": "run", "exe": os.fsdecode(plan.exe),
                    "argv": [os.fsdecode(a) for a in plan.argv],
                    "env": [[os.fsdecode(k), os.fsdecode(v)] for k, v in plan.env.items()],

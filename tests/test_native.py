@@ -8,6 +8,7 @@ test runs real processes.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -243,20 +244,17 @@ def _failure(plan, ex: str) -> tuple[str, int, str]:
 
 
 def _swapped_inode(plan):
-    import dataclasses
     b = plan.binds[-1]
-    plan.binds = [*plan.binds[:-1], dataclasses.replace(b, ino=b.ino + 1)]
-    return b.source.decode()
+    return dataclasses.replace(plan, binds=[*plan.binds[:-1],
+                                            dataclasses.replace(b, ino=b.ino + 1)])
 
 
 def _missing_cwd(plan):
-    plan.cwd = b"/nonexistent-hcp-cwd"
-    return None
+    return dataclasses.replace(plan, cwd=b"/nonexistent-hcp-cwd")
 
 
 def _missing_exe(plan):
-    plan.exe = b"/nonexistent-hcp-bin"
-    return None
+    return dataclasses.replace(plan, exe=b"/nonexistent-hcp-bin")
 
 
 @built
@@ -270,9 +268,7 @@ def test_failures_are_reported_identically(jail: Path, mutate, step: str, err: i
     executor, so the error mapping and the degraded-host logic are shared."""
     seen = {}
     for ex in EXECUTORS:
-        plan = _plan(jail)
-        mutate(plan)
-        seen[ex] = _failure(plan, ex)
+        seen[ex] = _failure(mutate(_plan(jail)), ex)
     assert seen["native"] == seen["ctypes"], seen
     assert seen["native"][:2] == (step, err), seen
 
@@ -283,7 +279,8 @@ def test_rlimit_failure_is_the_rlimits_step(jail: Path) -> None:
     ValueError, not OSError, for EPERM/EINVAL); the native one names the step."""
     import resource
     plan = _plan(jail)
-    plan.rlimits.append((resource.RLIMIT_NOFILE, 1 << 40))  # above fs.nr_open: EPERM
+    # above fs.nr_open: EPERM
+    plan = dataclasses.replace(plan, rlimits=(*plan.rlimits, (resource.RLIMIT_NOFILE, 1 << 40)))
     assert _failure(plan, "native") == ("rlimits", errno.EPERM, str(resource.RLIMIT_NOFILE))
 
 
@@ -677,8 +674,8 @@ def test_a_spare_reports_a_step_that_failed_before_the_plan_came(jail: Path,
                                                                 spares_auto) -> None:
     """A view built ahead of time from a template whose inode is stale fails at bind-clone;
     the spare says so on the error pipe of the run it is given, like a direct spawn would."""
-    plan = _plan(jail)
-    src = _swapped_inode(plan)
+    plan = _swapped_inode(_plan(jail))
+    src = plan.binds[-1].source.decode()
     spare = native.spares.make(native.spares.spare_key(plan, native.binary())
                                + (native.view_bytes(plan),))
     _inject(plan, spare)

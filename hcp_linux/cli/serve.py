@@ -21,6 +21,7 @@ when it starts, so that a request never touches the program cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import io
 import json
@@ -293,22 +294,13 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
         while True:
             if not _servable(plan):
                 return say(b"fallback", b"a plan this server does not serve")
-            plan.parent_pid = pid  # the client starts hcp-exec
-            if plan.seccomp is not None and plan.seccomp_listener:
-                # The client starts hcp-exec and has no listener: the filter answers its
-                # denials itself, as before, and the receipt says they are not recorded.
-                plan.seccomp = answered_by_filter(plan.seccomp_names)
-                plan.seccomp_listener = False
-                plan.seccomp_unrecorded = SERVED_UNRECORDED
-            if plan.landlock_log:  # nor does it read the Landlock domain's records
-                plan.landlock_log = False
-                plan.landlock_restrict = landlock_log.restrict_flags(False)
-            blob = native.plan_bytes(plan, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
+            served = _served_plan(plan, pid)
+            blob = native.plan_bytes(served, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
                                      process=state["process"])
             receipt = make_receipt()
             keys.set_served_by(receipt, os.getpid(), server.path)
             keys.set_executor(receipt, "native")  # the client starts hcp-exec with this plan
-            keys.set_denial_layers(receipt, denial_layers(plan))
+            keys.set_denial_layers(receipt, denial_layers(served))
             complete(receipt, None)  # none recorded: see denial_layers
             say(b"plan", os.fsencode(native.binary() or ""), blob,
                 json.dumps(receipt).encode(),
@@ -331,6 +323,19 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
         return refuse(e.exit_code, f"error: sandbox: {printable(str(e))}\n")
     finally:
         attempts.close()
+
+
+def _served_plan(plan: Plan, pid: int) -> Plan:
+    """``plan`` as the client runs it: the client (``pid``) starts hcp-exec, and has no
+    listener: the filter answers its denials itself, as before, and the receipt says they
+    are not recorded; nor does it read the Landlock domain's records."""
+    changes: dict[str, Any] = {"parent_pid": pid}
+    if plan.seccomp is not None and plan.seccomp_listener:
+        changes.update(seccomp=answered_by_filter(plan.seccomp_names), seccomp_listener=False,
+                       seccomp_unrecorded=SERVED_UNRECORDED)
+    if plan.landlock_log:
+        changes.update(landlock_log=False, landlock_restrict=landlock_log.restrict_flags(False))
+    return dataclasses.replace(plan, **changes)
 
 
 def _servable(plan: Plan) -> bool:

@@ -25,7 +25,7 @@ from ..proc import spawner, teardown
 from ..observe.denials import MAX_RECORDED, SeccompListener, denial_layers, receive_listener
 from ..errors import (ChildSetupError, HelperLostError, SandboxError, SetupTimeoutError,
                      printable)
-from ..plan.plan import Plan
+from ..plan.plan import Plan, prepare
 from .popen import Stdio
 from .process import RAW, SandboxProcess
 from ..protocol import (CAPTURE_PORTS_MAX, PROXY_ADDRESS, RESOLVER_ADDRESS, SYNTHETIC_NET,
@@ -135,6 +135,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     raises :class:`SetupTimeoutError`."""
     setup_by = time.monotonic() + (teardown.SETUP_TIMEOUT if setup_timeout is None
                                    else setup_timeout)
+    prepare(plan)  # what the run needs on disk (compile_plan writes nothing)
     to_close: list[int] = []
     ends: list[int | None] = []
     fds: list[int] = []
