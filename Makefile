@@ -25,7 +25,7 @@ setup: $(VENV)/.installed native bytecode
 # files (and with PYTHONDONTWRITEBYTECODE set, they are never written) every `hcp-linux run`
 # compiles some 40 modules first (+15 ms). Cheap when up to date.
 bytecode: $(VENV)/.installed
-	@$(PY) -m compileall -q hcp_linux landlock seccomp_profiles >/dev/null
+	@$(PY) -m compileall -q hcp_linux >/dev/null
 
 # The native executor (hcp-exec): built when a C compiler is there, else the ctypes executor
 # is used and everything still works. Cheap when up to date.
