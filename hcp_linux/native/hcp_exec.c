@@ -105,7 +105,7 @@
 #define PR_CAP_AMBIENT_ 47
 #define PR_CAP_AMBIENT_CLEAR_ALL_ 4
 #define PR_SET_SECUREBITS_ 28
-#define SECURE_ALL_LOCKED_ 0xef /* NOROOT|NO_SETUID_FIXUP|KEEP_CAPS_LOCKED|NO_CAP_AMBIENT_RAISE, locked */
+#define SECURE_ALL_LOCKED_ 0xef /* _libc.SECURE_ALL_LOCKED: every securebit but KEEP_CAPS */
 
 #define NEWROOT "/tmp"
 
@@ -757,7 +757,6 @@ fail:
     return -1;
 }
 
-/* Listen inside this network namespace; hand the socket to the parent's egress proxy. */
 /* Send ``n`` fds to the runtime over ``channel`` in one message whose one byte says what they
  * are (SCM_RIGHTS). -1 with errno on failure; EINTR is retried. By the raw syscall, with
  * HANDOVER_MARK in the flags' upper half, which the kernel ignores: the filter (installed
@@ -793,6 +792,7 @@ static int send_fds(int channel, char tag, const int *fds, int n, int flags) {
     return sent < 0 ? -1 : 0;
 }
 
+/* Listen inside this network namespace; hand the socket to the parent's egress proxy. */
 static int proxy_listen(int channel) {
     struct sockaddr_in a;
     int s, saved, r = -1;
@@ -1354,12 +1354,11 @@ static void monitor_steps(void) {
 /* ---- a spare ------------------------------------------------------------------------------ */
 
 #define NS_FLAGS (F_USERNS | F_MOUNTNS | F_NETNS | F_IPCNS | F_PIDNS)
-/* A plan up to INLINE_MAX bytes comes in the message itself (no memfd to make, fill and
- * read); a larger one (a long argv or environment) in a memfd. */
 
 /* One message: a header (magic, bits), the plan when M_INLINE, and the fds [(plan memfd
  * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done),
- * (notify)]. */
+ * (notify)]. A plan up to INLINE_MAX bytes comes in the message itself (no memfd to make,
+ * fill and read); a larger one (a long argv or environment) in a memfd. */
 static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     static unsigned char data[16 + INLINE_MAX];
     unsigned char *hdr = data;
@@ -1517,8 +1516,9 @@ static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t ui
     P.uid = uid;
     P.gid = gid;
     P.parent_pid = ppid;
-    if (chdir("/") < 0) { /* pin no directory of the runtime's while idle; harmless if not */
-    }
+    /* Pin no directory of the runtime's while idle; staying where we are if that fails is
+     * harmless (the ! only quiets glibc's warn_unused_result). */
+    (void)!chdir("/");
     deferring = 1;
     early_steps(sock, flags, status_pipe);
     deferring = 0;
