@@ -48,6 +48,58 @@ LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
 PLAN_MAGIC, PLAN_VERSION = 0x58504348, 11
 
+class RunFds:
+    """The run's channels, by name: the fds its monitor gets from the parent (besides the
+    Landlock ruleset, which is the confinement's, not a channel). One value instead of five
+    loose arguments through every signature from the spawn to the child side; hcp_exec.c holds
+    the same in ``struct run_fds``, generated from :data:`RUN_FDS`. -1: the run has none.
+
+    A plain class, not a dataclass: the ctypes executor's helper interpreter imports this
+    module at start-up, and ``dataclasses`` would cost it ~10 ms. Frozen all the same."""
+
+    __slots__ = ("err", "stdio", "proxy", "done", "notify")
+
+    err: int  #: the close-on-exec error pipe's write end (a failing step's record)
+    stdio: "tuple[int, int, int]"  #: what becomes the command's fds 0, 1 and 2
+    proxy: int  #: our end of the socketpair to the parent's egress proxy (plan.proxy)
+    done: int  #: the runtime's "run over" pipe, written by the sandbox's init (pid namespace)
+    notify: int  #: where the seccomp listener goes to the runtime (plan.seccomp_listener)
+
+    def __init__(self, err: int, stdio: "tuple[int, int, int]", proxy: int = -1,
+                 done: int = -1, notify: int = -1) -> None:
+        if len(stdio) != 3:
+            raise ValueError(f"RunFds: stdio is three fds, not {len(stdio)}")
+        for name, value in zip(self.__slots__, (err, tuple(stdio), proxy, done, notify)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"RunFds is frozen: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunFds) and self.fields() == other.fields()
+
+    def __hash__(self) -> int:
+        return hash(self.fields())
+
+    def __repr__(self) -> str:
+        return "RunFds(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+    def fields(self) -> "tuple[int, tuple[int, int, int], int, int, int]":
+        """The fields in order, as plain values (what crosses to the ctypes helper)."""
+        return (self.err, self.stdio, self.proxy, self.done, self.notify)
+
+    def all(self) -> "tuple[int, ...]":
+        """Every fd the run has (none of the -1s): what a spawn keeps open for the child."""
+        return tuple(fd for fd in (self.err, *self.stdio, self.proxy, self.done, self.notify)
+                     if fd >= 0)
+
+
+#: The members of hcp_exec.c's ``struct run_fds`` (RunFds's fields, in order): how many fds
+#: each holds, and the MESSAGE_BITS bit that says a spare's message carries it (None: always).
+RUN_FDS = (("err", 1, None), ("stdio", 3, None), ("proxy", 1, "PROXY"), ("done", 1, "DONE"),
+           ("notify", 1, "NOTIFY"))
+assert tuple(name for name, _, _ in RUN_FDS) == RunFds.__slots__
+
 #: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
 #: message carries, and whether the plan is in the message itself rather than in a memfd.
 MESSAGE_BITS = {"RULESET": 1, "PROXY": 2, "DONE": 4, "INLINE": 8, "NOTIFY": 16}
@@ -135,6 +187,7 @@ def table() -> str:
     lines += [f"step {i} {name}" for i, name in enumerate(STEPS)]
     lines += [f"flag {name} {bit}" for name, bit in FLAGS.items()]
     lines += [f"message {name} {bit}" for name, bit in MESSAGE_BITS.items()]
+    lines += [f"run_fds {name} {count}" for name, count, _ in RUN_FDS]
     return "\n".join(lines) + "\n"
 
 
@@ -186,5 +239,18 @@ def c_header() -> str:
         out += [f"    {{{_c_string(line)}, {_c_string(status_lacks(line).encode())}}},"
                 for line in lines]
         out.append("};")
-    out += ["", "#endif"]
+    out += ["", "/* The run's channels (protocol.RunFds): -1 where the run has none. */",
+            "struct run_fds {"]
+    out += [f"    int {name}{'' if count == 1 else f'[{count}]'};" for name, count, _ in RUN_FDS]
+    count = sum(n for _, n, _ in RUN_FDS)
+    out += ["};", f"#define RUN_FDS_COUNT {count} /* the fds a struct run_fds holds */",
+            "#define RUN_FDS_NONE {" + ", ".join(
+                "-1" if n == 1 else "{" + ", ".join(["-1"] * n) + "}" for _, n, _ in RUN_FDS)
+            + "}",
+            "/* a spare's message: the plan's memfd (unless M_INLINE), the run's channels, the",
+            " * parent's Landlock ruleset (M_RULESET) */",
+            "#define MESSAGE_FDS_MAX (1 + RUN_FDS_COUNT + 1)",
+            "static const struct { const char *name; int count; } run_fds_names[] = {"]
+    out += [f"    {{{_c_string(name.encode())}, {count}}}," for name, count, _ in RUN_FDS]
+    out += ["};", "", "#endif"]
     return "\n".join(out) + "\n"

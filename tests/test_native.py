@@ -82,6 +82,25 @@ def test_the_header_is_generated_and_named_in_the_binary():
         protocol.c_header = real
 
 
+def test_the_run_fds_are_one_value_on_both_sides() -> None:
+    """The run's channels are one value (protocol.RunFds) in Python and one struct, generated
+    from it, in C: no fd of the run travels loose, and no count is written by hand."""
+    fds = protocol.RunFds(9, (0, 1, 2), done=7)
+    assert (fds.err, fds.stdio, fds.proxy, fds.done, fds.notify) == (9, (0, 1, 2), -1, 7, -1)
+    assert fds.all() == (9, 0, 1, 2, 7) and protocol.RunFds(*fds.fields()) == fds
+    with pytest.raises(AttributeError):
+        fds.done = 3  # type: ignore[misc]
+    header = protocol.c_header()
+    members = "".join(f"    int {name}{'' if n == 1 else f'[{n}]'};\n"
+                      for name, n, _ in protocol.RUN_FDS)
+    assert "struct run_fds {\n" + members + "};" in header
+    assert f"#define RUN_FDS_COUNT {sum(n for _, n, _ in protocol.RUN_FDS)} " in header
+    with open(native.SOURCE) as f:
+        src = f.read()
+    assert "struct run_fds fds;" in src and "fds[MESSAGE_FDS_MAX]" in src
+    assert not re.search(r"\b(proxy_fd|done_fd|notify_fd|errfd)\b|int fds\[\d+\]|\[10\]", src)
+
+
 def test_the_ctypes_executor_reports_only_protocol_steps():
     """Every step name child.py reports is one of protocol.STEPS (an unknown one would be
     reported as "internal")."""

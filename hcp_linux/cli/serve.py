@@ -295,8 +295,8 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             if not _servable(plan):
                 return say(b"fallback", b"a plan this server does not serve")
             served = _served_plan(plan, pid)
-            blob = native.plan_bytes(served, (0, 1, 2), None, -1, state["done_w"], set_umask=True,
-                                     process=state["process"])
+            fds = protocol.RunFds(-1, (0, 1, 2), done=state["done_w"])
+            blob = native.plan_bytes(served, fds, None, set_umask=True, process=state["process"])
             receipt = make_receipt()
             keys.set_served_by(receipt, os.getpid(), server.path)
             keys.set_executor(receipt, "native")  # the client starts hcp-exec with this plan

@@ -46,14 +46,12 @@ if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
 
     from ..plan.plan import Plan
+    from ..protocol import RunFds
 
 NEWROOT = b"/tmp"  # where the new root is assembled before pivot_root (any existing dir works)
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _SIOCSIFADDR, _SIOCSIFNETMASK = 0x8916, 0x891C
-_PROXY_FD = -1  # set by run(): our end of the socketpair to the parent's egress proxy
-_DONE_FD = -1  # set by run(): the runtime's "run over" pipe, written by the init
-_NOTIFY_FD = -1  # set by run(): where the seccomp listener goes to the runtime
 
 
 class _StepFailed(Exception):
@@ -76,27 +74,23 @@ def _report(errfd: int, step: str, err: int, detail: str) -> NoReturn:
         os._exit(125)
 
 
-def run(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
-        ruleset: "CreatedRuleset | None", proxy_fd: int = -1, done_fd: int = -1,
-        notify_fd: int = -1) -> NoReturn:
-    """Entry point in the forked child (the monitor). Never returns. ``done_fd``: where the
-    sandbox's init reports the command's status once the run's processes are all gone;
-    ``notify_fd``: the socket the seccomp filter's listener is sent on (plan.seccomp_listener)."""
-    global _PROXY_FD, _DONE_FD, _NOTIFY_FD
-    _PROXY_FD, _DONE_FD, _NOTIFY_FD = proxy_fd, done_fd, notify_fd
+def run(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None") -> NoReturn:
+    """Entry point in the forked child (the monitor), with the run's channels ``fds``: a
+    failing step's record goes to ``fds.err``; the sandbox's init reports the command's
+    status on ``fds.done`` once the run's processes are all gone; the seccomp filter's
+    listener is sent on ``fds.notify`` (plan.seccomp_listener). Never returns."""
     try:
-        _monitor(plan, errfd, stdio, ruleset)
+        _monitor(plan, fds, ruleset)
     except _StepFailed as f:
-        _report(errfd, f.step, f.err, f.detail)
+        _report(fds.err, f.step, f.err, f.detail)
     except BaseException as e:  # noqa: BLE001 - a bug must still fail closed, with a reason
-        _report(errfd, "internal", errno.EIO, f"{type(e).__name__}: {e}")
+        _report(fds.err, "internal", errno.EIO, f"{type(e).__name__}: {e}")
     os._exit(125)
 
 
-def _monitor(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
-             ruleset: "CreatedRuleset | None") -> None:
+def _monitor(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None") -> None:
     # Standard streams first, so that every later step sees the final fds 0-2.
-    for target, fd in enumerate(stdio):
+    for target, fd in enumerate(fds.stdio):
         if fd != target:
             _step("stdio", os.dup2, fd, target, True)
     # A new session: no controlling terminal, so TIOCSTI/TIOCLINUX on an inherited tty
@@ -121,17 +115,17 @@ def _monitor(plan: "Plan", errfd: int, stdio: tuple[int, int, int],
         # Nothing we mount may propagate back to the host's mount namespace.
         _step("mount-private", L.mount, None, b"/", None, L.MS_REC | L.MS_PRIVATE)
     if "pidns" not in layers:
-        _payload(plan, errfd, ruleset, -1)
+        _payload(plan, fds, ruleset, -1)
     status_r, status_w = _step("fork-pid1", os.pipe2, os.O_CLOEXEC)
     pid = _step("fork-pid1", os.fork)
     if pid == 0:
         os.close(status_r)
         try:
-            _payload(plan, errfd, ruleset, status_w)
+            _payload(plan, fds, ruleset, status_w)
         except _StepFailed as f:
-            _report(errfd, f.step, f.err, f.detail)
+            _report(fds.err, f.step, f.err, f.detail)
         except BaseException as e:  # noqa: BLE001
-            _report(errfd, "internal", errno.EIO, f"{type(e).__name__}: {e}")
+            _report(fds.err, "internal", errno.EIO, f"{type(e).__name__}: {e}")
         os._exit(125)
     _mirror(pid, status_r)
 
@@ -180,7 +174,7 @@ def _write_id_maps(uid: int, gid: int) -> None:
         _write_file(name, text)
 
 
-def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
+def _payload(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None",
              status_w: int) -> NoReturn:
     if "pidns" in plan.layers:
         # pid 1 of the sandbox dies with the monitor; the kernel then empties the namespace.
@@ -193,8 +187,8 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
     if "netns" in plan.layers:
         _step("loopback-up", _loopback_up)
     if plan.proxy:
-        _egress_capture(_PROXY_FD, plan.capture_ports)
-        _step("proxy-listen", _proxy_listen, _PROXY_FD)
+        _egress_capture(fds.proxy, plan.capture_ports)
+        _step("proxy-listen", _proxy_listen, fds.proxy)
     _step("chdir", os.chdir, plan.cwd)
     if not plan.confined:  # native-local (HCP §10.3): a trust decision, not a confinement
         _exec(plan)
@@ -212,7 +206,7 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
         # listener that answers its denials goes to the runtime, and only there: a process
         # of the sandbox holding it could answer its own calls.
         listener = _step("seccomp", plan.seccomp.install, L.SECCOMP_FILTER_FLAG_NEW_LISTENER)
-        _step("seccomp", _send_listener, _NOTIFY_FD, listener)
+        _step("seccomp", _send_listener, fds.notify, listener)
     elif plan.seccomp is not None:
         _step("seccomp", plan.seccomp.install)
     # Nothing inherited beyond 0-2 survives exec (the error pipe is already close-on-exec).
@@ -239,8 +233,8 @@ def _payload(plan: "Plan", errfd: int, ruleset: "CreatedRuleset | None",
         _exec(plan)
     # The init keeps nothing but its status pipes: fds it inherited (this run's pipes, and
     # any other concurrent run's) would otherwise stay open for the whole run.
-    _close_all_but(status_w, _DONE_FD)
-    _init(pid, status_w, plan.wait_for_tree)
+    _close_all_but(status_w, fds.done)
+    _init(pid, status_w, fds.done, plan.wait_for_tree)
 
 
 def _close_all_but(*keep: int) -> None:
@@ -258,7 +252,7 @@ _FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, 
               _signal.SIGUSR2, _signal.SIGWINCH, _signal.SIGCONT)
 
 
-def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
+def _init(command: int, status_w: int, done: int, wait_for_tree: bool) -> NoReturn:
     """pid 1 of the sandbox: forward signals to the command, reap orphans, report the
     command's wait status. When the command has exited: by default kill what is left, at
     once; with ``wait_for_tree``, wait until it has all exited. Either way every process of
@@ -287,7 +281,7 @@ def _init(command: int, status_w: int, wait_for_tree: bool) -> NoReturn:
         os._exit(125)
     report = struct.pack("<i", command_status)
     ok = True
-    for fd in (_DONE_FD, status_w):  # EPIPE on the first: the runtime stopped listening
+    for fd in (done, status_w):  # EPIPE on the first: the runtime stopped listening
         try:
             if fd >= 0:
                 os.write(fd, report)

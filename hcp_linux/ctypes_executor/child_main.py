@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
 
     from ..plan.plan import Plan
+    from ..protocol import RunFds
 
 #: Fork the runtime when it has no other thread (cheaper); else start the helper.
 FORK_WHEN_ALONE = True
@@ -81,25 +82,23 @@ def threads() -> int:
         return 0
 
 
-def start(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
-          ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
-          close_in_child: int, notify_fd: int = -1) -> int:
-    """Start the child side of one run; its pid (the run's monitor, our child). Call it on
-    the lasting thread (:func:`hcp_linux.proc.spawner.on_lasting_thread`). ``close_in_child``:
-    the error pipe's read end, which a forked child closes."""
+def start(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None",
+          close_in_child: int) -> int:
+    """Start the child side of one run, with its channels ``fds``; its pid (the run's
+    monitor, our child). Call it on the lasting thread
+    (:func:`hcp_linux.proc.spawner.on_lasting_thread`). ``close_in_child``: the error pipe's
+    read end, which a forked child closes."""
     if FORK_WHEN_ALONE and threads() == 1:
         from . import child
         pid = os.fork()
         if pid == 0:
             os.close(close_in_child)
-            child.run(plan, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd)
+            child.run(plan, fds, ruleset)
         return pid
-    return spawn_helper(plan, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd)
+    return spawn_helper(plan, fds, ruleset)
 
 
-def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
-                 ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
-                 notify_fd: int = -1) -> int:
+def spawn_helper(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None") -> int:
     """posix_spawn the helper with the run; its pid. ChildSetupError (step ``helper``) when
     it cannot be started."""
     import errno
@@ -112,15 +111,14 @@ def spawn_helper(plan: "Plan", err_w: int, stdio: tuple[int, int, int],
     exe = sys.executable
     if not exe:
         raise ChildSetupError("helper", errno.ENOENT, "sys.executable is empty")
-    blob = marshal.dumps(message(plan, stdio, ruleset, proxy_fd, done_fd, notify_fd))
+    blob = marshal.dumps(message(plan, fds, ruleset))
     fd = memfd(blob)
     started_r, started_w = os.pipe2(os.O_CLOEXEC)
     try:
-        keep = {fd, started_w, err_w, *stdio, proxy_fd, done_fd, notify_fd,
-                -1 if ruleset is None else ruleset.fd}
+        keep = {fd, started_w, *fds.all(), -1 if ruleset is None else ruleset.fd}
         actions = [(os.POSIX_SPAWN_DUP2, k, k) for k in sorted(keep) if k > 2]
         head = encode_error_record("helper", errno.EIO, "")  # the detail follows in _BOOT
-        argv = [exe, "-I", "-S", "-c", _BOOT % head, _ROOT, str(err_w), str(fd),
+        argv = [exe, "-I", "-S", "-c", _BOOT % head, _ROOT, str(fds.err), str(fd),
                 str(started_w), MARKER]
         try:
             pid = os.posix_spawn(exe, argv, os.environ, file_actions=actions)
@@ -158,8 +156,7 @@ def _started(pid: int, started_r: int, exe: str) -> None:
         raise
 
 
-def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset | None",
-            proxy_fd: int, done_fd: int, notify_fd: int = -1) -> dict[str, Any]:
+def message(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None") -> dict[str, Any]:
     """What the helper needs of the run, as marshal-able values: the Plan's fields that
     :mod:`hcp_linux.ctypes_executor.child` reads, and the fds."""
     import errno
@@ -184,7 +181,7 @@ def message(plan: "Plan", stdio: tuple[int, int, int], ruleset: "CreatedRuleset 
         seccomp = (plan.seccomp.bpf, machine.seccomp_nr, SECCOMP_SET_MODE_FILTER)
     from ..proc.peer import status_fields
     return {
-        "fds": (tuple(stdio), proxy_fd, done_fd, notify_fd),
+        "fds": fds.fields(),  # the error pipe's number, too, is on the helper's command line
         "ignored": int(status_fields("self", "SigIgn")["SigIgn"], 16),
         "ruleset": rules,
         "seccomp": seccomp,
@@ -302,6 +299,7 @@ def main(args: list[str]) -> "NoReturn":
     import errno
     import marshal
 
+    from ..protocol import RunFds
     from . import child
     err = int(args[0])
     try:
@@ -311,10 +309,10 @@ def main(args: list[str]) -> "NoReturn":
             parts.append(chunk)
         os.close(fd)
         fields = marshal.loads(b"".join(parts))
-        (stdio, proxy_fd, done_fd, notify_fd) = fields.pop("fds")
+        fds = RunFds(*fields.pop("fds"))
         # Inherited by number, so not close-on-exec here: make them so at once (0-2 aside:
         # those are ours, the runtime's, as for hcp-exec).
-        for inherited in (err, *stdio, proxy_fd, done_fd, notify_fd, *fields["ruleset"][:1]):
+        for inherited in (*fds.all(), *fields["ruleset"][:1]):
             if inherited > 2:
                 os.set_inheritable(inherited, False)
         _ignore_as(fields.pop("ignored"))
@@ -324,5 +322,4 @@ def main(args: list[str]) -> "NoReturn":
     except BaseException as e:  # noqa: BLE001 - a malformed run fails closed, named
         child._report(err, "helper", getattr(e, "errno", None) or errno.EIO,
                      f"{type(e).__name__}: {e}")
-    child.run(plan, err, tuple(stdio), ruleset, proxy_fd, done_fd,  # type: ignore[arg-type]
-              notify_fd)
+    child.run(plan, fds, ruleset)  # type: ignore[arg-type]

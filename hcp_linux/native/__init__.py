@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..proc.hcp_spawn import memfd, spawn_hcp_exec
 from ..proc.spawner import on_lasting_thread
+from ..protocol import RunFds
 from . import selection, spares
 from .selection import (BUILD_DIR, EXECUTORS, FALLBACK_WARNING, SOURCE, artifact_name,
                         artifact_path, available, binary, check, get_default, selected,
@@ -43,11 +44,10 @@ if TYPE_CHECKING:
 stats = {"ready": 0, "on_the_spot": 0, "direct": 0}
 
 
-def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
-          proxy_fd: int, done_fd: int = -1, ready_ok: bool = True,
-          notify_fd: int = -1) -> tuple[int, bool] | None:
-    """Start the monitor through hcp-exec: (its pid, whether a ready spare took the plan);
-    None: use the ctypes executor.
+def spawn(executor: str | None, plan: "Plan", fds: RunFds,
+          ready_ok: bool = True) -> tuple[int, bool] | None:
+    """Start the monitor through hcp-exec, with the run's channels ``fds``: (its pid, whether
+    a ready spare took the plan); None: use the ctypes executor.
 
     A confined plan goes to a spare: a ready one when the pool has it (and ``ready_ok``:
     the caller may refuse one, after a ready spare did not answer), else one started now
@@ -66,30 +66,26 @@ def spawn(executor: str | None, plan: "Plan", err_w: int, stdio: Sequence[int],
     ruleset = (plan.landlock.create() if plan.landlock is not None and not makes_ruleset(plan)
                else None)
     try:
-        return _spawn(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd,
-                      ready_ok, notify_fd)
+        return _spawn(executor, exe, plan, fds, ruleset, ready_ok)
     finally:
         if ruleset is not None:
             ruleset.close()
 
 
-def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequence[int],
-           ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
-           ready_ok: bool, notify_fd: int = -1) -> tuple[int, bool] | None:
+def _spawn(executor: str | None, exe: str, plan: "Plan", fds: RunFds,
+           ruleset: "CreatedRuleset | None", ready_ok: bool) -> tuple[int, bool] | None:
     if not plan.confined or spares.mode() == "never":
         stats["direct"] += 1
-        pid = _spawn_direct(executor, exe, plan, err_w, stdio, ruleset, proxy_fd, done_fd,
-                            notify_fd)
+        pid = _spawn_direct(executor, exe, plan, fds, ruleset)
         return None if pid is None else (pid, False)
     view = view_bytes(plan)
     # A ready spare was started a while ago: it takes this moment's umask from the plan.
-    blob = plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, True, view,
-                      notify_fd=notify_fd)
+    blob = plan_bytes(plan, fds, ruleset, True, view)
     key = spares.spare_key(plan, exe)
     pool = spares.pool()
     spare = pool.take(key, view if "mountns" in plan.layers else None) if ready_ok else None
     if spare is not None:
-        if spares.hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd):
+        if spares.hand_over(spare, blob, fds, ruleset):
             stats["ready"] += 1
             pool.kick()
             return spare.pid, True
@@ -99,7 +95,7 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
     except OSError as e:
         selection.cannot_exec(executor, exe, e)
         return None
-    if spares.hand_over(spare, blob, err_w, stdio, ruleset, proxy_fd, done_fd, notify_fd):
+    if spares.hand_over(spare, blob, fds, ruleset):
         stats["on_the_spot"] += 1
         pool.kick()
         return spare.pid, False
@@ -108,14 +104,13 @@ def _spawn(executor: str | None, exe: str, plan: "Plan", err_w: int, stdio: Sequ
     raise ChildSetupError("internal", errno.EPIPE, "native executor: hcp-exec exited early")
 
 
-def _spawn_direct(executor: str | None, exe: str, plan: "Plan", err_w: int,
-                  stdio: Sequence[int], ruleset: "CreatedRuleset | None",
-                  proxy_fd: int, done_fd: int, notify_fd: int = -1) -> int | None:
-    fd = memfd(plan_bytes(plan, stdio, ruleset, proxy_fd, done_fd, notify_fd=notify_fd))
+def _spawn_direct(executor: str | None, exe: str, plan: "Plan", fds: RunFds,
+                  ruleset: "CreatedRuleset | None") -> int | None:
+    fd = memfd(plan_bytes(plan, fds, ruleset))
     try:
-        keep = {proxy_fd, done_fd, notify_fd, ruleset.fd if ruleset is not None else -1, *stdio}
+        keep = {*fds.all(), ruleset.fd if ruleset is not None else -1}
         try:  # from a thread that lasts: the run must not die with the spawning thread
-            return on_lasting_thread(lambda: spawn_hcp_exec(exe, fd, err_w, keep))
+            return on_lasting_thread(lambda: spawn_hcp_exec(exe, fd, fds.err, keep))
         except OSError as e:
             selection.cannot_exec(executor, exe, e)
             return None

@@ -30,7 +30,8 @@
  *               vfork -> the command (C3): verify, execve
  *
  * The plan format is private to this file and hcp_linux/native/wire.py; the constants both
- * sides share come from hcp_linux/protocol.py (the generated hcp_exec_protocol.h). The build
+ * sides share come from hcp_linux/protocol.py (the generated hcp_exec_protocol.h), and so do
+ * the run's channels, a struct run_fds (protocol.RunFds). The build
  * embeds a digest of this source and that header in the file name, so a stale binary is
  * never used.
  * Every syscall's result is checked. Memory is allocated only while reading the plan (and one
@@ -149,8 +150,8 @@ struct rule {
 static struct plan {
     uint32_t flags;
     int64_t parent_pid, uid, gid, cap_last_cap, pid_max;
-    int stdio[3], ruleset_fd, proxy_fd, done_fd; /* done_fd: the runtime's "run over" pipe */
-    int notify_fd; /* where the seccomp listener goes to the runtime (F_SECCOMP_LISTENER) */
+    struct run_fds fds; /* the run's channels: error pipe, stdio, proxy, done, notify */
+    int ruleset_fd; /* the parent's Landlock ruleset, without a mount view */
     uint64_t ll_fs, ll_net, ll_scoped, dir_only; /* the Landlock ruleset hcp-exec makes */
     uint32_t proxy_addr; /* host byte order */
     uint16_t proxy_port;
@@ -170,9 +171,7 @@ static struct plan {
     struct rlim *rlimits;
     struct rule *rules;
     char **argv, **env;
-} P;
-
-static int errfd = -1;
+} P = {.fds = RUN_FDS_NONE, .ruleset_fd = -1};
 
 /* A spare runs its early steps before it has an error pipe: the first that fails is kept
  * here, and reported on the pipe that comes with the plan (see fail()). */
@@ -201,10 +200,10 @@ static void __attribute__((noreturn)) report(enum step step, int err, const char
     rec[3] = e >> 8;
     if (n)
         memcpy(rec + 4, detail, n);
-    if (errfd >= 0) {
+    if (P.fds.err >= 0) {
         ssize_t r;
         do
-            r = write(errfd, rec, 4 + n);
+            r = write(P.fds.err, rec, 4 + n);
         while (r < 0 && errno == EINTR);
     }
     _exit(125);
@@ -401,11 +400,11 @@ static void parse_plan(void) {
     P.uid = (int64_t)get_u64();
     P.gid = (int64_t)get_u64();
     for (i = 0; i < 3; i++)
-        P.stdio[i] = (int)(int64_t)get_u64();
+        P.fds.stdio[i] = (int)(int64_t)get_u64();
     P.ruleset_fd = (int)(int64_t)get_u64();
-    P.proxy_fd = (int)(int64_t)get_u64();
-    P.done_fd = (int)(int64_t)get_u64();
-    P.notify_fd = (int)(int64_t)get_u64();
+    P.fds.proxy = (int)(int64_t)get_u64();
+    P.fds.done = (int)(int64_t)get_u64();
+    P.fds.notify = (int)(int64_t)get_u64();
     P.proxy_addr = (uint32_t)get_u64();
     P.proxy_port = (uint16_t)get_u64();
     P.umask = get_u64();
@@ -981,7 +980,7 @@ static int send_listener(int channel) {
     close(listener);
     listener = -1;
     close(channel);
-    P.notify_fd = -1;
+    P.fds.notify = -1;
     errno = saved;
     return r;
 }
@@ -1137,8 +1136,8 @@ static void __attribute__((noreturn)) init(pid_t command, int status_w) {
     out[1] = (command_status >> 8) & 0xff;
     out[2] = (command_status >> 16) & 0xff;
     out[3] = (command_status >> 24) & 0xff;
-    if (P.done_fd >= 0)
-        rc |= write4(P.done_fd, out); /* EPIPE: the runtime stopped listening; the monitor's
+    if (P.fds.done >= 0)
+        rc |= write4(P.fds.done, out); /* EPIPE: the runtime stopped listening; the monitor's
                                          status still stands */
     rc |= write4(status_w, out);
     _exit(rc == 0 ? 0 : 125);
@@ -1257,8 +1256,8 @@ static void __attribute__((noreturn)) payload(int status_w) {
     if (P.flags & F_PROXY) {
         if (n_capture_fds < 0)
             TRY(S_EGRESS_CAPTURE, egress_bind(), capture_detail);
-        TRY(S_EGRESS_CAPTURE, egress_hand_over(P.proxy_fd), capture_detail);
-        TRY(S_PROXY_LISTEN, proxy_listen(P.proxy_fd), NULL);
+        TRY(S_EGRESS_CAPTURE, egress_hand_over(P.fds.proxy), capture_detail);
+        TRY(S_PROXY_LISTEN, proxy_listen(P.fds.proxy), NULL);
     }
     TRY(S_CHDIR, chdir(P.cwd), NULL);
     if (!(P.flags & F_CONFINED)) /* native-local (HCP §10.3): a trust decision */
@@ -1272,7 +1271,7 @@ static void __attribute__((noreturn)) payload(int status_w) {
     if (!confined_early)
         confine();
     if (P.flags & F_SECCOMP_LISTENER)
-        TRY(S_SECCOMP, send_listener(P.notify_fd), "sending the seccomp listener");
+        TRY(S_SECCOMP, send_listener(P.fds.notify), "sending the seccomp listener");
     TRY(S_CLOSE_FDS, syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC_), NULL);
     if (status_w < 0) {
         verify();
@@ -1288,7 +1287,7 @@ static void __attribute__((noreturn)) payload(int status_w) {
     pid = clone(command, command_stack + sizeof command_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
                 NULL);
     TRY(S_FORK_COMMAND, pid, NULL);
-    close_all_but(status_w, P.done_fd);
+    close_all_but(status_w, P.fds.done);
     init(pid, status_w);
 }
 
@@ -1318,12 +1317,12 @@ static int above_stdio(int fd) {
 /* Standard streams first, so every later step sees the final fds 0-2. A source that sits on
  * a lower target would be overwritten before use: move it up first. */
 static void setup_stdio(void) {
-    if (P.stdio[1] == 0)
-        P.stdio[1] = above_stdio(P.stdio[1]);
-    if (P.stdio[2] == 0 || P.stdio[2] == 1)
-        P.stdio[2] = above_stdio(P.stdio[2]);
+    if (P.fds.stdio[1] == 0)
+        P.fds.stdio[1] = above_stdio(P.fds.stdio[1]);
+    if (P.fds.stdio[2] == 0 || P.fds.stdio[2] == 1)
+        P.fds.stdio[2] = above_stdio(P.fds.stdio[2]);
     for (int target = 0; target < 3; target++) {
-        int fd = P.stdio[target];
+        int fd = P.fds.stdio[target];
         if (fd != target) {
             TRY(S_STDIO, dup2(fd, target), NULL);
             if (fd > 2)
@@ -1359,21 +1358,30 @@ static void monitor_steps(void) {
 
 #define NS_FLAGS (F_USERNS | F_MOUNTNS | F_NETNS | F_IPCNS | F_PIDNS)
 
+/* The fds a run was given besides the error pipe must not sit on 0-2 either. */
+static void channels_above_stdio(void) {
+    P.ruleset_fd = above_stdio(P.ruleset_fd);
+    P.fds.proxy = above_stdio(P.fds.proxy);
+    P.fds.done = above_stdio(P.fds.done);
+    P.fds.notify = above_stdio(P.fds.notify);
+}
+
 /* One message: a header (magic, bits), the plan when M_INLINE, and the fds [(plan memfd
  * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done),
- * (notify)]. A plan up to INLINE_MAX bytes comes in the message itself (no memfd to make,
- * fill and read); a larger one (a long argv or environment) in a memfd. */
+ * (notify)]: at most MESSAGE_FDS_MAX. A plan up to INLINE_MAX bytes comes in the message
+ * itself (no memfd to make, fill and read); a larger one (a long argv or environment) in a
+ * memfd. */
 static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     static unsigned char data[16 + INLINE_MAX];
     unsigned char *hdr = data;
     struct iovec iov = {data, sizeof data};
     union {
-        char buf[CMSG_SPACE(10 * sizeof(int))];
+        char buf[CMSG_SPACE(MESSAGE_FDS_MAX * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct msghdr m;
     struct cmsghdr *cm;
-    int fds[10], n = 0, want, inline_plan, first;
+    int fds[MESSAGE_FDS_MAX], n = 0, want, inline_plan, first;
     uint64_t magic = 0, bits = 0;
     ssize_t r;
     memset(&m, 0, sizeof m);
@@ -1392,7 +1400,7 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
         if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
             size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k && n < 10; i++)
+            for (size_t i = 0; i < k && n < MESSAGE_FDS_MAX; i++)
                 memcpy(&fds[n++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
         }
     }
@@ -1406,7 +1414,7 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     first = !inline_plan; /* the error pipe: after the plan's memfd, if there is one */
     if (n < first + 1)
         _exit(125);
-    errfd = above_stdio(fds[first]);
+    P.fds.err = above_stdio(fds[first]);
     want = first + 4 + !!(bits & M_RULESET) + !!(bits & M_PROXY) + !!(bits & M_DONE)
            + !!(bits & M_NOTIFY);
     if (magic != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC)
@@ -1428,23 +1436,20 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
         || (view_template
             && (P.view_len != view_template_len || memcmp(P.view, view_template, P.view_len) != 0)))
         report(S_INTERNAL, EPROTO, "native executor: the spare was prepared for another plan");
-    P.stdio[0] = fds[first + 1];
-    P.stdio[1] = fds[first + 2];
-    P.stdio[2] = fds[first + 3];
+    P.fds.stdio[0] = fds[first + 1];
+    P.fds.stdio[1] = fds[first + 2];
+    P.fds.stdio[2] = fds[first + 3];
     n = first + 4;
     P.ruleset_fd = (bits & M_RULESET) ? fds[n++] : -1;
-    P.proxy_fd = (bits & M_PROXY) ? fds[n++] : -1;
-    P.done_fd = (bits & M_DONE) ? fds[n++] : -1;
-    P.notify_fd = (bits & M_NOTIFY) ? fds[n++] : -1;
+    P.fds.proxy = (bits & M_PROXY) ? fds[n++] : -1;
+    P.fds.done = (bits & M_DONE) ? fds[n++] : -1;
+    P.fds.notify = (bits & M_NOTIFY) ? fds[n++] : -1;
     if (!!(P.flags & F_SECCOMP_LISTENER) != !!(bits & M_NOTIFY))
         report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
     if (((bits & M_RULESET) && (!(P.flags & F_LANDLOCK) || (P.flags & F_MOUNTNS)))
         || (!!(P.flags & F_PROXY) != !!(bits & M_PROXY)))
         report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
-    P.ruleset_fd = above_stdio(P.ruleset_fd);
-    P.proxy_fd = above_stdio(P.proxy_fd);
-    P.done_fd = above_stdio(P.done_fd);
-    P.notify_fd = above_stdio(P.notify_fd);
+    channels_above_stdio();
     if (P.umask != ~(uint64_t)0)
         umask((mode_t)P.umask);
 }
@@ -1565,6 +1570,8 @@ static void __attribute__((noreturn)) print_protocol(void) {
         printf("flag %s %u\n", flag_names[i].name, flag_names[i].bit);
     for (i = 0; i < sizeof message_names / sizeof message_names[0]; i++)
         printf("message %s %u\n", message_names[i].name, message_names[i].bit);
+    for (i = 0; i < sizeof run_fds_names / sizeof run_fds_names[0]; i++)
+        printf("run_fds %s %d\n", run_fds_names[i].name, run_fds_names[i].count);
     exit(fflush(stdout) == 0 ? 0 : 1);
 }
 
@@ -1580,20 +1587,17 @@ int main(int argc, char **argv) {
         spare(sock, (uint32_t)parse_i64(argv[3]), parse_i64(argv[4]), parse_i64(argv[5]),
               parse_i64(argv[6]), view_fd);
     }
-    if (argc != 3 || (plan_fd = parse_fd(argv[1])) < 0 || (errfd = parse_fd(argv[2])) < 0)
+    if (argc != 3 || (plan_fd = parse_fd(argv[1])) < 0 || (P.fds.err = parse_fd(argv[2])) < 0)
         usage();
     /* What the parent made inheritable for this spawn goes back to close-on-exec at once. */
-    if (fcntl(errfd, F_SETFD, FD_CLOEXEC) < 0)
+    if (fcntl(P.fds.err, F_SETFD, FD_CLOEXEC) < 0)
         report(S_STDIO, errno, NULL);
-    errfd = above_stdio(errfd);
+    P.fds.err = above_stdio(P.fds.err);
     read_plan(plan_fd);
     parse_plan();
-    P.ruleset_fd = above_stdio(P.ruleset_fd);
-    P.proxy_fd = above_stdio(P.proxy_fd);
-    P.done_fd = above_stdio(P.done_fd);
-    P.notify_fd = above_stdio(P.notify_fd);
+    channels_above_stdio();
     {
-        int inherited[] = {P.ruleset_fd, P.proxy_fd, P.done_fd, P.notify_fd};
+        int inherited[] = {P.ruleset_fd, P.fds.proxy, P.fds.done, P.fds.notify};
         for (size_t i = 0; i < sizeof inherited / sizeof inherited[0]; i++)
             if (inherited[i] >= 0 && fcntl(inherited[i], F_SETFD, FD_CLOEXEC) < 0)
                 report(S_STDIO, errno, NULL);

@@ -29,10 +29,11 @@ import os
 import resource
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..proc.hcp_spawn import memfd
-from ..protocol import INLINE_MAX, LAYER_FLAGS, MESSAGE_BITS, PLAN_MAGIC, PLAN_VERSION
+from ..protocol import (INLINE_MAX, LAYER_FLAGS, MESSAGE_BITS, PLAN_MAGIC, PLAN_VERSION,
+                        RUN_FDS, RunFds)
 from .wire import u64
 
 if TYPE_CHECKING:
@@ -107,35 +108,32 @@ class Spare:
         self.limits = limits
 
 
-def hand_over(spare: Spare, plan: bytes, err_w: int, stdio: Sequence[int],
-               ruleset: "CreatedRuleset | None", proxy_fd: int, done_fd: int,
-               notify_fd: int = -1) -> bool:
-    """Send the plan and the run's fds to a spare, in one message; False if it is gone (or
-    its socket is full: never block on a spare). The plan travels in the message up to
-    INLINE_MAX (and the socket's send buffer), else in a memfd."""
+def hand_over(spare: Spare, plan: bytes, fds: RunFds,
+              ruleset: "CreatedRuleset | None") -> bool:
+    """Send the plan and the run's fds (its channels, and the parent's Landlock ruleset) to a
+    spare, in one message; False if it is gone (or its socket is full: never block on a
+    spare). The plan travels in the message up to INLINE_MAX (and the socket's send buffer),
+    else in a memfd. The fds go in RUN_FDS's order, the ruleset after stdio; an optional one
+    is there when its MESSAGE_BITS bit says so (hcp_exec.c: receive)."""
     import array
     from socket import MSG_DONTWAIT, SCM_RIGHTS, SOL_SOCKET
     bits = 0
-    fds = [err_w, *stdio]
+    sent_fds = [fds.err, *fds.stdio]
     if ruleset is not None and ruleset.fd >= 0:
-        fds.append(ruleset.fd)
+        sent_fds.append(ruleset.fd)
         bits |= MESSAGE_BITS["RULESET"]
-    if proxy_fd >= 0:
-        fds.append(proxy_fd)
-        bits |= MESSAGE_BITS["PROXY"]
-    if done_fd >= 0:
-        fds.append(done_fd)
-        bits |= MESSAGE_BITS["DONE"]
-    if notify_fd >= 0:
-        fds.append(notify_fd)
-        bits |= MESSAGE_BITS["NOTIFY"]
+    for name, _, bit in RUN_FDS:
+        fd = getattr(fds, name)
+        if bit is not None and fd >= 0:
+            sent_fds.append(fd)
+            bits |= MESSAGE_BITS[bit]
     magic = u64(PLAN_VERSION << 32 | PLAN_MAGIC)
     sent = False
     try:
         if len(plan) <= INLINE_MAX:
             try:
                 spare.sock.sendmsg([magic, u64(bits | MESSAGE_BITS["INLINE"]), plan],
-                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", fds))],
+                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", sent_fds))],
                                    MSG_DONTWAIT)
                 sent = True
             except OSError as e:
@@ -145,7 +143,7 @@ def hand_over(spare: Spare, plan: bytes, err_w: int, stdio: Sequence[int],
             fd = memfd(plan)
             try:
                 spare.sock.sendmsg([magic, u64(bits)],
-                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", [fd, *fds]))],
+                                   [(SOL_SOCKET, SCM_RIGHTS, array.array("i", [fd, *sent_fds]))],
                                    MSG_DONTWAIT)
             finally:
                 os.close(fd)

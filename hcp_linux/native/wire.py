@@ -12,10 +12,10 @@ import errno
 import os
 import struct
 import threading
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..proc.peer import parse_status
-from ..protocol import FLAGS, LAYER_FLAGS, LL_FLAGS_SHIFT, PLAN_MAGIC, PLAN_VERSION
+from ..protocol import FLAGS, LAYER_FLAGS, LL_FLAGS_SHIFT, PLAN_MAGIC, PLAN_VERSION, RunFds
 
 if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
@@ -114,12 +114,12 @@ def _view_bytes(plan: "Plan", vf: int, bpf: bytes) -> bytes:
     return b"".join(parts)
 
 
-def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | None",
-               proxy_fd: int, done_fd: int = -1, set_umask: bool = False,
-               view: bytes | None = None,
-               process: tuple[int, int, int] | None = None, notify_fd: int = -1) -> bytes:
-    """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings).
-    Call it in the spawning thread: it records that thread's signal mask, and this moment's
+def plan_bytes(plan: "Plan", fds: RunFds, ruleset: "CreatedRuleset | None",
+               set_umask: bool = False, view: bytes | None = None,
+               process: tuple[int, int, int] | None = None) -> bytes:
+    """The plan as hcp-exec reads it (little-endian u64 fields, length-prefixed strings),
+    with the run's channels ``fds`` by number (the error pipe aside: it travels on hcp-exec's
+    command line, or with the plan). Call it in the spawning thread: it records that thread's signal mask, and this moment's
     ignored signals and (``set_umask``: for a spare started a while ago) umask; or, given
     ``process`` (umask, ignored, blocked), those of the process that will start hcp-exec."""
     from ..protocol import DEFAULT_SIGNALS, PROXY_ADDRESS
@@ -154,8 +154,8 @@ def plan_bytes(plan: "Plan", stdio: Sequence[int], ruleset: "CreatedRuleset | No
     parts = [u64(PLAN_VERSION << 32 | PLAN_MAGIC)]
     parts += [u64(v & _MASK) for v in (
         flags, plan.parent_pid, plan.uid, plan.gid,
-        stdio[0], stdio[1], stdio[2], ruleset.fd if ruleset is not None else -1, proxy_fd,
-        done_fd, notify_fd, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
+        *fds.stdio, ruleset.fd if ruleset is not None else -1, fds.proxy,
+        fds.done, fds.notify, a << 24 | b << 16 | c << 8 | d, port, umask if set_umask else -1, ignored,
         blocked)]
     for s in (plan.cwd, plan.exe, os.fsencode(plan.canary) if plan.canary is not None else b"/"):
         _str(parts, s)

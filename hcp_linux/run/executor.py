@@ -30,7 +30,7 @@ from ..plan.plan import Plan, prepare
 from .popen import Stdio
 from .process import RAW, SandboxProcess
 from ..protocol import (CAPTURE_PORTS_MAX, PROXY_ADDRESS, RESOLVER_ADDRESS, SYNTHETIC_NET,
-                       decode_error_record)
+                       RunFds, decode_error_record)
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -367,8 +367,8 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
             done_r, done_w = os.pipe2(os.O_CLOEXEC)
         # hcp-exec through posix_spawn; None: the ctypes executor (child_main: a fork of
         # this process while it has one thread, else a fresh helper process)
-        started = native.spawn(executor, plan, err_w, fds, child_end, done_w, ready_ok,
-                               notify_fd)
+        run_fds = RunFds(err_w, (fds[0], fds[1], fds[2]), child_end, done_w, notify_fd)
+        started = native.spawn(executor, plan, run_fds, ready_ok)
         if started is not None:
             (pid, ready), ran = started, "native"
         else:  # the ctypes executor: the child restricts itself with our ruleset
@@ -376,8 +376,7 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
                 ruleset = plan.landlock.create()
 
             def start() -> int:
-                return child_main.start(plan, err_w, (fds[0], fds[1], fds[2]), ruleset,
-                                        child_end, done_w, err_r, notify_fd)
+                return child_main.start(plan, run_fds, ruleset, err_r)
             # from a thread that lasts: the run must not die with the spawning thread
             pid, ready, ran = spawner.on_lasting_thread(start), False, "ctypes"
     except BaseException:
