@@ -100,6 +100,47 @@ RUN_FDS = (("err", 1, None), ("stdio", 3, None), ("proxy", 1, "PROXY"), ("done",
            ("notify", 1, "NOTIFY"))
 assert tuple(name for name, _, _ in RUN_FDS) == RunFds.__slots__
 
+#: The plan's wire layout, field by field, in order: written by native/wire.py from these
+#: tuples, read by hcp_exec.c's parse_plan_fields and parse_view_fields, generated from them
+#: (:func:`c_header`), so the two cannot disagree on an order. Every value is a little-endian
+#: u64; a string its length (its NUL included), its bytes and a NUL; bytes their length and
+#: them; a list its count and its items. (name, kind), kind one of: "u64", "i64", "u32",
+#: "u16", "int" (a u64 on the wire, the C member's type in C); "str"; "strs" (a list of
+#: strings: a NULL-terminated ``char **`` in C); "bytes"; "ports" (a list of TCP ports, at
+#: most CAPTURE_PORTS_MAX, none 0); "magic" (u64 ``PLAN_VERSION << 32 | PLAN_MAGIC``); "view"
+#: (bytes: the prepared section, VIEW_LAYOUT); ("list", fields) (a list of records, each
+#: its strings, then its u64s); ("if", flags field, flag, fields) (present only when that
+#: flag is set). C: the member
+#: of hcp_exec.c's plan ``P`` of the same name (C_MEMBERS: of another), ``n_<name>`` the count.
+VIEW_LAYOUT: tuple = (
+    ("view_flags", "u32"), ("pid_max", "i64"), ("tmp_options", "str"), ("shm_options", "str"),
+    ("binds", ("list", (("source", "str"), ("target", "str"), ("is_dir", "int"), ("dev", "u64"),
+                        ("ino", "u64"), ("attrs", "u64"), ("access", "u64")))),
+    ("masks", ("list", (("path", "str"), ("is_dir", "int")))),
+    ("symlinks", ("list", (("link", "str"), ("dest", "str")))),
+    ("fences", ("list", (("path", "str"), ("masked", "int")))),
+    ("capture_ports", "ports"),
+    ("cap_last_cap", "i64"), ("bpf", "bytes"),
+    ("landlock", ("if", "view_flags", "LANDLOCK", (
+        ("ll_fs", "u64"), ("ll_net", "u64"), ("ll_scoped", "u64"), ("dir_only", "u64"),
+        ("rules", ("list", (("path", "str"), ("access", "u64"))))))),
+)
+#: The whole plan: the run's own fields around the prepared section.
+PLAN_LAYOUT: tuple = (
+    ("magic", "magic"), ("flags", "u32"), ("parent_pid", "i64"), ("uid", "i64"), ("gid", "i64"),
+    ("stdin", "int"), ("stdout", "int"), ("stderr", "int"), ("ruleset", "int"), ("proxy", "int"),
+    ("done", "int"), ("notify", "int"), ("proxy_addr", "u32"), ("proxy_port", "u16"),
+    ("umask", "u64"), ("sig_ignored", "u64"), ("sig_blocked", "u64"),
+    ("cwd", "str"), ("exe", "str"), ("canary", "str"),
+    ("view", "view"),
+    ("rlimits", ("list", (("resource", "u64"), ("value", "u64")))),
+    ("argv", "strs"), ("env", "strs"),
+)
+#: Plan fields whose C member has another name (the run's channels sit in ``P.fds``).
+C_MEMBERS = {"stdin": "fds.stdio[0]", "stdout": "fds.stdio[1]", "stderr": "fds.stdio[2]",
+             "ruleset": "ruleset_fd", "proxy": "fds.proxy", "done": "fds.done",
+             "notify": "fds.notify"}
+
 #: What comes with a plan handed to a spare (hcp_exec.c: ``M_<name>``): which optional fds the
 #: message carries, and whether the plan is in the message itself rather than in a memfd.
 MESSAGE_BITS = {"RULESET": 1, "PROXY": 2, "DONE": 4, "INLINE": 8, "NOTIFY": 16}
@@ -188,7 +229,26 @@ def table() -> str:
     lines += [f"flag {name} {bit}" for name, bit in FLAGS.items()]
     lines += [f"message {name} {bit}" for name, bit in MESSAGE_BITS.items()]
     lines += [f"run_fds {name} {count}" for name, count, _ in RUN_FDS]
+    lines += layout_lines()
     return "\n".join(lines) + "\n"
+
+
+def layout_lines() -> list[str]:
+    """PLAN_LAYOUT and VIEW_LAYOUT as lines, one field a line, nested ones by their path:
+    ``plan view view``, ``view binds.source str``, ``view landlock.rules.path str``."""
+    def walk(section: str, prefix: str, fields: tuple) -> list[str]:
+        out = []
+        for name, kind in fields:
+            if isinstance(kind, str):
+                out.append(f"{section} {prefix}{name} {kind}")
+            elif kind[0] == "list":
+                out.append(f"{section} {prefix}{name} list")
+                out += walk(section, f"{prefix}{name}.", kind[1])
+            else:
+                out.append(f"{section} {prefix}{name} if {kind[1]} {kind[2]}")
+                out += walk(section, f"{prefix}{name}.", kind[3])
+        return out
+    return walk("plan", "", PLAN_LAYOUT) + walk("view", "", VIEW_LAYOUT)
 
 
 def _c_string(data: bytes) -> str:
@@ -252,5 +312,134 @@ def c_header() -> str:
             "#define MESSAGE_FDS_MAX (1 + RUN_FDS_COUNT + 1)",
             "static const struct { const char *name; int count; } run_fds_names[] = {"]
     out += [f"    {{{_c_string(name.encode())}, {count}}}," for name, count, _ in RUN_FDS]
-    out += ["};", "", "#endif"]
+    out += ["};", ""]
+    out.append("static const char *const layout_lines[] = {")
+    out += [f"    {_c_string(line.encode())}," for line in layout_lines()]
+    out += ["};", "", "#endif", ""]
+    out += _c_parsers()
     return "\n".join(out) + "\n"
+
+
+#: A u64 field's conversion to its C member's type.
+_C_CASTS = {"u64": "", "i64": "(int64_t)", "u32": "(uint32_t)", "u16": "(uint16_t)",
+            "int": "(int)(int64_t)"}
+
+
+def _wire_min(kind: "str | tuple") -> int:
+    """The fewest bytes a field takes on the wire (what bounds a list's count)."""
+    if kind == "str":
+        return 9  # its length and its NUL
+    if isinstance(kind, tuple):
+        return sum(_wire_min(k) for _, k in kind[1]) if kind[0] == "list" else 0
+    return 8
+
+
+def _c_fields(fields: tuple, lvalue: str, depth: int, indent: str) -> list[str]:
+    """C statements reading ``fields`` into the members of ``lvalue``."""
+    out = []
+    for name, kind in fields:
+        dst = f"{lvalue}{C_MEMBERS.get(name, name) if lvalue == 'P.' else name}"
+        i = "ijk"[depth]
+        if kind in _C_CASTS:
+            out.append(f"{indent}{dst} = {_C_CASTS[kind]}get_u64();")
+        elif kind == "magic":
+            out.append(f"{indent}if (get_u64() != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC))")
+            out.append(f'{indent}    malformed("version");')
+        elif kind == "str":
+            out.append(f"{indent}{dst} = get_str();")
+        elif kind in ("bytes", "view"):
+            out.append(f"{indent}{dst} = get_bytes(&{dst}_len);")
+            if kind == "view":
+                out.append(f"{indent}parse_section({dst}, {dst}_len, parse_view);")
+        elif kind == "strs":
+            count = f"{lvalue}n_{name}"
+            out += [f"{indent}{count} = get_count({_wire_min('str')});",
+                    f"{indent}{dst} = alloc({count}, sizeof *{dst}); /* NULL-terminated */",
+                    f"{indent}for ({i} = 0; {i} < {count}; {i}++)",
+                    f"{indent}    {dst}[{i}] = (char *)get_str();"]
+        elif kind == "ports":
+            count = f"{lvalue}n_{name}"
+            out += [f"{indent}{count} = get_u64();",
+                    f"{indent}if ({count} > CAPTURE_PORTS_MAX)",
+                    f'{indent}    malformed("capture ports");',
+                    f"{indent}for ({i} = 0; {i} < {count}; {i}++) {{",
+                    f"{indent}    uint64_t port = get_u64();",
+                    f"{indent}    if (port == 0 || port > 65535)",
+                    f'{indent}        malformed("capture port");',
+                    f"{indent}    {dst}[{i}] = (uint16_t)port;",
+                    f"{indent}}}"]
+        elif kind[0] == "list":
+            count = f"{lvalue}n_{name}"
+            out += [f"{indent}{count} = get_count({_wire_min(kind)});",
+                    f"{indent}{dst} = alloc({count}, sizeof *{dst});",
+                    f"{indent}for ({i} = 0; {i} < {count}; {i}++) {{"]
+            out += _c_fields(kind[1], f"{dst}[{i}].", depth + 1, indent + "    ")
+            out.append(f"{indent}}}")
+        else:  # ("if", flags field, flag, fields): the fields' members are P's own
+            _, flags, flag, sub = kind
+            out.append(f"{indent}if ({lvalue}{flags} & F_{flag}) {{")
+            out += _c_fields(sub, lvalue, depth, indent + "    ")
+            out.append(f"{indent}}}")
+    return out
+
+
+def _c_dump(fields: tuple, lvalue: str, label: str, depth: int, indent: str) -> list[str]:
+    """C statements printing what the parser read into ``lvalue``, one field a line:
+    ``<label><name> <value>``, strings and bytes in hex, a list's count before its items
+    (``hcp-exec --dump-plan``: what a test compares with the values wire.py wrote)."""
+    out = []
+    for name, kind in fields:
+        dst = f"{lvalue}{C_MEMBERS.get(name, name) if lvalue == 'P.' else name}"
+        i = "ijk"[depth]
+        text = _c_string(f"{label}{name}".encode())
+        if kind in ("u64", "u32", "u16"):
+            out.append(f'{indent}printf("%s %llu\\n", {text}, (unsigned long long){dst});')
+        elif kind in ("i64", "int"):
+            out.append(f'{indent}printf("%s %lld\\n", {text}, (long long){dst});')
+        elif kind == "magic":
+            out.append(f'{indent}printf("%s %llu\\n", {text}, '
+                       f'(unsigned long long)PLAN_VERSION << 32 | PLAN_MAGIC);')
+        elif kind == "str":
+            out.append(f"{indent}dump_hex({text}, {dst}, strlen({dst}));")
+        elif kind == "bytes":
+            out.append(f"{indent}dump_hex({text}, {dst}, {dst}_len);")
+        elif kind == "view":
+            out += [f'{indent}printf("%s %zu\\n", {text}, {dst}_len);',
+                    f"{indent}dump_view_fields();"]
+        elif kind in ("strs", "ports"):
+            count = f"{lvalue}n_{name}"
+            item = (f"dump_hex({text}, {dst}[{i}], strlen({dst}[{i}]))" if kind == "strs" else
+                    f'printf("%s %u\\n", {text}, (unsigned){dst}[{i}])')
+            out += [f'{indent}printf("%s %zu\\n", {text}, {count});',
+                    f"{indent}for ({i} = 0; {i} < {count}; {i}++)", f"{indent}    {item};"]
+        elif kind[0] == "list":
+            count = f"{lvalue}n_{name}"
+            out += [f'{indent}printf("%s %zu\\n", {text}, {count});',
+                    f"{indent}for ({i} = 0; {i} < {count}; {i}++) {{"]
+            out += _c_dump(kind[1], f"{dst}[{i}].", f"{label}{name}.", depth + 1, indent + "    ")
+            out.append(f"{indent}}}")
+        else:
+            _, flags, flag, sub = kind
+            out.append(f"{indent}if ({lvalue}{flags} & F_{flag}) {{")
+            out += _c_dump(sub, lvalue, f"{label}{name}.", depth, indent + "    ")
+            out.append(f"{indent}}}")
+    return out
+
+
+def _c_parsers() -> list[str]:
+    """parse_view_fields and parse_plan_fields (and their dump_*_fields), for hcp_exec.c to
+    include a second time (with HCP_EXEC_PLAN_PARSERS defined) once its plan ``P`` and
+    get_u64/get_count/get_bytes/get_str/alloc/malformed/parse_section/dump_hex are declared."""
+    out = ["#if defined(HCP_EXEC_PLAN_PARSERS) && !defined(HCP_EXEC_PLAN_PARSERS_H)",
+           "#define HCP_EXEC_PLAN_PARSERS_H", "static void parse_view(void);"]
+    for name, layout in (("view", VIEW_LAYOUT), ("plan", PLAN_LAYOUT)):
+        out += ["", f"/* protocol.{name.upper()}_LAYOUT */",
+                f"static void parse_{name}_fields(void) {{", "    size_t i, j;"]
+        out += _c_fields(layout, "P.", 0, "    ")
+        out += ["    (void)i;", "    (void)j;", "}"]
+    for name, layout in (("view", VIEW_LAYOUT), ("plan", PLAN_LAYOUT)):
+        out += ["", f"static void dump_{name}_fields(void) {{", "    size_t i, j;"]
+        out += _c_dump(layout, "P.", f"{name} ", 0, "    ")
+        out += ["    (void)i;", "    (void)j;", "}"]
+    out += ["", "#endif"]
+    return out

@@ -82,6 +82,108 @@ def test_the_header_is_generated_and_named_in_the_binary():
         protocol.c_header = real
 
 
+def _dump_lines(section: str, layout: tuple, values: dict, label: str = "") -> list[str]:
+    """What ``hcp-exec --dump-plan`` prints for ``values``, walked here from the layout
+    independently of the C generator and of wire.encode."""
+    out = []
+    for name, kind in layout:
+        value, key = values[name], f"{section} {label}{name}"
+        if kind in ("u64", "u32", "u16", "i64", "int"):
+            bits = {"u32": 32, "u16": 16}.get(kind, 64)
+            value &= (1 << bits) - 1
+            if kind in ("i64", "int") and value >> 63:
+                value -= 1 << 64
+            out.append(f"{key} {value}")
+        elif kind == "magic":
+            out.append(f"{key} {protocol.PLAN_VERSION << 32 | protocol.PLAN_MAGIC}")
+        elif kind in ("str", "bytes"):
+            out.append(f"{key} {bytes(value).hex()}")
+        elif kind == "view":
+            out.append(f"{key} {len(value)}")
+            out += _dump_lines("view", protocol.VIEW_LAYOUT, values["_view"])
+        elif kind in ("strs", "ports"):
+            out.append(f"{key} {len(value)}")
+            out += [f"{key} {v.hex() if kind == 'strs' else v}" for v in value]
+        elif kind[0] == "list":
+            out.append(f"{key} {len(value)}")
+            names = [f for f, _ in kind[1]]
+            for record in value:
+                out += _dump_lines(section, kind[1], dict(zip(names, record)), f"{label}{name}.")
+        elif value is not None:
+            out += _dump_lines(section, kind[3], value, f"{label}{name}.")
+    return out
+
+
+@built
+@pytest.mark.parametrize("case", ["default", "proxy", "userns-only"])
+def test_the_plan_layout_round_trips_through_the_c_parser(jail: Path, case: str) -> None:
+    """wire.py writes the plan from protocol.PLAN_LAYOUT and hcp-exec reads it with parsers
+    generated from it: what hcp-exec read (``--dump-plan``: every field, lists and strings
+    included) is what wire.py wrote, field for field, and nothing is left over."""
+    import resource
+
+    from hcp_linux.native import wire
+    from hcp_linux.proc.hcp_spawn import memfd
+    policy, layers = Policy(jail=str(jail)), frozenset(LAYERS)
+    if case == "proxy":
+        policy = Policy(jail=str(jail), network="allow", allow_hosts=("example.com:443",))
+        layers = frozenset(LAYERS) - {"ipcns"}
+    elif case == "userns-only":
+        layers = frozenset({"userns"})
+    plan = compile_plan(policy, ["sh", "-c", "echo 'a b'\n", ""], layers=layers,
+                        env={"HCP_TEST": "x=y", "EMPTY": ""})
+    plan = dataclasses.replace(plan, rlimits=(*plan.rlimits, (resource.RLIMIT_NOFILE, 1024),
+                                              (resource.RLIMIT_CORE, resource.RLIM_INFINITY)))
+    ruleset = (plan.landlock.create()
+               if plan.landlock is not None and not native.makes_ruleset(plan) else None)
+    try:
+        fds = protocol.RunFds(9, (3, 4, 5), proxy=6 if plan.proxy else -1, done=7, notify=-1)
+        fields = wire.plan_fields(plan, fds, ruleset, True, process=(0o22, 1 << 12, 1 << 9))
+        view = wire.view_bytes(plan)
+        assert fields["view"] == view
+        fields["_view"] = wire.view_fields(plan, *_view_args(plan, view))
+        blob = wire.plan_bytes(plan, fds, ruleset, True, process=(0o22, 1 << 12, 1 << 9))
+    finally:
+        if ruleset is not None:
+            ruleset.close()
+        plan.close()
+    exe = native.binary()
+    assert exe is not None
+    fd = memfd(blob)
+    try:
+        out = subprocess.run([exe, "--dump-plan", str(fd)], pass_fds=(fd,),
+                             capture_output=True, text=True, timeout=TIMEOUT)
+    finally:
+        os.close(fd)
+    assert out.returncode == 0, out.stderr
+    expected = _dump_lines("plan", protocol.PLAN_LAYOUT, fields)
+    assert out.stdout.splitlines() == expected
+    if case == "proxy":
+        assert "view capture_ports 443" in expected and "view landlock.ll_fs" in out.stdout
+    if case == "userns-only":
+        assert "view landlock" not in out.stdout
+
+
+def _view_args(plan, view: bytes) -> tuple[int, bytes]:
+    """The (flags, seccomp program) view_bytes gave the prepared section: its first field,
+    and the plan's program."""
+    return (struct.unpack_from("<Q", view)[0],
+            plan.seccomp.bpf if plan.seccomp is not None else b"")
+
+
+def test_the_plan_layout_is_written_whole() -> None:
+    """wire.encode refuses a value the layout has no field for, and a field with no value:
+    the layout is the whole format, on both sides."""
+    from hcp_linux.native import wire
+    layout = (("a", "u64"), ("b", "str"))
+    parts: list[bytes] = []
+    wire.encode(layout, {"a": 1, "b": b"x"}, parts)
+    assert b"".join(parts) == struct.pack("<QQ", 1, 2) + b"x\0"
+    for values in ({"a": 1}, {"a": 1, "b": b"x", "c": 2}, {"a": 1, "c": 2}):
+        with pytest.raises((ValueError, KeyError)):
+            wire.encode(layout, values, [])
+
+
 def test_the_run_fds_are_one_value_on_both_sides() -> None:
     """The run's channels are one value (protocol.RunFds) in Python and one struct, generated
     from it, in C: no fd of the run travels loose, and no count is written by hand."""
@@ -99,6 +201,9 @@ def test_the_run_fds_are_one_value_on_both_sides() -> None:
         src = f.read()
     assert "struct run_fds fds;" in src and "fds[MESSAGE_FDS_MAX]" in src
     assert not re.search(r"\b(proxy_fd|done_fd|notify_fd|errfd)\b|int fds\[\d+\]|\[10\]", src)
+    # the plan's fields are read by the generated parsers only
+    assert not re.search(r"(\bP\.|->)[\w.\[\]]+ = (\([a-z0-9_ *]+\))*get_(u64|str|count|bytes)\(",
+                         src)
 
 
 def test_the_ctypes_executor_reports_only_protocol_steps():

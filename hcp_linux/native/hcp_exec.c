@@ -14,6 +14,7 @@
  *
  *     argv: hcp-exec PLAN_FD ERR_FD                      (cold: the plan is there now)
  *           hcp-exec --spare SOCK FLAGS UID GID PPID [VIEW_FD]  (warm: ahead of the plan)
+ *           hcp-exec --protocol | --dump-plan PLAN_FD  (what it was built with; for tests)
  *
  * A spare does the plan-independent steps at once (session, namespaces, uid/gid maps, pid 1,
  * loopback; with VIEW_FD, what the prepared section of a template says: the mount view and the
@@ -29,11 +30,12 @@
  *       fork -> pid 1 of the new pid namespace (C2): mount view, loopback, confinement
  *               vfork -> the command (C3): verify, execve
  *
- * The plan format is private to this file and hcp_linux/native/wire.py; the constants both
- * sides share come from hcp_linux/protocol.py (the generated hcp_exec_protocol.h), and so do
- * the run's channels, a struct run_fds (protocol.RunFds). The build
- * embeds a digest of this source and that header in the file name, so a stale binary is
- * never used.
+ * The constants both sides share come from hcp_linux/protocol.py (the generated
+ * hcp_exec_protocol.h), and so does the plan's layout: protocol.PLAN_LAYOUT, which
+ * hcp_linux/native/wire.py writes from and the header's parse_plan_fields() reads (hcp-exec
+ * --dump-plan FD prints what it read, for a test). The run's channels are a struct run_fds,
+ * protocol.RunFds. The build embeds a digest of this source and that header in the file name,
+ * so a stale binary is never used.
  * Every syscall's result is checked. Memory is allocated only while reading the plan (and one
  * array of fds for the mount view); the command runs on a stack of its own until execve.
  */
@@ -155,7 +157,7 @@ static struct plan {
     uint64_t ll_fs, ll_net, ll_scoped, dir_only; /* the Landlock ruleset hcp-exec makes */
     uint32_t proxy_addr; /* host byte order */
     uint16_t proxy_port;
-    size_t n_capture; /* egress-capture: the TCP ports to listen on, at most CAPTURE_PORTS_MAX */
+    size_t n_capture_ports; /* egress-capture: the TCP ports to listen on (CAPTURE_PORTS_MAX) */
     uint16_t capture_ports[CAPTURE_PORTS_MAX];
     uint64_t umask; /* ~0: leave it */
     uint64_t sig_ignored, sig_blocked; /* the runtime's, as a fork would pass them on */
@@ -321,126 +323,53 @@ static void read_plan(int fd) {
     close(fd);
 }
 
+/* parse_view_fields() and parse_plan_fields(): generated from protocol.PLAN_LAYOUT and
+ * VIEW_LAYOUT, which native/wire.py writes from; what they read is checked below. */
+static void parse_section(const unsigned char *section, size_t len, void (*parse)(void));
+
+/* --dump-plan: a string or bytes field as one line, in hex. */
+static void dump_hex(const char *label, const void *data, size_t len) {
+    const unsigned char *p = data;
+    printf("%s ", label);
+    for (size_t i = 0; i < len; i++)
+        printf("%02x", p[i]);
+    printf("\n");
+}
+
+#define HCP_EXEC_PLAN_PARSERS
+#include "hcp_exec_protocol.h"
+
 /* The prepared section: everything build_mount_view() and confine() read (the view; the
  * capability, Landlock and seccomp parameters), in a section of its own, so that a spare can do
  * both ahead of time from a template, and a plan be checked against that template. */
 static void parse_view(void) {
-    size_t i;
-    P.view_flags = (uint32_t)get_u64();
-    P.pid_max = (int64_t)get_u64();
-    P.tmp_options = get_str();
-    P.shm_options = get_str();
-    P.n_binds = get_count(48);
-    P.binds = alloc(P.n_binds, sizeof *P.binds);
-    for (i = 0; i < P.n_binds; i++) {
-        struct bind *b = &P.binds[i];
-        b->source = get_str();
-        b->target = get_str();
-        b->is_dir = (int)get_u64();
-        b->dev = get_u64();
-        b->ino = get_u64();
-        b->attrs = get_u64();
-        b->access = get_u64();
-    }
-    P.n_masks = get_count(16);
-    P.masks = alloc(P.n_masks, sizeof *P.masks);
-    for (i = 0; i < P.n_masks; i++) {
-        P.masks[i].path = get_str();
-        P.masks[i].is_dir = (int)get_u64();
-    }
-    P.n_symlinks = get_count(16);
-    P.symlinks = alloc(P.n_symlinks, sizeof *P.symlinks);
-    for (i = 0; i < P.n_symlinks; i++) {
-        P.symlinks[i].link = get_str();
-        P.symlinks[i].dest = get_str();
-    }
-    P.n_fences = get_count(16);
-    P.fences = alloc(P.n_fences, sizeof *P.fences);
-    for (i = 0; i < P.n_fences; i++) {
-        P.fences[i].path = get_str();
-        P.fences[i].masked = (int)get_u64();
-    }
-    P.n_capture = get_u64();
-    if (P.n_capture > CAPTURE_PORTS_MAX || (P.n_capture && !(P.view_flags & F_PROXY)))
-        malformed("capture ports");
-    for (i = 0; i < P.n_capture; i++) {
-        uint64_t port = get_u64();
-        if (port == 0 || port > 65535)
-            malformed("capture port");
-        P.capture_ports[i] = (uint16_t)port;
-    }
-    P.cap_last_cap = (int64_t)get_u64();
-    P.bpf = get_bytes(&P.bpf_len);
-    P.n_rules = 0;
-    if (P.view_flags & F_LANDLOCK) {
-        P.ll_fs = get_u64();
-        P.ll_net = get_u64();
-        P.ll_scoped = get_u64();
-        P.dir_only = get_u64();
-        P.n_rules = get_count(16);
-        P.rules = alloc(P.n_rules, sizeof *P.rules);
-        for (i = 0; i < P.n_rules; i++) {
-            P.rules[i].path = get_str();
-            P.rules[i].access = get_u64();
-        }
-    }
+    parse_view_fields();
     if (pos != buf_len)
         malformed("view");
+    if (P.n_capture_ports && !(P.view_flags & F_PROXY))
+        malformed("capture ports");
     if ((P.view_flags & F_SECCOMP)
         && (P.bpf_len == 0 || P.bpf_len % 8 || P.bpf_len / 8 > BPF_MAXINSNS))
         malformed("seccomp program");
 }
 
+/* Parse a section of the plan (its bytes inside the plan) with ``parse``, then go on after it. */
+static void parse_section(const unsigned char *section, size_t len, void (*parse)(void)) {
+    unsigned char *outer = buf;
+    size_t outer_len = buf_len, outer_pos = pos;
+    buf = (unsigned char *)section;
+    buf_len = len;
+    pos = 0;
+    parse();
+    buf = outer;
+    buf_len = outer_len;
+    pos = outer_pos;
+}
+
 static void parse_plan(void) {
-    size_t i;
-    if (get_u64() != ((uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC))
-        malformed("version");
-    P.flags = (uint32_t)get_u64();
-    P.parent_pid = (int64_t)get_u64();
-    P.uid = (int64_t)get_u64();
-    P.gid = (int64_t)get_u64();
-    for (i = 0; i < 3; i++)
-        P.fds.stdio[i] = (int)(int64_t)get_u64();
-    P.ruleset_fd = (int)(int64_t)get_u64();
-    P.fds.proxy = (int)(int64_t)get_u64();
-    P.fds.done = (int)(int64_t)get_u64();
-    P.fds.notify = (int)(int64_t)get_u64();
-    P.proxy_addr = (uint32_t)get_u64();
-    P.proxy_port = (uint16_t)get_u64();
-    P.umask = get_u64();
-    P.sig_ignored = get_u64();
-    P.sig_blocked = get_u64();
-    P.cwd = get_str();
-    P.exe = get_str();
-    P.canary = get_str();
-    P.view = get_bytes(&P.view_len);
-    {
-        unsigned char *outer = buf;
-        size_t outer_len = buf_len, outer_pos = pos;
-        buf = (unsigned char *)P.view;
-        buf_len = P.view_len;
-        pos = 0;
-        parse_view();
-        buf = outer;
-        buf_len = outer_len;
-        pos = outer_pos;
-    }
+    parse_plan_fields();
     if ((P.flags & VIEW_FLAGS) != P.view_flags)
         malformed("view flags");
-    P.n_rlimits = get_count(16);
-    P.rlimits = alloc(P.n_rlimits, sizeof *P.rlimits);
-    for (i = 0; i < P.n_rlimits; i++) {
-        P.rlimits[i].resource = get_u64();
-        P.rlimits[i].value = get_u64();
-    }
-    P.n_argv = get_count(8);
-    P.argv = alloc(P.n_argv, sizeof *P.argv); /* NULL-terminated: alloc gives n + 1 */
-    for (i = 0; i < P.n_argv; i++)
-        P.argv[i] = (char *)get_str();
-    P.n_env = get_count(8);
-    P.env = alloc(P.n_env, sizeof *P.env);
-    for (i = 0; i < P.n_env; i++)
-        P.env[i] = (char *)get_str();
     if (pos != buf_len)
         malformed("trailing bytes");
     if (P.n_argv == 0)
@@ -883,7 +812,7 @@ static int egress_bind(void) {
     fd = bound_socket(SOCK_DGRAM, RESOLVER_ADDR, RESOLVER_PORT);
     for (size_t i = 0; fd >= 0; i++) {
         capture_fds[n++] = fd;
-        if (i == P.n_capture)
+        if (i == P.n_capture_ports)
             break;
         snprintf(capture_detail, sizeof capture_detail, "listen 0.0.0.0:%u",
                  (unsigned)P.capture_ports[i]);
@@ -1554,6 +1483,15 @@ static void __attribute__((noreturn)) usage(void) {
 }
 
 /* The values this binary was built with, as protocol.table() prints them (for a test). */
+/* Parse the plan in PLAN_FD and print what was read, field by field, instead of running it:
+ * a test compares it with what wire.py wrote (the parser and the writer read one layout). */
+static void __attribute__((noreturn)) dump_plan(int plan_fd) {
+    read_plan(plan_fd);
+    parse_plan();
+    dump_plan_fields();
+    exit(fflush(stdout) == 0 ? 0 : 1);
+}
+
 static void __attribute__((noreturn)) print_protocol(void) {
     size_t i;
     printf("version %d magic %#x\ninline_max %d\ndetail_max %d\n", PLAN_VERSION, PLAN_MAGIC,
@@ -1572,6 +1510,8 @@ static void __attribute__((noreturn)) print_protocol(void) {
         printf("message %s %u\n", message_names[i].name, message_names[i].bit);
     for (i = 0; i < sizeof run_fds_names / sizeof run_fds_names[0]; i++)
         printf("run_fds %s %d\n", run_fds_names[i].name, run_fds_names[i].count);
+    for (i = 0; i < sizeof layout_lines / sizeof layout_lines[0]; i++)
+        printf("%s\n", layout_lines[i]);
     exit(fflush(stdout) == 0 ? 0 : 1);
 }
 
@@ -1580,6 +1520,8 @@ int main(int argc, char **argv) {
     pid_t pid;
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0)
         print_protocol();
+    if (argc == 3 && strcmp(argv[1], "--dump-plan") == 0 && (plan_fd = parse_fd(argv[2])) >= 0)
+        dump_plan(plan_fd);
     if ((argc == 7 || argc == 8) && strcmp(argv[1], "--spare") == 0) {
         int sock = parse_fd(argv[2]), view_fd = argc == 8 ? parse_fd(argv[7]) : -1;
         if (sock < 3 || (argc == 8 && view_fd < 3))
