@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..proc.hcp_spawn import hard_limits, memfd, spawn_hcp_exec
-from ..proc.peer import bad_server_path, more_confined, peer, same_place, status_fields
+from ..proc.peer import bad_server_path, more_confined, peer, process_status, same_place
 from .run_end import end_of_run
 from .serve_wire import PROTOCOL, encode, recv_frame
 
@@ -180,7 +180,7 @@ class _Pipes:
 
 
 def _request(args: list[str], pipes: _Pipes) -> list[bytes]:
-    umask, ignored, blocked = _process_status()
+    umask, ignored, blocked = process_status()
     ttys = []
     for fd in (0, 1, 2):
         try:
@@ -192,14 +192,6 @@ def _request(args: list[str], pipes: _Pipes) -> list[bytes]:
              b"%d" % len(args), *(os.fsencode(a) for a in args)]
     items += [k + b"=" + v for k, v in os.environb.items()]
     return items
-
-
-def _process_status() -> tuple[int, int, int]:
-    """(umask, ignored signals, blocked signals) of this process, as the plan records them
-    for an in-process run (hcp_linux.native.wire._process_status, _blocked_signals)."""
-    fields = status_fields("self", "Umask", "SigIgn", "SigBlk")
-    return int(fields["Umask"], 8), int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
-
 
 
 def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..proc.peer import parse_status
+from ..proc.peer import process_status
 from ..protocol import (DEFAULT_SIGNALS, FLAGS, LAYER_FLAGS, LL_FLAGS_SHIFT, PLAN_LAYOUT,
                         PLAN_MAGIC, PLAN_VERSION, PROXY_ADDRESS, VIEW_LAYOUT, RunFds)
 
@@ -214,11 +213,7 @@ def plan_fields(plan: "Plan", fds: RunFds, ruleset: "CreatedRuleset | None",
                 set_umask: bool = False, view: bytes | None = None,
                 process: tuple[int, int, int] | None = None) -> dict[str, Any]:
     """The plan's values by PLAN_LAYOUT's names (:func:`plan_bytes`)."""
-    if process is None:
-        umask, ignored = _process_status()
-        blocked = _blocked_signals()
-    else:
-        umask, ignored, blocked = process
+    umask, ignored, blocked = process_status() if process is None else process
     ignored &= ~_DEFAULT_SIGNALS
 
     F = FLAGS
@@ -259,46 +254,4 @@ def plan_fields(plan: "Plan", fds: RunFds, ruleset: "CreatedRuleset | None",
     }
 
 
-def _process_status() -> tuple[int, int]:
-    """(umask, ignored signals) of this process, from one read of /proc/self/status: the
-    umask read without changing it (os.umask would, for every thread); the ignored signals
-    (bit n-1 for signal n) that a fork would pass on, which hcp-exec gives the command
-    whenever its spare was started. (-1, 0) if unreadable. The file stays open (a pread
-    regenerates it); a forked child opens its own."""
-    global _status_fd
-    umask, ignored = -1, 0
-    try:
-        if _status_fd < 0:
-            with _status_lock:
-                if _status_fd < 0:
-                    _status_fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
-        fields = parse_status(os.pread(_status_fd, 8192, 0), "Umask", "SigIgn")
-        umask, ignored = int(fields["Umask"], 8), int(fields["SigIgn"], 16)
-    except (OSError, ValueError, KeyError):
-        pass
-    return umask, ignored
-
-
-_status_fd = -1
-_status_lock = threading.Lock()
-
-
-def _forget_status_fd() -> None:
-    """In a forked child: /proc/self was resolved to the parent when the fd was opened."""
-    global _status_fd, _status_lock
-    if _status_fd >= 0:
-        try:
-            os.close(_status_fd)
-        except OSError:
-            pass
-    _status_fd, _status_lock = -1, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_status_fd)
-
-
-def _blocked_signals() -> int:
-    """The calling thread's signal mask, as a fork from it would have it."""
-    import signal
-    return sum(1 << (int(s) - 1) for s in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 

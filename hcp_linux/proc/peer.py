@@ -6,6 +6,7 @@ here for the executors too.
 """
 from __future__ import annotations
 
+import _thread
 import os
 
 #: The longest path a unix socket can have (sun_path, with its NUL).
@@ -64,6 +65,48 @@ def parse_status(data: bytes, *names: str) -> dict[str, str]:
             end = text.find("\n", start)
             out[name] = text[start:end if end >= 0 else len(text)].strip()
     return out
+
+
+def process_status() -> tuple[int, int, int]:
+    """(umask, ignored signals, blocked signals) of this process, as a fork from the calling
+    thread would pass them on, which hcp-exec gives the command whenever its spare was
+    started (bit n-1 for signal n): the plan's, in-process (hcp_linux.native.wire) or
+    served (its client, hcp_linux.cli.serve_client). The umask is read without changing it
+    (os.umask would, for every thread), from one read of /proc/self/status; (-1, 0) for it
+    and the ignored signals if unreadable. The file stays open (a pread regenerates it); a
+    forked child opens its own. The blocked signals are the calling thread's mask."""
+    import _signal  # the C half: `signal` imports enum (~2 ms) on the served path
+    global _status_fd
+    umask, ignored = -1, 0
+    try:
+        if _status_fd < 0:
+            with _status_lock:
+                if _status_fd < 0:
+                    _status_fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        fields = parse_status(os.pread(_status_fd, 8192, 0), "Umask", "SigIgn")
+        umask, ignored = int(fields["Umask"], 8), int(fields["SigIgn"], 16)
+    except (OSError, ValueError, KeyError):
+        pass
+    blocked = sum(1 << (int(s) - 1) for s in _signal.pthread_sigmask(_signal.SIG_BLOCK, ()))
+    return umask, ignored, blocked
+
+
+_status_fd = -1
+_status_lock = _thread.allocate_lock()
+
+
+def _forget_status_fd() -> None:
+    """In a forked child: /proc/self was resolved to the parent when the fd was opened."""
+    global _status_fd, _status_lock
+    if _status_fd >= 0:
+        try:
+            os.close(_status_fd)
+        except OSError:
+            pass
+    _status_fd, _status_lock = -1, _thread.allocate_lock()
+
+
+os.register_at_fork(after_in_child=_forget_status_fd)
 
 
 #: A server under any of these (and we not) is confined: maybe a command of a sandbox,
