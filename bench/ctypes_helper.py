@@ -72,7 +72,8 @@ def main() -> int:
                     t.join()
             results.update({name: summary(s) for name, s in samples.items()})
         # the CLI: one run per process, single-threaded at its spawn: fork unless told not to
-        cli = ("import sys; from hcp_linux import child_main; child_main.FORK_WHEN_ALONE = %s; "
+        cli = ("import sys; from hcp_linux.ctypes_executor import child_main; "
+               "child_main.FORK_WHEN_ALONE = %s; "
                "from hcp_linux.cli.launch import entry; sys.argv[0] = 'hcp-linux'; entry()")
         rows = []
         for how, fork in (("fork", True), ("helper", False)):
