@@ -222,7 +222,9 @@ class Sandbox:
 
     def _give_up(self, layer: str, reason: str, degraded: dict[str, str]) -> None:
         if layer not in self.policy.allow_degraded:
-            raise LayerUnavailableError(layer, reason, remedy(layer, exec_dir=native.BUILD_DIR))
+            raise LayerUnavailableError(layer, reason, remedy(
+                layer, exec_dir=native.BUILD_DIR, reason=reason,
+                userns_reason=degraded.get("userns")))
         degraded[layer] = reason
 
     def run(self, args: Any, bufsize: int = -1, executable: Any = None, stdin: Any = None,
