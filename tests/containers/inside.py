@@ -47,7 +47,7 @@ ATTACKS = {
 def hcp(*args: str, timeout: float = 60) -> dict:
     p = subprocess.run([*HCP, *args], capture_output=True, text=True, timeout=timeout,
                        cwd=JAIL)
-    return {"rc": p.returncode, "stdout": p.stdout[-4000:], "stderr": p.stderr[-4000:]}
+    return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-4000:]}
 
 
 def can_open_for_writing(path: str) -> bool:
@@ -73,13 +73,6 @@ def listener() -> int:
                 return
     threading.Thread(target=serve, daemon=True).start()
     return srv.getsockname()[1]
-
-
-def nspid_levels(text: str) -> int:
-    for line in text.splitlines():
-        if line.startswith("NSpid:"):
-            return len(line.split()) - 1
-    return 0
 
 
 def main() -> None:
@@ -108,13 +101,15 @@ def main() -> None:
         print(json.dumps(out))
         return
     flags = ["--rung", rung]
-    own_levels = nspid_levels(open("/proc/self/status").read())
+    own_pidns = os.readlink("/proc/self/ns/pid")
     sibling = subprocess.Popen(["sleep", "300"])
     out["sibling"] = sibling.pid
     view = hcp("run", *flags, "--", "sh", "-c",
-               f"grep NSpid /proc/self/status; test -e /proc/{sibling.pid} && echo SEES-SIBLING")
+               f"readlink /proc/self/ns/pid; if test -e /proc/{sibling.pid}; then "
+               f"echo SEES-SIBLING; fi")
     out["rung_run"] = view
-    out["rung_run_new_pidns"] = nspid_levels(view["stdout"]) > own_levels
+    # a pid namespace of its own: the link names another namespace than this process's
+    out["rung_run_new_pidns"] = own_pidns not in view["stdout"] and "pid:[" in view["stdout"]
     out["rung_run_sees_sibling"] = "SEES-SIBLING" in view["stdout"]
     port = listener()
     attacks = {}
