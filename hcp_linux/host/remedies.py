@@ -167,6 +167,11 @@ def remedy(layer: str, where: hostenv.Where | None = None, exec_dir: str | None 
             if where.cap_sys_admin and layer == "userns":
                 text += "; or opt into --rung no-userns (this process holds CAP_SYS_ADMIN)"
             return text
+        if (reason or "").startswith("proc:"):
+            return ("a mount over an entry of /proc (as a container's masked /proc/keys...) "
+                    "makes the kernel refuse the fresh /proc of a pid namespace: unmount it "
+                    "where hcp-linux runs, or opt into --rung no-pidns (the outer /proc, "
+                    "fenced, and no pid namespace)")
         if "ubuntu-apparmor" in where.kinds:
             text = ("Ubuntu's AppArmor restricts unprivileged user namespaces: install the "
                     "profile shipped for hcp-exec (native executor only): "
