@@ -9,7 +9,7 @@ outside the jail, TCP to a listener on the container's loopback (the container's
 namespace, made by the engine with --network none: no outside host is ever tried), ptrace
 and a signal to a sibling process started here, outside the sandbox, and opening /proc/sys
 and /proc/sysrq-trigger for writing (opened only, never written: an unmasked /proc reaches
-the host's kernel). Nothing here judges: the leg's assertions do, so that its failures say
+the host's kernel). At the full rung, also `hcp-linux conformance`. Nothing here judges: the leg's assertions do, so that its failures say
 which environment and what.
 """
 from __future__ import annotations
@@ -126,6 +126,17 @@ def main() -> None:
         if sibling.poll() is not None:  # a signal got through: a fresh sibling for the rest
             sibling = subprocess.Popen(["sleep", "300"])
     out["attacks"] = attacks
+    if rung == "full":  # the HCP §10 conformance checks, every one by doing it, here
+        conf = hcp("conformance", "--json", timeout=240)
+        try:
+            report = json.loads(conf["stdout"])
+            out["conformance"] = {"conformant": report["conformant"],
+                                  "summary": report["summary"],
+                                  "failed": [c["id"] + ": " + str(c.get("reason"))[:200]
+                                             for c in report["checks"]
+                                             if c["status"] == "fail"]}
+        except (ValueError, KeyError):
+            out["conformance"] = {"error": conf}
     sibling.kill()
     sibling.wait()
     print(json.dumps(out))

@@ -168,6 +168,15 @@ def test_attacks_at_the_rung(results: dict[str, dict[str, Any]], name: str) -> N
           + (f", lost as documented: {sorted(won)}" if won else ""))
 
 
+@pytest.mark.parametrize("name", [n for n, e in ENVS.items() if e.rung == "full"])
+def test_conformance_at_full(results: dict[str, dict[str, Any]], name: str) -> None:
+    """Where the recipe reaches the full rung, every HCP §10 conformance check passes in
+    the container (each check tries its rule by doing it)."""
+    conf = _result(results, name)["conformance"]
+    assert conf.get("conformant") is True, conf
+    print(f"{name}: conformance {conf['summary']}")
+
+
 def test_unmasked_proc_lets_container_root_write_core_pattern(
         results: dict[str, dict[str, Any]]) -> None:
     """Why the recipes say non-root: with /proc unmasked, the container's root (outside
