@@ -41,7 +41,14 @@ ATTACKS = {
                       "os.O_WRONLY)); print('ESCAPED')",
     "sysrq_write": "import os; os.close(os.open('/proc/sysrq-trigger', os.O_WRONLY)); "
                    "print('ESCAPED')",
+    # 400 forks under limits.nproc=301 (the pid namespace's pid_max cannot go below 301):
+    # all 400 made is the limit not binding
+    "nproc": "import os, time\nn = 0\nfor _ in range(400):\n    try:\n        pid = os.fork()\n"
+             "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(3)\n"
+             "        os._exit(0)\n    n += 1\nprint('ESCAPED' if n == 400 else 'HELD', n)",
 }
+#: Flags an attack's run takes beyond the rung.
+ATTACK_FLAGS = {"nproc": ["--limit", "nproc=301"]}
 
 
 def hcp(*args: str, timeout: float = 60) -> dict:
@@ -81,7 +88,9 @@ def main() -> None:
     os.makedirs(OUTSIDE)
     with open(f"{OUTSIDE}/secret", "w") as f:
         f.write("s3cret")
-    out: dict = {"uid": os.getuid(),
+    with open("/proc/self/uid_map") as f:  # "0 0 4294967295": no user namespace around us
+        host_root = os.getuid() == 0 and f.read().split()[:2] == ["0", "0"]
+    out: dict = {"uid": os.getuid(), "host_root": host_root,
                  "core_pattern_writable_by_container": can_open_for_writing(
                      "/proc/sys/kernel/core_pattern")}
     probe = hcp("probe", "--json")
@@ -115,7 +124,7 @@ def main() -> None:
     attacks = {}
     for name, code in ATTACKS.items():
         code = code.replace("PORT", str(port)).replace("PID", str(sibling.pid))
-        r = hcp("run", *flags, "--", "python3", "-c", code)
+        r = hcp("run", *flags, *ATTACK_FLAGS.get(name, []), "--", "python3", "-c", code)
         escaped = "ESCAPED" in r["stdout"]
         if name == "write_outside":
             escaped = escaped or os.path.exists(f"{OUTSIDE}/written")
