@@ -38,6 +38,8 @@ def _engine(name: str) -> list[str]:
     """The engine's `run` command, with this host's adaptations (scripts/test-containers)."""
     if name == "docker":
         return [*shlex.split(os.environ["HCP_CT_DOCKER"]), "run"]
+    if name == "ctr":
+        return [*shlex.split(os.environ["HCP_CT_CTR"]), "run"]
     opts = shlex.split(os.environ.get("HCP_CT_PODMAN_OPTS", ""))
     if name == "podman":
         return ["podman", "run", *opts]
@@ -50,7 +52,7 @@ def _engine(name: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Env:
-    engine: str  # docker, podman (rootful), rootless (podman as an unprivileged user)
+    engine: str  # docker, podman (rootful), rootless (podman as an unprivileged user), ctr
     opts: tuple[str, ...]
     rung: str  # the rung probe must name
     fixed_by: str | None = None  # the environment that applies this one's remedy
@@ -78,6 +80,15 @@ ENVS = {
     "rootless-podman": Env("rootless", (), "no-pidns", "rootless-podman-recipe",
                            ("unmask=/proc/*",)),
     "rootless-podman-recipe": Env("rootless", (*UNMASK,), "full"),
+    # containerd as a stand-in for a Kubernetes pod (root: ctr has no --user): no seccomp
+    # filter, RuntimeDefault (--seccomp), a Localhost profile (--seccomp-profile); /proc is
+    # masked in each and ctr cannot unmask it (procMount: Unmasked is the pod's remedy).
+    # Not detected as a container (no marker): the host's remedies, which must still be true
+    "ctr-unconfined": Env("ctr", (), "no-pidns", None, ("--rung no-pidns", "/proc")),
+    "ctr-runtime-default": Env("ctr", ("--seccomp",), "no-namespaces", None,
+                               ("a seccomp filter on this process",)),
+    "ctr-localhost-profile": Env("ctr", ("--seccomp", "--seccomp-profile", PROFILE),
+                                 "no-pidns", None, ("--rung no-pidns", "/proc")),
 }
 
 #: What an attack wins at a rung, by whether the container's user is the host's root
@@ -93,9 +104,16 @@ LOSSES: dict[tuple[str, bool], frozenset[str]] = {
 
 def _run(name: str) -> dict[str, Any]:
     env = ENVS[name]
-    argv = [*_engine(env.engine), "--rm", "--network", "none", "--label", "hcp-ct=1",
-            "-v", f"{INSIDE}:/inside.py:ro", *env.opts, IMAGE if env.engine == "docker"
-            else f"localhost/{IMAGE}", "/opt/hcp/bin/python", "/inside.py"]
+    if env.engine == "ctr":  # the unpacked image as its rootfs, /tmp a tmpfs of its own
+        argv = [*_engine("ctr"), "--rm", "--mount",
+                "type=tmpfs,src=tmpfs,dst=/tmp,options=nosuid:nodev", "--mount",
+                f"type=bind,src={INSIDE},dst=/inside.py,options=rbind:ro", *env.opts,
+                "--rootfs", os.environ["HCP_CT_ROOTFS"], f"hcp-ct-{name}",
+                "/opt/hcp/bin/python", "/inside.py"]
+    else:
+        argv = [*_engine(env.engine), "--rm", "--network", "none", "--label", "hcp-ct=1",
+                "-v", f"{INSIDE}:/inside.py:ro", *env.opts, IMAGE if env.engine == "docker"
+                else f"localhost/{IMAGE}", "/opt/hcp/bin/python", "/inside.py"]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd="/")
     try:
         return json.loads(p.stdout)
@@ -144,8 +162,10 @@ def test_strict_run_or_its_remedy(results: dict[str, dict[str, Any]], name: str)
     assert strict["rc"] == 125, strict
     for text in env.remedy_has:
         assert text in strict["stderr"], (text, strict["stderr"])
+    if env.fixed_by is None:  # ctr: no option unmasks /proc; the rung probe names runs
+        return
     # the remedy printed is applied by the environment that fixes this one, and it works
-    fixed = _result(results, env.fixed_by or "")
+    fixed = _result(results, env.fixed_by)
     assert fixed["rung"] == "full" and fixed["strict"]["rc"] == 0, fixed["probe"]["rung"]
     print(f"{name}: refused, {strict['stderr'].strip()[:400]}...; applied in {env.fixed_by}")
 
