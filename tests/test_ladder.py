@@ -188,6 +188,22 @@ def test_remedies_by_environment() -> None:
 # --- the shipped files ------------------------------------------------------------------
 
 
+def test_profile_command_prints_the_shipped_files() -> None:
+    """`hcp-linux profile seccomp|apparmor` (issue 31): how a profile gets out of an image
+    onto the host whose runtime needs it, byte for byte (AppArmor: its build dir filled)."""
+    def out(kind: str) -> str:
+        p = subprocess.run([sys.executable, "-m", "hcp_linux", "profile", kind],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert p.returncode == 0, p
+        return p.stdout
+    assert out("seccomp") == Path(remedies.SECCOMP_PROFILE).read_text()
+    json.loads(out("seccomp"))
+    from hcp_linux.native import BUILD_DIR
+    apparmor = out("apparmor")
+    assert f"profile hcp-exec {BUILD_DIR}/hcp-exec-*" in apparmor, apparmor
+    assert "HCP_EXEC_DIR" not in apparmor
+
+
 def test_shipped_files_are_package_data() -> None:
     for path in (remedies.SECCOMP_PROFILE, remedies.APPARMOR_PROFILE):
         assert os.path.isfile(path), path
