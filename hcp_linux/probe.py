@@ -171,12 +171,12 @@ def probe() -> ProbeReport:
                             allow_degraded=frozenset(LAYERS))
             run = Sandbox(policy).run(["true"], capture_output=True)
         except (SandboxError, OSError) as e:  # OSError: a full or read-only file system
-            failed = {n: LayerVerdict(n, False, f"probe run failed: {e}",
-                                      remedy(n, where, _exec_dir())) for n in LAYERS}
+            failed = _failed_verdicts(e, where)
             return ProbeReport(failed, facts, error=str(e), executor=executor_verdict(),
                                where=where.as_dict(), rung=rung_verdict(LAYERS, where))
     layers = run.receipt["layers"]
     verdicts: dict[str, LayerVerdict] = {}
+    reasons: dict[str, str] = {}
     for name in LAYERS:
         entry = layers[name]
         ok = entry["status"] == "enforced" and run.returncode == 0
@@ -187,18 +187,48 @@ def probe() -> ProbeReport:
             elif name == "seccomp":
                 detail = "filter installed, verified Seccomp=2"
         else:
-            detail = entry.get("reason", f"probe command exited {run.returncode}")
+            reason = entry.get("reason")
+            if reason:
+                reasons[name] = reason
+            detail = reason or f"probe command exited {run.returncode}"
             if name == "userns" and entry["status"] == "degraded":
                 detail += f" ({_userns_hint(facts)})"
-        verdicts[name] = LayerVerdict(name, ok, detail, None if ok else remedy(name, where, _exec_dir()))
+        verdicts[name] = LayerVerdict(name, ok, detail, None if ok else
+                                      remedy(name, where, _exec_dir(), reason=reason,
+                                             userns_reason=reasons.get("userns")))
     missing = [n for n, v in verdicts.items() if not v.available]
     return ProbeReport(verdicts, facts, executor=executor_verdict(run.receipt.get("executor")),
-                       where=where.as_dict(), rung=rung_verdict(missing, where))
+                       where=where.as_dict(), rung=rung_verdict(missing, where, reasons))
 
 
-def rung_verdict(missing: Any, where: hostenv.Where) -> dict[str, Any]:
+def _failed_verdicts(e: Exception, where: hostenv.Where) -> dict[str, LayerVerdict]:
+    """The verdicts when the probe's run failed although every layer was allowed to degrade:
+    nothing was learned about the layers but the step that failed. The layer that step
+    belongs to (sandbox.STEP_LAYER) gets the remedy for that refusal; the others are "not
+    tried", with no remedy (none is known to be needed: naming one would be a guess)."""
+    from .sandbox import STEP_LAYER
+
+    step = getattr(e, "step", None)
+    culprit = STEP_LAYER.get(step) if isinstance(step, str) else None
+    code = getattr(e, "errno", None)
+    reason = f"{step}: {os.strerror(code)}" if culprit and isinstance(code, int) else None
+    out = {}
+    for n in LAYERS:
+        fix = remedy(n, where, _exec_dir(), reason=reason) if n == culprit else None
+        if culprit is None and n == LAYERS[0]:
+            fix = (f"the run failed at a step no layer's absence explains ({e}), with every "
+                   f"layer allowed to degrade: no rung runs here; report it with the output "
+                   f"of `hcp-linux probe --json`")
+        out[n] = LayerVerdict(n, False, f"probe run failed: {e}", fix)
+    return out
+
+
+def rung_verdict(missing: Any, where: hostenv.Where,
+                 reasons: dict[str, str] | None = None) -> dict[str, Any]:
     """The rung a run reaches with ``missing`` layers gone, the policy setting that opts
-    into it, and the rung above it with the layers it needs and their remedies here."""
+    into it, and the rung above it with the layers it needs and their remedies here
+    (``reasons``: how each missing layer was refused, "step: strerror", when known)."""
+    reasons = reasons or {}
     rung = ladder.reached(missing)
     out: dict[str, Any] = {"name": rung.name if rung else "below-ladder",
                            "missing": sorted(missing)}
@@ -210,7 +240,9 @@ def rung_verdict(missing: Any, where: hostenv.Where) -> dict[str, Any]:
     if up is not None:
         needs = sorted(set(missing) - up.loses)
         out["next_up"] = {"name": up.name, "needs": needs,
-                          "change": sorted({remedy(n, where, _exec_dir()) for n in needs})}
+                          "change": sorted({remedy(n, where, _exec_dir(), reason=reasons.get(n),
+                                                 userns_reason=reasons.get("userns"))
+                                          for n in needs})}
     return out
 
 
@@ -251,8 +283,15 @@ def format_table(report: ProbeReport) -> str:
     for k, val in report.facts.items():
         lines.append(f"{k}: {val}")
     lines.append("")
-    lines.append("verdict: the default policy is fully enforceable here"
-                 if report.fully_enforceable else
-                 "verdict: NOT fully enforceable: strict runs will be refused (exit 125) unless "
-                 "the missing layers are allowed to degrade")
+    rung = report.rung.get("name") if report.rung else None
+    if report.fully_enforceable:
+        lines.append("verdict: the default policy is fully enforceable here")
+    elif report.error is not None or rung in (None, "below-ladder"):
+        # allowing every layer to degrade would not help: say so, never "unless degraded"
+        lines.append("verdict: NOT enforceable: runs are refused (exit 125) at every rung, "
+                     "even with every layer allowed to degrade, until the remedy above is "
+                     "applied")
+    else:
+        lines.append(f"verdict: NOT fully enforceable: strict runs will be refused (exit 125); "
+                     f"--rung {rung} runs here (what it loses: above), or apply the remedies")
     return "\n".join(lines)

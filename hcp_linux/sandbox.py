@@ -30,10 +30,15 @@ from .host.remedies import remedy
 __all__ = ["Sandbox", "CompletedRun", "SandboxProcess", "confine", "release_resources", "PIPE",
            "DEVNULL", "STDOUT", "CalledProcessError", "TimeoutExpired"]
 
-#: Steps whose failure means "this host cannot provide that layer".
+#: Steps whose failure means "this host cannot provide that layer". "proc": the fresh procfs
+#: only a pid namespace asks for; the kernel refuses it where parts of the outer /proc are
+#: covered (a container's masked /proc/kcore, read-only /proc/sys...), and without the pid
+#: namespace the view binds the outer /proc instead (fenced). "pivot-root": the step that
+#: makes the mount view the root.
 STEP_LAYER = {
     "unshare-user": "userns", "uid-map": "userns", "unshare-mount": "mountns",
     "unshare-net": "netns", "unshare-ipc": "ipcns", "unshare-pid": "pidns",
+    "proc": "pidns", "pivot-root": "mountns",
     "landlock-restrict": "landlock", "seccomp": "seccomp",
 }
 
@@ -217,7 +222,9 @@ class Sandbox:
 
     def _give_up(self, layer: str, reason: str, degraded: dict[str, str]) -> None:
         if layer not in self.policy.allow_degraded:
-            raise LayerUnavailableError(layer, reason, remedy(layer, exec_dir=native.BUILD_DIR))
+            raise LayerUnavailableError(layer, reason, remedy(
+                layer, exec_dir=native.BUILD_DIR, reason=reason,
+                userns_reason=degraded.get("userns")))
         degraded[layer] = reason
 
     def run(self, args: Any, bufsize: int = -1, executable: Any = None, stdin: Any = None,

@@ -149,9 +149,28 @@ def test_remedies_by_environment() -> None:
             text = remedies.remedy(layer, _where(*kinds, seccomp_filtered=True))
             assert "sysctl" not in text, (kinds, text)  # no host advice inside a container
             assert remedies.SECCOMP_PROFILE in text
-    assert "docker run --security-opt seccomp=" in remedies.remedy("userns", _where("docker"))
-    assert "podman run --security-opt seccomp=" in remedies.remedy("netns", _where("podman"))
-    k8s = remedies.remedy("userns", _where("kubernetes"))
+    filtered = {"seccomp_filtered": True}
+    docker = remedies.remedy("userns", _where("docker", **filtered))
+    assert "docker run --security-opt seccomp=hcp-linux.json --security-opt " \
+        "systempaths=unconfined --user 1000" in docker
+    assert "hcp-linux profile seccomp > hcp-linux.json" in docker  # how to get it out
+    assert "podman run --security-opt seccomp=" in remedies.remedy("netns",
+                                                                   _where("podman", **filtered))
+    # issue 31: computed from what was observed. No seccomp filter: not the profile's fault.
+    unconfined = remedies.remedy("userns", _where("docker"), reason="unshare-user: x")
+    assert "not the runtime's seccomp profile" in unconfined and "seccomp=" not in unconfined
+    # the masked /proc refused the fresh procfs: unmask it, as non-root, per runtime
+    for kinds, flag in ((("docker",), "systempaths=unconfined"), (("podman",), "unmask=/proc/*"),
+                        (("kubernetes", "containerd"), "procMount: Unmasked")):
+        text = remedies.remedy("pidns", _where(*kinds, **filtered),
+                               reason="proc: Operation not permitted")
+        assert flag in text and "core_pattern" in text and "seccomp=" not in text, text
+        assert "--rung no-pidns" in text
+    # the other namespaces follow from a refused user namespace without CAP_SYS_ADMIN
+    follows = remedies.remedy("mountns", _where("docker", **filtered),
+                              reason="unshare-mount: x", userns_reason="unshare-user: y")
+    assert follows.startswith("it needs the user namespace (refused: unshare-user: y")
+    k8s = remedies.remedy("userns", _where("kubernetes", **filtered))
     assert "type: Localhost" in k8s and "privileged" in k8s
     assert "--rung no-userns" in remedies.remedy("userns", _where("docker", cap_sys_admin=True))
     ubuntu = remedies.remedy("userns", _where("ubuntu-apparmor"), "/opt/x/native/_build")
@@ -166,6 +185,22 @@ def test_remedies_by_environment() -> None:
 
 
 # --- the shipped files ------------------------------------------------------------------
+
+
+def test_profile_command_prints_the_shipped_files() -> None:
+    """`hcp-linux profile seccomp|apparmor` (issue 31): how a profile gets out of an image
+    onto the host whose runtime needs it, byte for byte (AppArmor: its build dir filled)."""
+    def out(kind: str) -> str:
+        p = subprocess.run([sys.executable, "-m", "hcp_linux", "profile", kind],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert p.returncode == 0, p
+        return p.stdout
+    assert out("seccomp") == Path(remedies.SECCOMP_PROFILE).read_text()
+    json.loads(out("seccomp"))
+    from hcp_linux.native import BUILD_DIR
+    apparmor = out("apparmor")
+    assert f"profile hcp-exec {BUILD_DIR}/hcp-exec-*" in apparmor, apparmor
+    assert "HCP_EXEC_DIR" not in apparmor
 
 
 def test_shipped_files_are_package_data() -> None:

@@ -249,3 +249,24 @@ def test_no_seccomp_with_a_cold_filter_cache(jail: Path, tmp_path: Path, allow: 
         assert p.returncode == 125, show(p)
         assert single_error_line(p).startswith("error: sandbox: seccomp unavailable")
         assert not (jail / "ran").exists() and not receipt.exists()
+
+
+# --- pivot_root refused: the mount view's last step (issue 31) ----------------------------
+
+def test_no_pivot_root_strict_refuses_naming_the_step(jail: Path) -> None:
+    before = snapshot(jail)
+    p = deny_run_cli(["pivot_root"], errno.EPERM, jail, "sh", "-c", "echo ran > ran")
+    assert "mountns unavailable: pivot-root: " in _refused(p, "mountns", jail, before)
+
+
+def test_no_pivot_root_allow_degraded_runs_without_the_view(jail: Path, tmp_path: Path) -> None:
+    receipt = tmp_path / "receipt.json"
+    p = deny_run_cli(["pivot_root"], errno.EPERM, jail, "sh", "-c", "echo in > inside.txt",
+                     extra=["--allow-degraded", "mountns", "--receipt", receipt])
+    assert_ok(p)
+    layers = read_receipt(receipt)["layers"]
+    assert layers["mountns"]["status"] == "degraded", layers["mountns"]
+    assert layers["mountns"]["reason"].startswith("pivot-root: "), layers["mountns"]
+    for layer in ("userns", "landlock", "seccomp"):
+        assert layers[layer]["status"] == "enforced", layer
+    assert (jail / "inside.txt").exists()

@@ -107,6 +107,20 @@ def _probe(a: argparse.Namespace) -> int:
     return 0 if report.fully_enforceable else 1
 
 
+def _profile(a: argparse.Namespace) -> int:
+    """`profile seccomp|apparmor`: the shipped file on stdout. Why: in a container the file
+    lives at a path inside the image, and the runtime needs it on the host before the
+    container starts (`docker run --rm IMAGE hcp-linux profile seccomp > hcp-linux.json`)."""
+    from ..host.remedies import APPARMOR_PROFILE, SECCOMP_PROFILE
+    from ..native import BUILD_DIR
+    with open(SECCOMP_PROFILE if a.kind == "seccomp" else APPARMOR_PROFILE) as f:
+        text = f.read()
+    if a.kind == "apparmor":
+        text = text.replace("HCP_EXEC_DIR", BUILD_DIR)
+    sys.stdout.write(text)
+    return 0
+
+
 def _gc(a: argparse.Namespace) -> int:
     """`gc`, its directories checked before anything is removed: each PATH and ``--tmp-dir``
     must be an existing directory, ``--state-dir`` a directory or absent (no workspace was
@@ -186,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(args.socket)
         if args.cmd == "gc":
             return _gc(args)
+        if args.cmd == "profile":
+            return _profile(args)
         return _run(args) if args.cmd == "run" else _probe(args)
     except SandboxError as e:
         print(f"error: sandbox: {printable(str(e))}", file=sys.stderr)

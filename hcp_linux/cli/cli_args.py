@@ -118,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where workspaces live (default: $XDG_STATE_HOME/hcp-linux)")
     g.add_argument("paths", nargs="*", metavar="PATH",
                    help="a directory that outputs were written back to: its temp files")
+    pf = sub.add_parser("profile", help="print a profile shipped with the package (the "
+                                        "container runtime's seccomp profile, the AppArmor "
+                                        "profile for hcp-exec), to copy it out of an image")
+    pf.add_argument("kind", choices=("seccomp", "apparmor"),
+                    help="seccomp: Docker's default profile plus the calls hcp-linux needs "
+                         "(docker/podman --security-opt seccomp=FILE, a Kubernetes "
+                         "Localhost profile); apparmor: the profile giving hcp-exec the "
+                         "userns rule (Ubuntu 23.10+), its build directory filled in")
     sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
                                       "(clients: HCP_LINUX_SERVER=SOCKET)")
     sv.add_argument("--socket", action=_Once, required=True, metavar="PATH",

@@ -43,8 +43,10 @@ RUNGS: tuple[Rung, ...] = (
     Rung("no-pidns", frozenset({"pidns"}),
          "user, mount, network and IPC namespaces; Landlock (its signal scope refuses "
          "signals to processes outside the sandbox); seccomp; no_new_privs",
-         "the pid namespace: outside processes are visible in /proc, and a setsid'd daemon "
-         "can outlive the run (only the process group is killed)"),
+         "the pid namespace: outside processes are visible in /proc (the outer /proc, "
+         "fenced), a setsid'd daemon can outlive the run (only the process group is killed), "
+         "and limits.nproc does not bind a caller that is the host's root (RLIMIT_NPROC "
+         "never applies to it; the pid namespace's pid_max did)"),
     Rung("no-landlock", frozenset({"landlock"}),
          "every namespace (the mount view is the filesystem fence, with /proc's kernel knobs "
          "read-only and a file refused as stdin, stdout or stderr); seccomp; no_new_privs",
@@ -58,10 +60,11 @@ RUNGS: tuple[Rung, ...] = (
          "abstract-socket scopes); seccomp with network-off (only AF_UNIX sockets); "
          "no_new_privs",
          "the mount view (host paths stay nameable, metadata writes outside the roots are "
-         "not prevented, HOME and TMPDIR live in the jail's .hcp-tmp), the private "
+         "not prevented, HOME and TMPDIR live in the jail's .hcp-tmp, /etc/shadow and the "
+         "other masked secrets are readable by a caller that is root), the private "
          "network (UDP and other families are refused by seccomp instead), private IPC, "
          "the pid namespace (outside processes visible, a setsid'd daemon can outlive the "
-         "run)"),
+         "run, limits.nproc does not bind a caller that is the host's root)"),
 )
 
 BY_NAME = {r.name: r for r in RUNGS}

@@ -27,12 +27,14 @@ LOST = {
     "mountns": "no mount view: metadata writes (chmod, chown, utime, xattr) outside the "
                "writable roots are not prevented, host paths stay nameable (pathname unix "
                "sockets reachable), HOME and TMPDIR live in <first writable root>/.hcp-tmp (the "
-               "jail, unless it is read-only)",
+               "jail, unless it is read-only); the masked secrets (/etc/shadow...) are not "
+               "masked: a caller that is root reads them",
     "netns": "no private network: seccomp refuses non-AF_UNIX sockets and Landlock every TCP "
              "bind and connect instead",
     "ipcns": "System V IPC and POSIX message queues shared with the host",
     "pidns": "outside processes visible; a setsid'd daemon can outlive the run (only the "
-             "process group is killed)",
+             "process group is killed); limits.nproc does not bind a caller that is the "
+             "host's root (RLIMIT_NPROC never applies to it; pid_max did)",
     "landlock": "no filesystem access control beyond the mount view and permissions; no "
                 "signal/abstract-socket scoping",
     "seccomp": "no syscall blocklist: namespaces, mount API, ptrace, bpf, io_uring, TIOCSTI, "
