@@ -26,8 +26,11 @@ resolves to: allowing ``db.internal`` is not enough to reach 10.1.2.3 -- ``10.1.
 
 Host names are validated by :mod:`.hostnames`, in patterns and in requests alike.
 
-`EgressPolicy.check` resolves a name once and returns every address it checked; the proxy dials
-only those, so the answer that was judged is the answer that is used.
+`EgressPolicy.check` resolves a name once and returns the addresses it allowed; the proxy dials
+only those, so the answer that was judged is the answer that is used. Every address a name
+resolves to must be allowed, with one exception: when the allow list unlocks one of the name's
+loopback addresses (``127.0.0.1``), its other loopback addresses (``::1``, as a stock
+/etc/hosts gives ``localhost`` both) are left out rather than refusing the name.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal, Sequence
 
 from ..errors import PolicyError
-from .addresses import IPAddress, IPNetwork, canonical, classify, unlocked_by
+from .addresses import LOOPBACK, IPAddress, IPNetwork, canonical, classify, unlocked_by
 from .hostnames import (DECIMAL, DOTTED_CHARS, HostError, format_host, normalize_name, parse_host,
                         parse_ipv4, parse_ipv6, parse_port, safe_text, short_number)
 
@@ -328,6 +331,7 @@ class EgressPolicy:
         if not addresses:
             return Decision(False, f"{step.name} resolves to no address", kind="unresolved")
         shown = tuple(str(a) for a in addresses)
+        refused: list[tuple[IPAddress, Decision]] = []
         for address in addresses:
             where = f"{step.name} resolves to {address}"
             for rule in self.deny:
@@ -336,9 +340,22 @@ class EgressPolicy:
                                     "denied", rule.text)
             refusal = self._special_refusal(address, step.port, where)
             if refusal is not None:
+                refused.append((address, refusal))
+        # The host's loopback has two names, 127.0.0.1 and ::1, and a stock /etc/hosts gives
+        # `localhost` both: when the allow list unlocks one of a name's loopback addresses,
+        # its other loopback addresses are the same host's, so they are left undialled
+        # rather than refusing the name. Any other refused address still refuses the name.
+        skipped = [a for a, _ in refused if _loopback(a) and any(
+            _loopback(b) for b in addresses if all(b != r for r, _ in refused))]
+        for address, refusal in refused:
+            if address not in skipped:
                 return Decision(False, refusal.reason, shown, "denied")
-        return Decision(True, f"{step.name}:{step.port} allowed by rule {step.rule.text!r}",
-                        shown, "allowed", step.rule.text)
+        reason = f"{step.name}:{step.port} allowed by rule {step.rule.text!r}"
+        if skipped:
+            reason += (f" (not dialled: {', '.join(str(a) for a in skipped)}, loopback the "
+                       f"allow list does not name with port {step.port})")
+        return Decision(True, reason, tuple(str(a) for a in addresses if a not in skipped),
+                        "allowed", step.rule.text)
 
     def _special_refusal(self, address: IPAddress, port: int, what: str) -> Decision | None:
         special = classify(address)
@@ -358,6 +375,11 @@ class EgressPolicy:
 
     def _unresolved(self, step: _Pending, exc: object) -> Decision:
         return Decision(False, f"cannot resolve {step.name}: {exc}", kind="unresolved")
+
+
+def _loopback(address: IPAddress) -> bool:
+    special = classify(address)
+    return special is not None and special.category == LOOPBACK
 
 
 def _denied(reason: str, rule: Pattern | None = None,
