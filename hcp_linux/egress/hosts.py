@@ -120,6 +120,8 @@ def parse_pattern(text: str, *, deny: bool = False) -> Pattern:
 def _parse_pattern(text: str, deny: bool) -> Pattern:
     if not text:
         raise HostError("empty pattern")
+    if "://" in text:
+        raise HostError(_not_a_url(text))
     if "@" in text:
         raise HostError("user@host (userinfo) is not allowed")
     is_v6 = False
@@ -152,6 +154,22 @@ def _parse_pattern(text: str, deny: bool) -> Pattern:
     if isinstance(host, str):
         return Pattern(text, "name", name=host, ports=ports)
     return Pattern(text, "net", net=ipaddress.ip_network(host), ports=ports)
+
+
+def _not_a_url(text: str) -> str:
+    """What to write instead of a URL (``https://example.com:8443/x``): its host, and port
+    when it names one; the scheme's port is what a port-less pattern opens (80, 443)."""
+    import urllib.parse
+    try:
+        url = urllib.parse.urlsplit(text)
+        host, port = url.hostname, url.port
+    except ValueError:
+        host, port = None, None
+    if not host:
+        return "give a host, not a URL"
+    shown = f"[{host}]" if ":" in host else host
+    return (f"give a host, not a URL: {safe_text(shown)}" + (f":{port}" if port else "")
+            + ("" if port else " (ports 80 and 443; add :PORT for another)"))
 
 
 def _parse_port_spec(spec: str | None, deny: bool) -> frozenset[int] | None:
