@@ -167,8 +167,8 @@ def _not_a_url(text: str) -> str:
         host, port = None, None
     if not host:
         return "give a host, not a URL"
-    shown = f"[{host}]" if ":" in host else host
-    return (f"give a host, not a URL: {safe_text(shown)}" + (f":{port}" if port else "")
+    shown = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    return (f"give a host, not a URL: {safe_text(shown)}"
             + ("" if port else " (ports 80 and 443; add :PORT for another)"))
 
 

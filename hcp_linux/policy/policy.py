@@ -79,7 +79,8 @@ def _kind(value: Any) -> str:
 
 def _choice(value: Any, what: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise PolicyError(f"{what}: expected one of {', '.join(choices)}, got {values.show(value)}")
+        raise PolicyError(f"{what}: expected one of {', '.join(choices)}, got {values.show(value)}"
+                          f"{values.did_you_mean(value, choices)}")
     return value
 
 
@@ -92,7 +93,9 @@ def expand_layers(names: Iterable[str]) -> frozenset[str]:
             out.add(name)
         else:
             known = ", ".join(LAYERS + tuple(LAYER_ALIASES))
-            raise PolicyError(f"allow_degraded: unknown layer {name!r} (known: {known})")
+            raise PolicyError(f"allow_degraded: unknown layer {name!r}"
+                              f"{values.did_you_mean(name, LAYERS + tuple(LAYER_ALIASES))} "
+                              f"(known: {known})")
     return frozenset(out)
 
 

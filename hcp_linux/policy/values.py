@@ -218,7 +218,8 @@ def text_path(value: Any, field: str) -> str:
     if _CONTROL.search(value):
         raise PolicyError(f"{field}: {show(value)}: path contains a control character")
     if not os.path.isabs(value):
-        raise PolicyError(f"{field}: {show(value)} is not an absolute path")
+        raise PolicyError(f"{field}: {show(value)} is not an absolute path"
+                          + (" (give one, e.g. starting with $PWD/)" if value else ""))
     if len(os.fsencode(value)) >= PATH_MAX:
         raise PolicyError(f"{field}: path longer than {PATH_MAX - 1} bytes")
     return os.path.normpath(value)
@@ -491,15 +492,22 @@ def read_document(path: str, source: str, error: type[PolicyError] = PolicyError
     return raw
 
 
-def near_miss(key: str, known: Sequence[str]) -> str | None:
+def near_miss(key: str, known: Sequence[str], cutoff: float = 0.8) -> str | None:
     """The known key ``key`` is a misspelling of: camelCase or dashed spelling, another case,
-    or one edit away (difflib ratio >= 0.8). For packs' and policy files' keys."""
+    or one edit away (difflib ratio >= ``cutoff``). For packs' and policy files' keys, and
+    the names a value may take (layers, limits, modes)."""
     import difflib
     snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).replace("-", "_").lower()
     if snake in known:
         return snake
-    close = difflib.get_close_matches(snake, list(known), n=1, cutoff=0.8)
+    close = difflib.get_close_matches(snake, list(known), n=1, cutoff=cutoff)
     return close[0] if close else None
+
+
+def did_you_mean(value: Any, known: Sequence[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` when ``value`` is a near miss of one of ``known``, else ""."""
+    meant = near_miss(value, known, cutoff) if isinstance(value, str) and value else None
+    return f" (did you mean {meant!r}?)" if meant else ""
 
 
 def _is_json_object(text: str) -> bool:
