@@ -19,7 +19,7 @@ CMD    ?= sh -c 'show() { printf "sandbox\$$ %s\n" "$$1"; sh -c "$$1" 2>&1; }; \
             show "tail -n +2 /proc/net/route | wc -l"; \
             show "echo HCP_SANDBOX=\$$HCP_SANDBOX"'
 
-.PHONY: setup native bytecode run test test-unprivileged bench probe clean
+.PHONY: setup native bytecode run test test-unprivileged lint bench probe clean
 
 setup: $(VENV)/.installed native bytecode
 
@@ -27,7 +27,7 @@ setup: $(VENV)/.installed native bytecode
 # files (and with PYTHONDONTWRITEBYTECODE set, they are never written) every `hcp-linux run`
 # compiles some 40 modules first (+15 ms). Cheap when up to date.
 bytecode: $(VENV)/.installed
-	@$(PY) -m compileall -q hcp_linux landlock seccomp_profiles >/dev/null
+	@$(PY) -m compileall -q hcp_linux >/dev/null
 
 # The native executor (hcp-exec): built when a C compiler is there, else the ctypes executor
 # is used and everything still works. Cheap when up to date.
@@ -58,6 +58,21 @@ probe: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Bugs and dead code, before any test runs: ruff with pyproject.toml's rules on the Python;
+# hcp_exec.c compiled with -Wall -Wextra -Werror by each compiler its build may use; its
+# layout against .clang-format, when clang-format is installed (scripts/install-system-deps
+# installs it; under CI=true its absence is a failure, so a green CI checked it).
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check --no-cache . scripts/policy-table
+	$(PY) -m hcp_linux.native.build --lint
+	@if command -v clang-format >/dev/null; then \
+	  clang-format --dry-run --Werror hcp_linux/native/hcp_exec.c && \
+	  echo "clang-format: hcp_linux/native/hcp_exec.c matches .clang-format"; \
+	else \
+	  echo "lint: clang-format not installed: hcp_exec.c's layout not checked" >&2; \
+	  [ "$${CI:-}" != true ]; \
+	fi
 
 # The same suite as an unprivileged user, from a copy of the tree that user can read.
 test-unprivileged:

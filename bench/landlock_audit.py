@@ -26,9 +26,11 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # runtime_hooks
 
 from hcp_linux import Policy, Sandbox  # noqa: E402
 from hcp_linux.observe import audit, landlock_log  # noqa: E402
+from runtime_hooks import audit_changed, set_audit  # noqa: E402
 from timing import measure_rows, report  # noqa: E402
 
 FLOOD = r"""
@@ -68,8 +70,8 @@ def main() -> None:
         """Set audit on or off, only when it changes: in each block of a row that is its
         first call, which measure_rows does not time."""
         if current != [on]:
-            audit.set_enabled(int(on))
-            landlock_log.status_changed()
+            set_audit(int(on))
+            audit_changed()
             current[:] = [on]
         return "audit on" if on else "audit off"
 
@@ -96,7 +98,7 @@ def main() -> None:
     try:
         samples = measure_rows(rows, warmup=2)
     finally:
-        audit.set_enabled(before)
+        set_audit(before)
     report(f"executor {a.executor}, runs {a.runs}, {a.denied} refused opens per flood run; "
            f"the layer said: {dict((k, sorted(v)) for k, v in said.items())}", samples,
            per_call, "per refused open, {} (us, in the command)", a.json)

@@ -13,7 +13,8 @@ policy) with each executor: native (hcp-exec, with its spares), native without s
 for /bin/true also native with the default policy plus two carve-outs (a read-only `.git`, a
 hidden `.env`) and one granted unix socket (ratio `carve_outs_socket_over_default_native`),
 and the default policy in a jail that is a git repository (its protected .git/hooks and
-.git/config bound read-only; ratio `git_jail_over_default_native`).
+.git/config bound read-only; ratio `git_jail_over_default_native`), and that jail with
+``protect_missing = "placeholders"`` (ratio `placeholders_over_git_jail_native`).
 Then: the /bin/true rows again with 5 ms of idleness before each call (as between an agent's
 commands: the spare for the next run is made in the gap, not while the run runs); the CPU a
 /bin/true run costs the whole machine (every CPU, kernel threads included; on a small machine
@@ -62,6 +63,9 @@ CARVED = "hcp-linux native, + 2 carve-outs + 1 socket"
 #: The default policy in a jail that is a git repository (`git init`: .git/hooks and
 #: .git/config exist): two protected names bound read-only, .git pinned (issue 28).
 GIT_JAIL = "hcp-linux native, jail with a git repo"
+#: The same git jail with protect_missing = "placeholders": every missing protected name has
+#: its placeholder (made once), bound read-only, 20 more binds (issue 28).
+PLACEHOLDERS = "hcp-linux native, git jail, protect_missing=placeholders"
 PY = sys.executable  # this venv's interpreter (not the pyenv shim)
 COMMANDS = {"/bin/true": [TRUE], "git --version": ["git", "--version"],
             "python -c pass": [PY, "-c", "pass"]}
@@ -190,6 +194,10 @@ def main() -> int:
         git_jail = tempfile.mkdtemp(prefix="hcp-bench-git-", dir=jail)
         subprocess.run(["git", "init", "-q", git_jail], check=True)
         in_git = {name: Sandbox(Policy(jail=git_jail), executor=name) for name in executors}
+        placed_jail = tempfile.mkdtemp(prefix="hcp-bench-placed-", dir=jail)
+        subprocess.run(["git", "init", "-q", placed_jail], check=True)
+        placed = Sandbox(Policy(jail=placed_jail, protect_missing="placeholders"),
+                         executor="native")
         sockets_dir = tempfile.mkdtemp(prefix="hcp-bench-sock-")
         agent = socket.socket(socket.AF_UNIX)
         agent.bind(os.path.join(sockets_dir, "agent.sock"))
@@ -230,6 +238,7 @@ def main() -> int:
             if carve_outs and "native" in executors:
                 rows.append((CARVED, confined(extended["native"], argv), n))
                 rows.append((GIT_JAIL, confined(in_git["native"], argv), n))
+                rows.append((PLACEHOLDERS, confined(placed, argv), n))
             return rows
 
         for label, argv in commands.items():
@@ -328,6 +337,9 @@ def _ratios(results: dict[str, dict[str, dict]]) -> dict[str, float]:
     in_git = med("/bin/true", GIT_JAIL)
     if in_git and native_:
         out["git_jail_over_default_native"] = round(in_git / native_, 3)
+    placed = med("/bin/true", PLACEHOLDERS)
+    if placed and in_git:
+        out["placeholders_over_git_jail_native"] = round(placed / in_git, 3)
     cli = med("CLI (fresh process)", "hcp-linux run -- /bin/true")
     served = med("CLI (fresh process)", "hcp-linux run -- /bin/true, served")
     py = med("CLI (fresh process)", "python -c pass (same venv)")

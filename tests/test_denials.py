@@ -6,7 +6,6 @@ unconfined, a run with nothing blocked records nothing). Both executors, root an
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import EXECUTOR_ARGS, TIMEOUT, hcp_argv, stuck_seccomp_listener
+from sandboxing import TIMEOUT, hcp_argv, stuck_seccomp_listener
 
 from hcp_linux import Policy, Sandbox
 from hcp_linux.observe import denials as denials_mod

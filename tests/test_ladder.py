@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tomllib
@@ -31,9 +30,9 @@ from hcp_linux.policy import ladder
 from hcp_linux.errors import PolicyError
 from hcp_linux.policy.policy import LAYERS, Policy
 from hcp_linux.policy.policy_flags import flags_of
-from sandboxing import (EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT, EXECUTOR_ARGS, Listener,
-                        caller_env, err, hcp_argv, jail, out, outside, read_receipt, show,
-                        single_error_line, snapshot)  # noqa: F401
+from sandboxing import (EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT, EXECUTOR_ARGS,  # noqa: F401
+                        Listener, caller_env, hcp_argv, jail, out, outside, read_receipt, show,
+                        single_error_line, snapshot)
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = str(Path(__file__).with_name("ladder_launcher.py"))

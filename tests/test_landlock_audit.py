@@ -28,6 +28,7 @@ from typing import Iterator
 
 import pytest
 
+from runtime_hooks import audit_changed, set_audit
 from sandboxing import TIMEOUT, hcp_argv
 
 import hcp_linux.landlock as landlock
@@ -74,13 +75,13 @@ def _audit(value: int) -> Iterator[None]:
     before = audit.status().enabled
     if before == 2:
         pytest.skip("audit's configuration is locked (enabled=2)")
-    audit.set_enabled(value)
-    landlock_log.status_changed()
+    set_audit(value)
+    audit_changed()
     try:
         yield
     finally:
-        audit.set_enabled(before)
-        landlock_log.status_changed()
+        set_audit(before)
+        audit_changed()
 
 
 @pytest.fixture
@@ -242,7 +243,7 @@ def test_audit_turned_off_mid_run_is_said(jail: Path) -> None:
             assert proc.stdout.readline() == b"/.hcp-canary EACCES\n"
             proc.stdout.readline()
             time.sleep(0.2)  # the first round's records reach the reader
-            audit.set_enabled(0)
+            set_audit(0)
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
             proc.stdin.close()

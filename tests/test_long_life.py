@@ -21,6 +21,9 @@ from hcp_linux.run import executor
 from hcp_linux.errors import HelperLostError
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
+#: This directory, for the scripts run in a fresh interpreter that import runtime_hooks.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
 
 def test_a_monitor_killed_at_the_listener_hand_over_fails_that_run_alone(
         jail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,6 +227,8 @@ LIMITS = textwrap.dedent(r"""
     import json, os, resource, sys
     from hcp_linux import Policy, Sandbox, native
     executor, jail = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, sys.argv[3])  # tests/
+    from runtime_hooks import put_spare
     native.set_default(executor)
     sandbox = Sandbox(Policy(jail=jail))
 
@@ -249,7 +254,7 @@ LIMITS = textwrap.dedent(r"""
             if executor == "native":
                 pool = native.spares.pool()
                 kind = next(iter(pool.idle))
-                pool.put(kind, native.spares.make(kind))
+                put_spare(pool, kind, native.spares.make(kind))
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         out["runs"].append(ulimit_n())  # the limit is back: the next run is as ever
@@ -269,8 +274,8 @@ def test_a_run_after_rlimit_nofile_was_lowered_and_restored_is_as_ever(
     from hcp_linux import native
     if executor == "native" and not native.available():
         pytest.skip("native executor not built")
-    p = subprocess.run([sys.executable, "-c", LIMITS, executor, str(jail)], capture_output=True,
-                       timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+    p = subprocess.run([sys.executable, "-c", LIMITS, executor, str(jail), TESTS],
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     import json
     out = json.loads(p.stdout)
@@ -321,6 +326,8 @@ IDLE_KILLS = textwrap.dedent(r"""
     import collections, os, signal, sys, time
     from hcp_linux import Policy, Sandbox, native
     jail, n = sys.argv[1], int(sys.argv[2])
+    sys.path.insert(0, sys.argv[3])  # tests/
+    from runtime_hooks import put_spare
     sandbox = Sandbox(Policy(jail=jail))
     for _ in range(3):
         sandbox.run(["true"], timeout=20)
@@ -338,7 +345,7 @@ IDLE_KILLS = textwrap.dedent(r"""
         os.kill(spare.pid, signal.SIGKILL)  # the OOM killer, an operator
         while not zombie(spare.pid):
             time.sleep(0.0002)
-        pool.put(kind, spare)  # the next spare handed out
+        put_spare(pool, kind, spare)  # the next spare handed out
         try:
             r = sandbox.run(["sh", "-c", "echo ok"], capture_output=True, timeout=20)
             out["ok" if (r.returncode, r.stdout) == (0, b"ok\n") else f"rc {r.returncode}"] += 1
@@ -357,7 +364,7 @@ def test_a_spare_whose_monitor_died_idle_is_never_handed_a_run(jail: Path) -> No
     from hcp_linux import native
     if not native.available():
         pytest.skip("native executor not built (spares are the native executor's)")
-    p = subprocess.run([sys.executable, "-c", IDLE_KILLS, str(jail), "400"], capture_output=True,
-                       timeout=300, stdin=subprocess.DEVNULL, cwd="/")
+    p = subprocess.run([sys.executable, "-c", IDLE_KILLS, str(jail), "400", TESTS],
+                       capture_output=True, timeout=300, stdin=subprocess.DEVNULL, cwd="/")
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert p.stdout.decode().strip() == "{'ok': 400}", p.stdout.decode()

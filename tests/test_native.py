@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime_hooks import put_spare, set_binary
 from sandboxing import TIMEOUT, jail  # noqa: F401
 
 from hcp_linux import Policy, Sandbox, native, protocol
@@ -296,8 +297,8 @@ def test_malformed_plan_fails_closed(jail: Path, monkeypatch) -> None:
 
 
 def test_fallback_when_not_built(jail: Path, request) -> None:
-    native.selection.reset(None)
-    request.addfinalizer(native.selection.reset)
+    set_binary(None)
+    request.addfinalizer(set_binary)
     assert native.selected("auto") == "ctypes" and not native.available()
     run = Sandbox(Policy(jail=str(jail)), executor="auto").run(["true"], timeout=TIMEOUT)
     assert run.returncode == 0
@@ -310,8 +311,8 @@ def test_fallback_when_it_cannot_be_executed(jail: Path, tmp_path: Path, request
     fake = tmp_path / "hcp-exec-fake"
     fake.write_bytes(b"\0not an executable")
     fake.chmod(0o644)  # EACCES at exec
-    native.selection.reset(str(fake))
-    request.addfinalizer(native.selection.reset)
+    set_binary(str(fake))
+    request.addfinalizer(set_binary)
     with pytest.raises(SandboxError, match="native executor .*Permission denied"):
         Sandbox(Policy(jail=str(jail)), executor="native").run(["true"], timeout=TIMEOUT)
     assert Sandbox(Policy(jail=str(jail)), executor="auto").run(["true"],
@@ -651,7 +652,7 @@ def _inject(plan, spare) -> None:
     nobody wants, and could take this one away before the spawn."""
     key = native.spares.spare_key(plan, native.binary())
     kind = key + (native.view_bytes(plan),)
-    native.spares.pool().put(kind, spare)
+    put_spare(native.spares.pool(), kind, spare)
 
 
 @built

@@ -175,6 +175,44 @@ def test_version_from_the_command_and_the_module() -> None:
         assert (p.returncode, p.stdout, p.stderr) == (0, expected, ""), argv
 
 
+# --- the source tree imports as it installs -------------------------------------------------
+
+#: Run by `python -I -S` (no site: no install of ours, or of anything, is visible), with the
+#: tree's copy in argv[1] the only addition to sys.path: the modules the argv names import from
+#: that copy, and hcp_linux.landlock alone brings nothing of hcp_linux but its (lazy) face.
+FROM_THE_TREE = """
+import sys
+root = sys.argv[1]
+sys.path.insert(0, root)
+import hcp_linux.landlock
+alone = sorted(m for m in sys.modules if m.startswith("hcp_linux") and m != "hcp_linux"
+               and not m.startswith("hcp_linux.landlock"))
+import hcp_linux.observe.denials, hcp_linux.seccomp_profiles
+for name in ("hcp_linux", "hcp_linux.landlock", "hcp_linux.observe.denials",
+             "hcp_linux.seccomp_profiles"):
+    assert sys.modules[name].__file__.startswith(root + "/"), sys.modules[name].__file__
+print(alone)
+"""
+
+
+@needs_tree
+def test_a_copy_of_the_tree_imports_as_installed_without_an_install(tmp_path: Path) -> None:
+    """A checkout on sys.path, with nothing installed, is the package: landlock and
+    seccomp_profiles are subpackages of hcp_linux in the tree, not only once installed."""
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copytree(ROOT / "hcp_linux", copy / "hcp_linux", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "_build"))
+    python = [sys.executable, "-I", "-S", "-c"]
+    p = subprocess.run([*python, FROM_THE_TREE, str(copy)], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd="/")
+    assert (p.returncode, p.stdout, p.stderr) == (0, "[]\n", "")
+    # control: the same interpreter without the copy finds no hcp_linux at all
+    p = subprocess.run([*python, "import hcp_linux"], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd="/")
+    assert p.returncode == 1 and "No module named 'hcp_linux'" in p.stderr, p.stderr
+
+
 # --- the sdist, the wheels, a fresh environment -------------------------------------------
 
 
@@ -206,8 +244,8 @@ def test_sdist_carries_the_project(dists: dict[str, Path]) -> None:
                  "docs/inputs.md", "examples/hello-pack/pack.toml", "tests/conftest.py",
                  "tests/csrc/x32_getpid.c", "bench/spawn.py", "scripts/test-unprivileged",
                  "scripts/test-wheel", "hcp_linux/native/hcp_exec.c",
-                 "seccomp_profiles/py.typed", "landlock/py.typed", "hcp_linux/py.typed",
-                 "hcp_linux/egress/resolv.conf"):
+                 "hcp_linux/seccomp_profiles/py.typed", "hcp_linux/landlock/py.typed",
+                 "hcp_linux/py.typed", "hcp_linux/egress/resolv.conf"):
         assert path in names, path
     assert modes["scripts/test-wheel"] & 0o111
     assert not [n for n in names if "_build" in n or "__pycache__" in n]

@@ -15,7 +15,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import termios
 import time
 import tty

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import socket
 import subprocess
 import time

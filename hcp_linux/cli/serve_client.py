@@ -117,13 +117,14 @@ class _Client:
                 if kind != b"plan" or len(reply) != 7:
                     raise ValueError(f"unexpected reply {kind!r}")
                 exe, plan, receipt, timeout, _kill_request, receipt_to = reply[1:]
-                from ..proc.teardown import SETUP_TIMEOUT, Monitor
+                import time
+                from ..proc.teardown import SETUP_TIMEOUT, Monitor, read_to_eof
                 pid = _spawn(exe, plan, pipes)
                 monitor = Monitor(pid, True)
                 self.started = True
                 pipes.close_ours()
                 try:  # EOF: the command was exec'd; None: no answer in time
-                    record = _read_all(pipes.err_r, SETUP_TIMEOUT)
+                    record = read_to_eof(pipes.err_r, time.monotonic() + SETUP_TIMEOUT)
                 except BaseException:  # ^C before the wait took over: leave nothing behind
                     monitor.kill()
                     monitor.wait(None)
@@ -208,21 +209,6 @@ def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
         return spawn_hcp_exec(exe, fd, pipes.err_w, {pipes.done_w})
     finally:
         os.close(fd)
-
-
-def _read_all(fd: int, timeout: float) -> bytes | None:
-    """Everything until EOF, or None when EOF has not come within ``timeout`` seconds."""
-    import time
-    from ..proc.teardown import readable
-    parts: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        if not readable(fd, max(0.0, deadline - time.monotonic())):
-            return None
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
 
 
 def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore

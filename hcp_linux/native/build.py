@@ -13,7 +13,10 @@ header>``, with the first of these that builds a binary that runs:
 - the system C compiler, dynamic (no libc.a).
 
 Optional by design: with no compiler, or when compiling fails, it says so and exits 0, and
-hcp-linux uses the ctypes executor. ``--check`` exits 1 when no binary is built. A package
+hcp-linux uses the ctypes executor. ``--check`` exits 1 when no binary is built. Warnings are
+errors (``-Werror``) only under ``HCP_WERROR=1`` (CI), where the compiler is known: a user's
+newer compiler with a new warning still builds. ``--lint`` (``make lint``) compiles the source
+with ``-Werror`` by each compiler a recipe here would use, whatever is built already. A package
 directory this user cannot write (hcp-linux installed by root, run by a user) is one line and
 exit 1: the binary is looked for only next to the source it was built from, owned by root or
 by its user (see ``untrusted``), so there is nowhere else to put it.
@@ -43,6 +46,15 @@ ENV = "HCP_LINUX_NATIVE"
 
 CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-fstack-protector-strong",
           "-D_FORTIFY_SOURCE=2"]
+
+#: Set to 1 to make every compiler warning an error, and a source that does not compile a
+#: failed build (exit 1): CI's setting. Unset, a warning is only printed.
+WERROR = "HCP_WERROR"
+
+
+def cflags() -> list[str]:
+    """CFLAGS, with -Werror under HCP_WERROR=1."""
+    return CFLAGS + (["-Werror"] if os.environ.get(WERROR) == "1" else [])
 
 
 def compiler() -> str | None:
@@ -77,9 +89,9 @@ def recipes(cc: str, include_dir: str) -> list[tuple[str, list[str]]]:
         for name, target in headers.items():
             os.symlink(target, os.path.join(include_dir, name))
         # musl has no _FORTIFY_SOURCE: the define is harmless there, kept for one CFLAGS
-        out.append(("musl, static", [musl, "-isystem", include_dir, *CFLAGS, "-static"]))
-    out.append(("static", [cc, *CFLAGS, "-static"]))  # needs libc.a
-    out.append(("dynamic", [cc, *CFLAGS]))
+        out.append(("musl, static", [musl, "-isystem", include_dir, *cflags(), "-static"]))
+    out.append(("static", [cc, *cflags(), "-static"]))  # needs libc.a
+    out.append(("dynamic", [cc, *cflags()]))
     return out
 
 
@@ -168,13 +180,47 @@ def build_into(out: str, quiet: bool = False) -> tuple[str, str] | None:
     return out, name
 
 
+def lint() -> int:
+    """Compile hcp_exec.c to an object file, with -Werror, by each compiler the recipes use
+    here (musl-gcc, cc: their headers warn differently): 0 when every one compiles it clean;
+    else 1, with what each said. Nothing is kept, so a cached binary never hides a warning."""
+    cc = compiler()
+    if cc is None:
+        print("hcp-exec lint: no C compiler found (cc, gcc, clang)", file=sys.stderr)
+        return 1
+    status = 0
+    with tempfile.TemporaryDirectory(prefix="hcp-exec-lint-") as scratch:
+        include_dir = os.path.join(scratch, "include")
+        os.mkdir(include_dir)
+        write_header(include_dir)
+        seen: set[tuple[str, ...]] = set()
+        for name, argv in recipes(cc, include_dir):
+            argv = [a for a in argv if a != "-static"]  # the same compile, linked otherwise
+            if tuple(argv) in seen:
+                continue
+            seen.add(tuple(argv))
+            p = subprocess.run([*argv, "-Werror", "-c", "-iquote", include_dir, "-o",
+                                os.path.join(scratch, "hcp_exec.o"), SOURCE],
+                               capture_output=True, text=True)
+            print(f"hcp-exec lint: {argv[0]} ({name}): "
+                  f"{'clean' if p.returncode == 0 else 'failed'}", file=sys.stderr)
+            if p.returncode:
+                sys.stderr.write(p.stderr)
+                status = 1
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hcp_linux.native.build",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="rebuild even when up to date")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--check", action="store_true", help="exit 1 when nothing is built")
+    ap.add_argument("--lint", action="store_true",
+                    help="compile with -Werror by each compiler a recipe uses; build nothing")
     a = ap.parse_args(argv)
+    if a.lint:
+        return lint()
     try:
         path = build(force=a.force, quiet=a.quiet)
     except CannotWrite as e:
@@ -183,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
               f"another user: run this as that user, or install a platform wheel, which "
               f"carries hcp-exec); the ctypes executor will be used", file=sys.stderr)
         return 1
-    if path is None and os.environ.get(ENV) == "1":
-        print(f"hcp-linux native executor: {ENV}=1 and nothing was built", file=sys.stderr)
-        return 1
+    for name in (ENV, WERROR):
+        if path is None and os.environ.get(name) == "1" and os.environ.get(ENV) != "0":
+            print(f"hcp-linux native executor: {name}=1 and nothing was built", file=sys.stderr)
+            return 1
     return 1 if a.check and path is None else 0
 
 

@@ -4,9 +4,9 @@
  * The parent (hcp_linux/native/) compiles a Plan in Python, serialises it and
  * posix_spawn()s this program (vfork + exec: the cost does not grow with the runtime's RSS,
  * and no Python runs in the child), or hands the plan to a copy of it started earlier (a
- * spare, below). This program performs the steps of hcp_linux/ctypes_executor/child.py under the same step
- * names, and reports a failure as (step index, errno, detail) on the close-on-exec error pipe,
- * then exits 125. The order is child.py's, except that a spare brings lo up (and, given a
+ * spare, below). This program performs the steps of hcp_linux/ctypes_executor/child.py under the
+ * same step names, and reports a failure as (step index, errno, detail) on the close-on-exec error
+ * pipe, then exits 125. The order is child.py's, except that a spare brings lo up (and, given a
  * template, builds the mount view and confines itself: no_new_privs, capabilities, Landlock,
  * seccomp) before the plan comes; the plan's rlimits follow. The result is the same. With a
  * mount view this program makes the Landlock ruleset itself (a rule on each tree it cloned and
@@ -69,9 +69,9 @@
  * build (hcp_linux/native/build.py), so both executors share one description. */
 #include "hcp_exec_protocol.h"
 
-#define VIEW_FLAGS                                                                        \
-    (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_SECCOMP_LISTENER \
-     | F_LANDLOCK | F_PTY | F_PROXY | F_LL_LOG_SAME_EXEC_OFF | F_LL_LOG_NEW_EXEC_ON           \
+#define VIEW_FLAGS                                                                                 \
+    (F_MOUNTNS | F_PROC_FRESH | F_PID_MAX | F_HOLDS_SETPCAP | F_SECCOMP | F_SECCOMP_LISTENER       \
+     | F_LANDLOCK | F_PTY | F_PROXY | F_LL_LOG_SAME_EXEC_OFF | F_LL_LOG_NEW_EXEC_ON                \
      | F_LL_LOG_SUBDOMAINS_OFF)
 
 #ifndef SYS_open_tree
@@ -105,7 +105,7 @@
 #define PR_CAP_AMBIENT_ 47
 #define PR_CAP_AMBIENT_CLEAR_ALL_ 4
 #define PR_SET_SECUREBITS_ 28
-#define SECURE_ALL_LOCKED_ 0xef /* NOROOT|NO_SETUID_FIXUP|KEEP_CAPS_LOCKED|NO_CAP_AMBIENT_RAISE, locked */
+#define SECURE_ALL_LOCKED_ 0xef /* _libc.SECURE_ALL_LOCKED: every securebit but KEEP_CAPS */
 
 #define NEWROOT "/tmp"
 
@@ -210,10 +210,10 @@ static void __attribute__((noreturn)) report(enum step step, int err, const char
     _exit(125);
 }
 
-#define TRY(step, expr, detail)                                                              \
-    do {                                                                                     \
-        if ((expr) < 0)                                                                      \
-            report((step), errno, (detail));                                                 \
+#define TRY(step, expr, detail)                                                                    \
+    do {                                                                                           \
+        if ((expr) < 0)                                                                            \
+            report((step), errno, (detail));                                                       \
     } while (0)
 
 static int failed(void) {
@@ -234,12 +234,12 @@ static void fail(enum step step, int err, const char *detail) {
     snprintf(pending.detail, sizeof pending.detail, "%s", detail ? detail : "");
 }
 
-#define STEP(step, expr, detail)                                                             \
-    do {                                                                                     \
-        if ((expr) < 0) {                                                                    \
-            fail((step), errno, (detail));                                                   \
-            return;                                                                          \
-        }                                                                                    \
+#define STEP(step, expr, detail)                                                                   \
+    do {                                                                                           \
+        if ((expr) < 0) {                                                                          \
+            fail((step), errno, (detail));                                                         \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 
 /* ---- the plan ------------------------------------------------------------------------- */
@@ -597,7 +597,7 @@ static void add_rule(int fd, uint64_t access, int is_dir, const char *what) {
     attr.allowed_access = access;
     attr.parent_fd = fd;
     STEP(S_LANDLOCK_RULES,
-        syscall(SYS_landlock_add_rule, ruleset_fd(), LANDLOCK_RULE_PATH_BENEATH_, &attr, 0), what);
+         syscall(SYS_landlock_add_rule, ruleset_fd(), LANDLOCK_RULE_PATH_BENEATH_, &attr, 0), what);
 }
 
 /* The new root's empty, mode-000 file or directory that masks cover a path with (made by
@@ -622,8 +622,8 @@ static int fence_proc(const char *target, int masked) {
         return -1;
     if (mount(source, target, NULL, masked ? MS_BIND : MS_BIND | MS_REC, NULL) < 0)
         return -1;
-    return (int)syscall(SYS_mount_setattr, AT_FDCWD, target,
-                        AT_RECURSIVE_ | AT_SYMLINK_NOFOLLOW, &attr, sizeof attr);
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, target, AT_RECURSIVE_ | AT_SYMLINK_NOFOLLOW,
+                        &attr, sizeof attr);
 }
 
 static void build_mount_view(void) {
@@ -656,13 +656,13 @@ static void build_mount_view(void) {
         if (failed())
             return;
         STEP(S_BIND_CLONE,
-            syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE_, &attr, sizeof attr),
-            b->source);
+             syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE_, &attr, sizeof attr),
+             b->source);
         fds[i] = fd;
     }
     /* 2. the new root: an empty tmpfs, read-only once assembled */
     STEP(S_ROOT_TMPFS, mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m"),
-        NULL);
+         NULL);
     STEP(S_TMP, (t = join(0, NEWROOT, "/tmp")) ? mount_tmpfs(t, P.tmp_options) : -1, NULL);
     STEP(S_DEV, (t = join(0, NEWROOT, "/dev/shm")) ? mount_tmpfs(t, P.shm_options) : -1, NULL);
     for (i = 0; i < P.n_binds; i++) {
@@ -671,7 +671,7 @@ static void build_mount_view(void) {
         STEP(S_BIND_ATTACH, t ? 0 : -1, b->target);
         STEP(S_BIND_ATTACH, b->is_dir ? makedirs(t, 0755) : make_file(t), b->target);
         STEP(S_BIND_ATTACH,
-            syscall(SYS_move_mount, fds[i], "", AT_FDCWD, t, MOVE_MOUNT_F_EMPTY_PATH_), b->target);
+             syscall(SYS_move_mount, fds[i], "", AT_FDCWD, t, MOVE_MOUNT_F_EMPTY_PATH_), b->target);
         close(fds[i]);
     }
     if (P.n_masks) {
@@ -682,9 +682,9 @@ static void build_mount_view(void) {
             STEP(S_MASK, (empty = empty_node(P.masks[i].is_dir)) ? 0 : -1, NULL);
             STEP(S_MASK, mount(empty, t, NULL, MS_BIND, NULL), NULL);
             STEP(S_MASK,
-                mount(NULL, t, NULL,
-                      MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
-                NULL);
+                 mount(NULL, t, NULL,
+                       MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+                 NULL);
         }
     }
     for (i = 0; i < P.n_symlinks; i++) {
@@ -704,14 +704,16 @@ static void build_mount_view(void) {
     }
     if (P.flags & F_PTY) { /* child.py _mount_devpts: the sandbox's own devpts instance */
         STEP(S_DEVPTS, makedirs(NEWROOT "/dev/pts", 0755), NULL);
-        STEP(S_DEVPTS, mount("devpts", NEWROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                             "newinstance,ptmxmode=0666,mode=0620"), NULL);
+        STEP(S_DEVPTS,
+             mount("devpts", NEWROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                   "newinstance,ptmxmode=0666,mode=0620"),
+             NULL);
         STEP(S_DEVPTS, symlink("pts/ptmx", NEWROOT "/dev/ptmx"), NULL);
     }
     if (P.flags & F_PROC_FRESH) {
         STEP(S_PROC, makedirs(NEWROOT "/proc", 0555), NULL);
         STEP(S_PROC, mount("proc", NEWROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
-            NULL);
+             NULL);
     }
     if (P.flags & F_PID_MAX) {
         char text[32];
@@ -729,8 +731,8 @@ static void build_mount_view(void) {
     STEP(S_PIVOT_ROOT, umount2(".", MNT_DETACH), NULL);
     STEP(S_PIVOT_ROOT, chdir("/"), NULL);
     STEP(S_ROOT_READONLY,
-        mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL),
-        NULL);
+         mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL),
+         NULL);
     free(fds);
 }
 
@@ -757,7 +759,6 @@ fail:
     return -1;
 }
 
-/* Listen inside this network namespace; hand the socket to the parent's egress proxy. */
 /* Send ``n`` fds to the runtime over ``channel`` in one message whose one byte says what they
  * are (SCM_RIGHTS). -1 with errno on failure; EINTR is retried. By the raw syscall, with
  * HANDOVER_MARK in the flags' upper half, which the kernel ignores: the filter (installed
@@ -793,6 +794,7 @@ static int send_fds(int channel, char tag, const int *fds, int n, int flags) {
     return sent < 0 ? -1 : 0;
 }
 
+/* Listen inside this network namespace; hand the socket to the parent's egress proxy. */
 static int proxy_listen(int channel) {
     struct sockaddr_in a;
     int s, saved, r = -1;
@@ -876,9 +878,9 @@ static int egress_bind(void) {
         return -1;
     }
     close(s);
-    snprintf(capture_detail, sizeof capture_detail, "resolver %u.%u.%u.%u:%d",
-             RESOLVER_ADDR >> 24, RESOLVER_ADDR >> 16 & 255, RESOLVER_ADDR >> 8 & 255,
-             RESOLVER_ADDR & 255, RESOLVER_PORT);
+    snprintf(capture_detail, sizeof capture_detail, "resolver %u.%u.%u.%u:%d", RESOLVER_ADDR >> 24,
+             RESOLVER_ADDR >> 16 & 255, RESOLVER_ADDR >> 8 & 255, RESOLVER_ADDR & 255,
+             RESOLVER_PORT);
     fd = bound_socket(SOCK_DGRAM, RESOLVER_ADDR, RESOLVER_PORT);
     for (size_t i = 0; fd >= 0; i++) {
         capture_fds[n++] = fd;
@@ -1077,7 +1079,8 @@ static void on(int sig, void (*handler)(int)) {
         _exit(125);
 }
 
-static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, SIGCONT};
+static const int FORWARDED[] = {SIGTERM, SIGINT,  SIGHUP,   SIGQUIT,
+                                SIGUSR1, SIGUSR2, SIGWINCH, SIGCONT};
 
 /* Close every fd but a and b (b may be -1). */
 static void close_all_but(int a, int b) {
@@ -1229,9 +1232,10 @@ static void confine(void) {
         if (failed())
             return;
         /* what the domain logs to the audit trail (landlock_log.restrict_flags) */
-        unsigned ll_flags = (P.flags >> LL_FLAGS_SHIFT)
-                            & ((F_LL_LOG_SAME_EXEC_OFF | F_LL_LOG_NEW_EXEC_ON
-                                | F_LL_LOG_SUBDOMAINS_OFF) >> LL_FLAGS_SHIFT);
+        unsigned ll_flags =
+            (P.flags >> LL_FLAGS_SHIFT)
+            & ((F_LL_LOG_SAME_EXEC_OFF | F_LL_LOG_NEW_EXEC_ON | F_LL_LOG_SUBDOMAINS_OFF)
+               >> LL_FLAGS_SHIFT);
         if (ruleset_fd() >= 0)
             STEP(S_LANDLOCK_RESTRICT, syscall(SYS_landlock_restrict_self, ruleset_fd(), ll_flags),
                  NULL);
@@ -1354,12 +1358,11 @@ static void monitor_steps(void) {
 /* ---- a spare ------------------------------------------------------------------------------ */
 
 #define NS_FLAGS (F_USERNS | F_MOUNTNS | F_NETNS | F_IPCNS | F_PIDNS)
-/* A plan up to INLINE_MAX bytes comes in the message itself (no memfd to make, fill and
- * read); a larger one (a long argv or environment) in a memfd. */
 
 /* One message: a header (magic, bits), the plan when M_INLINE, and the fds [(plan memfd
  * unless M_INLINE), error pipe, stdin, stdout, stderr, (ruleset), (proxy), (done),
- * (notify)]. */
+ * (notify)]. A plan up to INLINE_MAX bytes comes in the message itself (no memfd to make,
+ * fill and read); a larger one (a long argv or environment) in a memfd. */
 static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
     static unsigned char data[16 + INLINE_MAX];
     unsigned char *hdr = data;
@@ -1422,8 +1425,8 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
         report((enum step)pending.step, pending.err, pending.detail[0] ? pending.detail : NULL);
     if ((P.flags & NS_FLAGS) != (spare_flags & NS_FLAGS) || P.uid != uid || P.gid != gid
         || (confined_early && !(P.flags & F_CONFINED))
-        || (view_template && (P.view_len != view_template_len
-                              || memcmp(P.view, view_template, P.view_len) != 0)))
+        || (view_template
+            && (P.view_len != view_template_len || memcmp(P.view, view_template, P.view_len) != 0)))
         report(S_INTERNAL, EPROTO, "native executor: the spare was prepared for another plan");
     P.stdio[0] = fds[first + 1];
     P.stdio[1] = fds[first + 2];
@@ -1490,8 +1493,8 @@ static void early_steps(int sock, uint32_t flags, int status_pipe[2]) {
     }
 }
 
-static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t uid, int64_t gid,
-                                             int64_t ppid, int view_fd) {
+static void __attribute__((noreturn))
+spare(int sock, uint32_t flags, int64_t uid, int64_t gid, int64_t ppid, int view_fd) {
     int status_pipe[2] = {-1, -1};
     /* Hold nothing of the runtime's while idle: fds it let us inherit (a pipe whose reader
      * waits for EOF, say) would stay open for as long as we wait. */
@@ -1517,8 +1520,9 @@ static void __attribute__((noreturn)) spare(int sock, uint32_t flags, int64_t ui
     P.uid = uid;
     P.gid = gid;
     P.parent_pid = ppid;
-    if (chdir("/") < 0) { /* pin no directory of the runtime's while idle; harmless if not */
-    }
+    /* Pin no directory of the runtime's while idle; staying where we are if that fails is
+     * harmless (the ! only quiets glibc's warn_unused_result). */
+    (void)!chdir("/");
     deferring = 1;
     early_steps(sock, flags, status_pipe);
     deferring = 0;

@@ -115,15 +115,6 @@ def _lookup() -> tuple[str | None, str]:
     return _binary, _missing  # type: ignore[return-value]
 
 
-def reset(path: "str | None | bool" = False) -> None:
-    """Forget the binary looked up and a failed exec: look again on next use (False), or
-    take ``path`` as this process's hcp-exec (None: there is none). For tests."""
-    global _binary, _missing, _broken
-    with _lock:
-        _binary, _broken = path, None
-        _missing = "" if path else "no binary (reset)"
-
-
 def available() -> bool:
     return binary() is not None and _broken is None
 

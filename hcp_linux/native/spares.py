@@ -323,13 +323,6 @@ class Pool:
         with self.cond:
             return [s.pid for kind in self.idle.values() for s in kind]
 
-    def put(self, kind: tuple, spare: Spare) -> None:
-        """Make ``spare`` the next one :meth:`take` hands out for ``kind``, and keep the kind
-        wanted (else the keeper would retire it as unwanted): a spare made by hand, for tests."""
-        with self.cond:
-            self.wanted[kind] = time.monotonic()
-            self.idle.setdefault(kind, []).insert(0, spare)
-
     def discard(self, spare: Spare) -> None:
         with self.cond:
             if self.thread is not None:  # the keeper reaps it

@@ -38,8 +38,6 @@ _NLM_F_REQUEST, _NLM_F_ACK = 1, 4
 _HEADER = struct.Struct("=IHHII")  # struct nlmsghdr: len, type, flags, seq, pid
 #: struct audit_status: mask, enabled, failure, pid, rate_limit, backlog_limit, lost, backlog
 _STATUS = struct.Struct("=8I")
-_STATUS_SET = struct.Struct("=10I")  # AUDIT_SET's: the same, with the fields after backlog
-_STATUS_ENABLED = 1  # AUDIT_STATUS_ENABLED: the mask bit of ``enabled``
 
 #: Fields whose values the kernel logs as untrusted strings: quoted, or hex when unquoted.
 UNTRUSTED = frozenset({"path", "dev", "comm", "exe", "ocomm", "name", "cwd", "proctitle"})
@@ -87,13 +85,6 @@ def status() -> Status:
         raise OSError(0, "AUDIT_GET: no status in the reply")
     _, enabled, _, _, _, backlog_limit, lost, _ = _STATUS.unpack_from(body)
     return Status(enabled, lost, backlog_limit)
-
-
-def set_enabled(value: int) -> None:
-    """AUDIT_SET enabled=``value``: for the tests and benches that turn audit on for their own
-    duration (and restore it); the runtime itself never changes audit's state. OSError EPERM
-    without CAP_AUDIT_CONTROL."""
-    _exchange(AUDIT_SET, _STATUS_SET.pack(_STATUS_ENABLED, value, *(0,) * 8))
 
 
 def subscribe(rcvbuf: int = 4 << 20) -> socket.socket:

@@ -161,13 +161,6 @@ def prepare() -> None:
             _the_reader = reader
 
 
-def status_changed() -> None:
-    """Audit's state was changed by this process (AUDIT_SET): the next run reads it afresh
-    rather than trusting the status read less than RECHECK ago."""
-    global _last_at
-    _last_at = float("-inf")
-
-
 def _capability_says(what: str, capability: str, e: OSError) -> str:
     name = errno.errorcode.get(e.errno or 0, str(e.errno))
     if e.errno in (errno.EPERM, errno.EACCES, errno.ECONNREFUSED):

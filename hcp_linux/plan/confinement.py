@@ -350,7 +350,7 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
         conf.late_rules += tuple((os.fsencode(t), resolve) for t in socket_rules)
         # bound sockets: the ctypes executor rules them by host path (hcp-exec by its clone)
         bound = {b.source: b for b in sockets} if resolve else {}
-        conf.ruleset = GrantedRuleset.of(template, tuple(
+        conf.ruleset = template.granting(tuple(
             (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened)
             + tuple((b.source.decode(), b.dev, b.ino, resolve) for b in bound.values()))
 

@@ -46,19 +46,20 @@ class GrantedRuleset(landlock.Ruleset):
     its rule, and closed once the ruleset is made: nothing stays open between runs. A path
     that changed since it was checked refuses the run (step ``landlock-rules``, ESTALE)."""
 
-    _grants: tuple[Grant, ...] = ()
+    _grants: tuple[Grant, ...] = ()  # none in the template (landlock_ruleset)
 
-    @staticmethod
-    def of(template: landlock.Ruleset, grants: tuple[Grant, ...]) -> "GrantedRuleset":
-        """A copy of ``template`` (no path rules of its own) that adds ``grants`` at create()."""
-        twin = landlock.Ruleset.copy(template)  # a plain Ruleset, whatever template is
-        twin.__class__ = GrantedRuleset  # the same state: only create() and copy() differ
-        twin._grants = grants  # type: ignore[attr-defined]
-        return twin  # type: ignore[return-value]
+    def granting(self, grants: tuple[Grant, ...]) -> "GrantedRuleset":
+        """An uncreated copy of this template (no path rules of its own) that adds ``grants``
+        at create()."""
+        twin = self.copy()
+        twin._grants = grants
+        return twin
 
     def copy(self) -> "GrantedRuleset":
         """An uncreated twin with the same rights and grants (a plan's own, from the cache's)."""
-        return GrantedRuleset.of(self, self._grants)
+        twin = super().copy()
+        twin._grants = self._grants
+        return twin
 
     def create(self) -> "landlock.CreatedRuleset":
         fds: list[int] = []
@@ -83,9 +84,10 @@ class GrantedRuleset(landlock.Ruleset):
                 os.close(fd)
 
 
-def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Ruleset":
-    """The rights ``policy`` handles (pinned to POLICY_ABI), with no path rule yet; refuses a
-    host whose Landlock lacks what these layers need it for."""
+def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> GrantedRuleset:
+    """The rights ``policy`` handles (pinned to POLICY_ABI), with no path rule and no grant
+    yet (a template: :meth:`GrantedRuleset.granting`); refuses a host whose Landlock lacks
+    what these layers need it for."""
     pinned = POLICY_ABI
     try:
         abi = landlock.abi_version()
@@ -107,9 +109,9 @@ def landlock_ruleset(policy: Policy, layers: frozenset[str]) -> "landlock.Rulese
     if handled_net:
         required.append(handled_net)
     try:
-        return landlock.Ruleset(handled_fs=landlock.AccessFs.from_abi(pinned),
-                                handled_net=handled_net, scoped=landlock.Scope.from_abi(pinned),
-                                required=tuple(required))
+        return GrantedRuleset(handled_fs=landlock.AccessFs.from_abi(pinned),
+                              handled_net=handled_net, scoped=landlock.Scope.from_abi(pinned),
+                              required=tuple(required))
     except (landlock.UnsupportedError, landlock.IncompatibleError) as e:
         raise LayerUnavailableError("landlock", str(e), remedy("landlock")) from None
 

@@ -59,11 +59,6 @@ def nr_open() -> int:
 _nr_open: int | None = None
 
 
-def parse_size(value: Any, what: str) -> int:
-    """A size limit in bytes (kept for callers of the old name; see :func:`values.size`)."""
-    return values.size(value, f"limits.{what}")
-
-
 _Parser = Callable[[Any, str, str], Any]  # (value, field, hint) -> normalised value
 
 

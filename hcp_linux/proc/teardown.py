@@ -50,6 +50,21 @@ def readable(fd: int, timeout: float | None) -> bool:
     return bool(poller.poll(max(0, int(timeout * 1000 + 0.999))))
 
 
+def read_to_eof(fd: int, by: float) -> bytes | None:
+    """Everything on ``fd`` until EOF, or None when EOF has not come by ``by``
+    (time.monotonic()): how the parent reads a child's answer on its error pipe (b"": it
+    reached exec; else its failure record), in-process or served."""
+    import time
+    parts: list[bytes] = []
+    while True:
+        if not readable(fd, max(0.0, by - time.monotonic())):
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
 def sigkill(pidfd: int | None) -> bool:
     """SIGKILL the process behind ``pidfd``; False when it is gone already (reaped)."""
     if pidfd is None:

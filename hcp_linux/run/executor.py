@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import time
+from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Sequence
 
 from .. import receipt_keys as keys
@@ -133,46 +134,114 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     ``teardown.SPARE_ANSWER`` seconds is killed and the run started afresh; a setup not done
     within ``setup_timeout`` seconds (default ``teardown.SETUP_TIMEOUT``) is killed and
     raises :class:`SetupTimeoutError`."""
-    setup_by = time.monotonic() + (teardown.SETUP_TIMEOUT if setup_timeout is None
-                                   else setup_timeout)
+    limit = teardown.SETUP_TIMEOUT if setup_timeout is None else setup_timeout
     prepare(plan)  # what the run needs on disk (compile_plan writes nothing)
-    to_close: list[int] = []
-    ends: list[int | None] = []
-    fds: list[int] = []
-    pidns = plan.confined and "pidns" in plan.layers
     if plan.landlock_log:
         landlock_log.prepare()  # subscribed before the run can log anything
-    notify_end = notify_child = -1  # the seccomp listener's channel, once an attempt makes it
+    chans = _open_channels(plan, (stdin, stdout, stderr), stdio)
     try:
-        for i, spec in enumerate((stdin, stdout, stderr)):
+        started = _start_answered(plan, executor, chans, time.monotonic() + limit, limit,
+                                  receipt)
+    except BaseException:
+        chans.close()
+        raise
+    chans.close_childs()
+    if started.record:
+        _report_failure(started, chans)
+    return _hand_back(plan, started, chans, stdio, args)
+
+
+@dataclass
+class _Channels:
+    """One run's standard streams and proxy channel, the parent's side. ``fds``: what the
+    child gets as 0, 1, 2; ``ends``: the parent's ends (the three streams' pipes or None,
+    then the proxy's); ``childs``: the child's ends made here, closed once it has them."""
+
+    fds: list[int] = field(default_factory=list)
+    ends: list[int | None] = field(default_factory=list)
+    childs: list[int] = field(default_factory=list)
+    proxy_end: int = -1
+    child_end: int = -1
+
+    def close_childs(self) -> None:
+        for fd in self.childs:
+            os.close(fd)
+        self.childs = []
+
+    def close(self) -> None:
+        self.close_childs()
+        for fd in self.ends:
+            if fd is not None:
+                os.close(fd)
+        self.ends = []
+
+
+def _open_channels(plan: Plan, specs: Sequence[Any], stdio: Stdio) -> _Channels:
+    """The child's standard streams (as Popen makes them from ``specs``), refused when the
+    command could re-open them by path, and the egress proxy's socketpair."""
+    chans = _Channels()
+    try:
+        for i, spec in enumerate(specs):
             if isinstance(spec, int) and not isinstance(spec, bool) and spec == STDOUT:
                 if i != 2:
                     raise ValueError(f"{('stdin', 'stdout')[i]}=STDOUT: only stderr can be "
                                      f"sent to stdout")
-                fds.append(fds[1])  # the same open file as stdout: one pipe, in order
-                ends.append(None)
+                chans.fds.append(chans.fds[1])  # the same open file as stdout: one pipe
+                chans.ends.append(None)
                 continue
-            fd, end = _stdio_fd(spec, i, to_close, stdio.pipesize)
-            fds.append(fd)
-            ends.append(end)
-        _refuse_reopenable_stdio(plan, fds)
-        proxy_end = child_end = -1
+            fd, end = _stdio_fd(spec, i, chans.childs, stdio.pipesize)
+            chans.fds.append(fd)
+            chans.ends.append(end)
+        _refuse_reopenable_stdio(plan, chans.fds)
         if plan.proxy:
             proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM
                                                       | socket.SOCK_CLOEXEC)
-            proxy_end, child_end = proxy_sock.detach(), child_sock.detach()
-            ends.append(proxy_end)
-            to_close.append(child_end)
-        ready_ok = True
+            chans.proxy_end, chans.child_end = proxy_sock.detach(), child_sock.detach()
+            chans.ends.append(chans.proxy_end)
+            chans.childs.append(chans.child_end)
+    except BaseException:
+        chans.close()
+        raise
+    return chans
+
+
+@dataclass
+class _Started:
+    """One attempt that answered: its monitor's pid, whether the run has a pid namespace,
+    the done pipe's read end (or -1), the
+    executor that started it, its answer (b"": it reached exec; else the failure record),
+    whether a ready spare was still usable, the seccomp listener's channel (or -1), and the
+    receipt."""
+
+    pid: int
+    pidns: bool
+    done_r: int
+    ran: str
+    record: bytes
+    ready_ok: bool
+    notify_end: int
+    receipt: dict[str, Any]
+
+
+def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by: float,
+                    limit: float, receipt: Any) -> _Started:
+    """Start attempts until one answers: a ready spare that does not answer in time, or
+    whose view predates a change, is abandoned and the run started afresh (once)."""
+    pidns = plan.confined and "pidns" in plan.layers
+    ready_ok = True
+    notify_end = notify_child = -1
+    try:
         while True:
-            for fd in (notify_end, notify_child):  # one channel per attempt: an abandoned
-                if fd >= 0:                        # one may have sent its listener
+            # one channel per attempt: an abandoned one may have sent its listener
+            for fd in (notify_end, notify_child):
+                if fd >= 0:
                     os.close(fd)
             notify_end = notify_child = -1
             if plan.confined and plan.seccomp is not None and plan.seccomp_listener:
                 notify_end, notify_child = _channel()
-            pid, ready, err_r, done_r, ran = _start(plan, executor, fds, child_end, pidns,
-                                                    ready_ok, notify_child)
+            pid, ready, err_r, done_r, ran = _start(plan, executor, chans.fds,
+                                                    chans.child_end, pidns, ready_ok,
+                                                    notify_child)
             if notify_child >= 0:
                 os.close(notify_child)
                 notify_child = -1
@@ -181,66 +250,60 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                     receipt = receipt()
                 answer_by = min(setup_by, time.monotonic() + teardown.SPARE_ANSWER) \
                     if ready else setup_by
-                record = _answer(err_r, answer_by)
+                record = teardown.read_to_eof(err_r, answer_by)
             except BaseException:  # interrupted (^C) before exec was confirmed: no run left
-                _abandon(pid, pidns)
-                os.close(err_r)
-                if done_r >= 0:
-                    os.close(done_r)
+                _abandon(pid, pidns, done_r)
                 raise
-            os.close(err_r)
-            if record and ready and _stale_spare(record):
-                _abandon(pid, pidns)  # its view predates a change (a mount on the jail)
-                if done_r >= 0:
-                    os.close(done_r)
-                ready_ok = False
-                continue
-            if record is not None:
-                break
-            _abandon(pid, pidns)  # no answer in time: it never gets to run the command
-            if done_r >= 0:
-                os.close(done_r)
-            if not ready or time.monotonic() >= setup_by:
-                raise SetupTimeoutError(teardown.SETUP_TIMEOUT if setup_timeout is None
-                                        else setup_timeout)
-            ready_ok = False  # a ready spare did not answer: start one now
+            finally:
+                os.close(err_r)
+            if record is not None and not (record and ready and _stale_spare(record)):
+                return _Started(pid, pidns, done_r, ran, record, ready_ok, notify_end,
+                                receipt or {})
+            _abandon(pid, pidns, done_r)  # a stale view, or no answer in time: never runs
+            if record is None and (not ready or time.monotonic() >= setup_by):
+                raise SetupTimeoutError(limit)
+            ready_ok = False  # start one now
     except BaseException:
-        for fd in to_close + [e for e in ends if e is not None]:
-            os.close(fd)
         for fd in (notify_end, notify_child):
             if fd >= 0:
                 os.close(fd)
         raise
-    for fd in to_close:
-        os.close(fd)
-    if record:
-        if notify_end >= 0:
-            os.close(notify_end)
-        monitor = teardown.Monitor(pid, pidns)
-        monitor.over()  # it exits 125 after its report; bounded if it does not
-        monitor.wait(None)
-        monitor.close()
-        for end in ends:
-            if end is not None:
-                os.close(end)
-        if done_r >= 0:
-            os.close(done_r)
-        step, err, detail = decode_error_record(record)
-        raise ChildSetupError(step, err or errno.EIO, detail)
-    stdin_f, stdout_f, stderr_f = _open_streams(ends[:3], stdio)
-    proc = SandboxProcess(pid, stdin_f, stdout_f, stderr_f,
-                          receipt=receipt or {},  # type: ignore[arg-type]
-                          pidns="pidns" in plan.layers, done=done_r if done_r >= 0 else None,
+
+
+def _report_failure(started: _Started, chans: _Channels) -> None:
+    """A setup step failed: wait for the monitor (it exits 125 after its report; bounded if
+    it does not), let go of the run's fds, raise the step's ChildSetupError."""
+    if started.notify_end >= 0:
+        os.close(started.notify_end)
+    monitor = teardown.Monitor(started.pid, started.pidns)
+    monitor.over()
+    monitor.wait(None)
+    monitor.close()
+    chans.close()
+    if started.done_r >= 0:
+        os.close(started.done_r)
+    step, err, detail = decode_error_record(started.record)
+    raise ChildSetupError(step, err or errno.EIO, detail)
+
+
+def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
+               args: Any) -> SandboxProcess:
+    """The running command as a SandboxProcess, with what observes it attached: the
+    protected names' sweep, the seccomp listener and the Landlock watch (their hand-over
+    lost: the run is killed, HelperLostError), the egress proxy (none: killed too)."""
+    stdin_f, stdout_f, stderr_f = _open_streams(chans.ends[:3], stdio)
+    proc = SandboxProcess(started.pid, stdin_f, stdout_f, stderr_f, receipt=started.receipt,
+                          pidns="pidns" in plan.layers,
+                          done=started.done_r if started.done_r >= 0 else None,
                           args=[a.decode() for a in plan.argv] if args is None else args,
                           stdio=stdio)
-    keys.set_executor(proc.receipt, ran)
-    if plan.protect is not None:
-        proc._sweep = plan.protect.sweep
-    if notify_end >= 0:
-        listener, maker = receive_listener(notify_end)
+    keys.set_executor(proc.receipt, started.ran)
+    proc.observe(sweep=plan.protect.sweep if plan.protect is not None else ())
+    if started.notify_end >= 0:
+        listener, maker = receive_listener(started.notify_end)
         if listener < 0:  # its blocked calls would wait for an answer that never comes
             # before our kill: did the monitor die on its own (the OOM killer, an operator)?
-            died = proc._monitor.wait(0.05)  # its raw wait status, or None: still there
+            died = proc.helper_status(0.05)  # its raw wait status, or None: still there
             proc.kill()
             proc.wait()
             why = "closed the hand-over channel" if died is None else _ended_text(died)
@@ -248,18 +311,20 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
                                   f"hand-over: the sandbox's monitor (pid {proc.pid}) {why} "
                                   f"before handing over the seccomp listener; this run alone "
                                   f"failed, the next starts afresh")
-        proc._denials = SeccompListener(listener, plan.seccomp_names)
-        proc._denials.start()
-        if plan.landlock_log and maker > 0:  # the init (or monitor) that made the domain
-            proc._landlock = landlock_log.watch(maker, MAX_RECORDED)
+        denials = SeccompListener(listener, plan.seccomp_names)
+        denials.start()
+        # the Landlock records, where the init (or monitor) that made the domain is known
+        watch = landlock_log.watch(maker, MAX_RECORDED) if plan.landlock_log and maker > 0 \
+            else None
+        proc.observe(denials=denials, landlock=watch)
     keys.set_denial_layers(proc.receipt, denial_layers(plan))
-    if ready_ok is False:
+    if started.ready_ok is False:
         keys.add_spawn_note(proc.receipt,
                             f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; "
                             f"it was killed and the run started afresh")
     if plan.proxy:
         try:
-            proc._proxy = _start_proxy(plan, proxy_end, proc.receipt)
+            proc.observe(proxy=_start_proxy(plan, chans.proxy_end, proc.receipt))
         except BaseException:
             proc.kill()  # no proxy, no run: the command must not go on without its way out
             proc.wait()
@@ -329,19 +394,6 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
     return pid, ready, err_r, done_r, ran
 
 
-def _answer(err_r: int, by: float) -> bytes | None:
-    """The child's answer on the error pipe: b"" (EOF: it reached exec), a failure record,
-    or None when neither came by ``by`` (time.monotonic())."""
-    parts: list[bytes] = []
-    while True:
-        if not teardown.readable(err_r, max(0.0, by - time.monotonic())):
-            return None
-        chunk = os.read(err_r, 4096)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
-
-
 def _stale_spare(record: bytes) -> bool:
     """Whether a ready spare's failure is its age, not the plan's: a tree it cloned is not
     the one the plan checked (a file system mounted on a granted path since the spare made
@@ -350,10 +402,12 @@ def _stale_spare(record: bytes) -> bool:
     return step == "bind-clone" and err in (errno.ESTALE, errno.ENOENT)
 
 
-def _abandon(pid: int, pidns: bool) -> None:
+def _abandon(pid: int, pidns: bool, done_r: int) -> None:
     """SIGKILL a run no SandboxProcess owns (a setup that was interrupted or never answered):
     its init, whose exit empties the namespace (the monitor then exits; the reaper reaps it,
-    and kills it if it does not). Waits for nothing."""
+    and kills it if it does not); its done pipe closed. Waits for nothing."""
+    if done_r >= 0:
+        os.close(done_r)
     monitor = teardown.Monitor(pid, pidns)
     monitor.kill()
     monitor.close()

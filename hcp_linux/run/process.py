@@ -102,6 +102,26 @@ class SandboxProcess:
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to do
             pass
 
+    def observe(self, *, sweep: tuple | None = None, denials: Any = None,
+                landlock: Any = None, proxy: Any = None) -> None:
+        """Attach what watches this run, as the spawn makes it (each given once): the
+        protected names to sweep at its end, the seccomp listener answering its denials,
+        the watch on its Landlock audit records, the egress proxy serving it. Each is
+        finished when the run's end is seen (:meth:`_set_status`)."""
+        if sweep is not None:
+            self._sweep = sweep
+        if denials is not None:
+            self._denials = denials
+        if landlock is not None:
+            self._landlock = landlock
+        if proxy is not None:
+            self._proxy = proxy
+
+    def helper_status(self, timeout: float) -> int | None:
+        """The run's monitor's raw wait status if it has ended within ``timeout`` s (died
+        on its own: the OOM killer, an operator), else None."""
+        return self._monitor.wait(timeout)
+
     def sweep_protected(self) -> dict[str, str]:
         """Sweep the run's missing protected names now, while it goes on (a session, after
         each command); the run's end sweeps again. Returns each path acted on and what was

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 from ...errors import HostPathError, PolicyError, SandboxError

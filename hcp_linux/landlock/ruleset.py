@@ -10,7 +10,7 @@ a separate, explicit, irreversible step (:meth:`CreatedRuleset.restrict_self`, o
 from __future__ import annotations
 
 import os
-from typing import Iterable, Union
+from typing import Iterable, TypeVar, Union
 
 from . import _sys
 from ._rules import (Handled, PathRule, PortRule, add_rule, check_access_fs, check_port,
@@ -22,6 +22,7 @@ from .rights import AccessFs, AccessNet, Scope, _AbiFlag
 
 AnyRights = Union[AccessFs, AccessNet, Scope]
 Required = Union[AnyRights, Iterable[AnyRights], None]
+_R = TypeVar("_R", bound="Ruleset")
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]", int]
 
 _MISSING_ERRNOS = (2, 20)  # ENOENT, ENOTDIR: "the path does not exist" for optional=True
@@ -190,14 +191,15 @@ class Ruleset:
             os.close(fd)
         return self
 
-    def copy(self) -> Ruleset:
-        """A new, uncreated Ruleset with the same handled rights, facts and rules, for making
-        the same kernel ruleset again. Path fds are borrowed, never owned, by the copy: only a
-        ruleset whose paths were given as fds (which the caller keeps open) can be copied."""
+    def copy(self: _R) -> _R:
+        """A new, uncreated Ruleset of the same class with the same handled rights, facts and
+        rules, for making the same kernel ruleset again (a subclass with state of its own
+        extends it). Path fds are borrowed, never owned, by the copy: only a ruleset whose
+        paths were given as fds (which the caller keeps open) can be copied."""
         self._check_open()
         if any(isinstance(r, PathRule) and r.owned for r in self._rules):
             raise RulesetError("copy: a rule holds an fd this Ruleset opened; add paths as fds")
-        twin = object.__new__(Ruleset)
+        twin = object.__new__(type(self))
         twin._requested, twin._handled = self._requested, self._handled
         twin._compat, twin._abi = self._compat, self._abi
         twin._facts, twin._rules = list(self._facts), list(self._rules)
