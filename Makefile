@@ -1,7 +1,9 @@
 # Everything a fresh Debian/Ubuntu machine needs, from nothing: `make run`, `make test`.
 # The venv is built from Debian's /usr/bin/python3 when present, because it is readable by
-# every user (the unprivileged test leg runs as `nobody`).
-PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
+# every user (the unprivileged test leg runs as `nobody`). Found by the shell when the venv
+# is made, not by make when it reads this file: on a fresh machine python3 arrives with
+# scripts/install-system-deps, in the same recipe (make expands a recipe before running it).
+PYTHON ?= "$$(test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3 || echo python3)"
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # `make run`: plain facts, true wherever the clone lives: each `sandbox$` line is a command,

@@ -107,6 +107,21 @@ def _landlock_denials() -> str:
     return "recorded (audit is enabled)" if on else landlock_log.DISABLED
 
 
+def _partial_hint(entry: dict) -> str:
+    """What ``partially_enforced`` means here: the rights this kernel's Landlock ABI does not
+    know, which it leaves allowed (the policy asks for them; other layers still hold)."""
+    from hcp_linux.landlock.rights import AccessFs, introduced_in
+    abi = entry.get("abi")
+    if not isinstance(abi, int):
+        return ""
+    newer = [f"{r.name.lower()} (ABI {introduced_in(r)})" for r in AccessFs
+             if r.name and introduced_in(r) > abi]
+    if not newer:
+        return ""
+    return (f": Landlock ABI {abi} lacks {', '.join(newer)}, left unmediated by Landlock "
+            f"(docs/receipt.md)")
+
+
 def _userns_hint(facts: dict[str, Any]) -> str:
     if facts.get("max_user_namespaces") == "0":
         return "user.max_user_namespaces is 0"
@@ -184,6 +199,8 @@ def probe() -> ProbeReport:
             detail = "in force"
             if name == "landlock":
                 detail = f"ABI {entry.get('abi')}, ruleset {entry.get('ruleset')}"
+                if entry.get("ruleset") == "partially_enforced":
+                    detail += _partial_hint(entry)
             elif name == "seccomp":
                 detail = "filter installed, verified Seccomp=2"
         else:

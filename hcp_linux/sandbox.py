@@ -107,6 +107,10 @@ class Sandbox:
                  **policy_fields: Any) -> None:
         if policy is not None and policy_fields:
             raise TypeError("give a Policy or policy fields, not both")
+        if policy is not None and not isinstance(policy, Policy):
+            shown = repr(policy) if isinstance(policy, (str, os.PathLike)) else "..."
+            raise TypeError(f"Sandbox() takes a Policy, not {type(policy).__name__}: "
+                            f"Sandbox(Policy(jail={shown})) or Sandbox(jail={shown})")
         self.policy = policy if policy is not None else Policy(**policy_fields)
         # "native" (hcp-exec), "ctypes" (the fallback), "auto" (native when built); None: the
         # process default (hcp_linux.native.set_default)

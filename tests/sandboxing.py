@@ -212,6 +212,16 @@ def wait_for(cond, what: str, limit: float = TIMEOUT) -> None:  # type: ignore[n
         time.sleep(0.01)
 
 
+def default_stop_signals() -> None:
+    """``preexec_fn`` of a child the test will send SIGINT, SIGTERM or SIGHUP: dispositions
+    are inherited across exec, and `hcp-linux run` keeps a signal ignored when it starts
+    (hcp_linux.cli.interrupt: ``nohup`` means it). Under ``nohup make test`` SIGHUP is
+    ignored, after a non-interactive shell's ``&`` SIGINT is: reset here, the child starts
+    as a terminal's job would, whatever the suite inherited."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def kill_by_pid(proc: subprocess.Popen) -> None:
     """End a process this test started, by its pid, and reap it."""
     if proc.poll() is None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import EXECUTOR_ARGS, TIMEOUT, kill_by_pid, processes_with, sleep_token, wait_for
+from sandboxing import (EXECUTOR_ARGS, TIMEOUT, default_stop_signals, kill_by_pid, processes_with,
+                        sleep_token, wait_for)
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 PACK = '[wrap]\nbin = "sh"\nworkspace = { mode = "ephemeral" }\n'
@@ -61,7 +62,8 @@ def _script(pack: bool, token: str) -> str:
 def test_the_cli_dies_by_the_signal_it_was_sent(setup: Setup, pack: bool, sig: int) -> None:
     token = sleep_token(30)
     p = subprocess.Popen(setup.argv(pack, _script(pack, token)), env=setup.env, cwd=setup.base,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=default_stop_signals)
     try:
         wait_for(lambda: processes_with(f"sleep\0{token}", p.pid), "the command to start")
         os.kill(p.pid, sig)
@@ -120,7 +122,7 @@ def test_a_shell_sees_128_plus_n(setup: Setup, pack: bool, sig: int | None) -> N
     shell = subprocess.Popen(["sh", "-c", '"$@"; echo "status=$?"', "sh",
                               *setup.argv(pack, script)],
                              env=setup.env, cwd=setup.base, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+                             stderr=subprocess.PIPE, preexec_fn=default_stop_signals)
     try:
         if sig:
             wait_for(lambda: processes_with(f"sleep\0{token}", shell.pid), "the command")
@@ -157,7 +159,8 @@ def test_a_signal_while_waiting_for_a_workspace_lock(tmp_path: Path) -> None:
     try:
         wait_for(lambda: (ws / "started").exists(), "the first run to hold the lock")
         waiting = subprocess.Popen(setup.argv(True, "exit 0"), env=setup.env, cwd=tmp_path,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   preexec_fn=default_stop_signals)
         try:
             wait_for(lambda: _blocked_on_a_lock(waiting.pid), "the second run to wait")
             os.kill(waiting.pid, signal.SIGTERM)

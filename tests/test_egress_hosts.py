@@ -285,6 +285,27 @@ def test_one_bad_address_among_good_ones_refuses_the_name() -> None:
     assert not pol.check("mixed.test", 443).allowed
 
 
+def test_localhost_with_both_loopbacks_dials_the_unlocked_one() -> None:
+    """Debian's stock /etc/hosts gives localhost 127.0.0.1 and ::1: unlocking one loopback
+    address allows the name, and the other (the same host's loopback) is never dialled."""
+    pol, _ = policy(["localhost:8080", "127.0.0.1:8080"], localhost=["127.0.0.1", "::1"])
+    decision = pol.check("localhost", 8080)
+    assert decision.allowed and decision.addresses == ("127.0.0.1",), decision
+    assert "not dialled: ::1" in decision.reason
+    pol, _ = policy(["localhost:8080", "[::1]:8080"], localhost=["127.0.0.1", "::1"])
+    assert pol.check("localhost", 8080).addresses == ("::1",)
+    # nothing unlocked: refused, as before
+    pol, _ = policy(["localhost:8080"], localhost=["127.0.0.1", "::1"])
+    assert not pol.check("localhost", 8080).allowed
+    # the unlocking rule must cover the port
+    pol, _ = policy(["localhost:8080", "127.0.0.1:9090"], localhost=["127.0.0.1", "::1"])
+    assert not pol.check("localhost", 8080).allowed
+    # a refused address of another kind still refuses the name
+    pol, _ = policy(["odd.test:8080", "127.0.0.1:8080"], odd_test=["127.0.0.1", "::1", "10.0.0.5"])
+    decision = pol.check("odd.test", 8080)
+    assert not decision.allowed and "resolves to 10.0.0.5" in decision.reason
+
+
 def test_listing_the_address_or_its_cidr_unlocks_it() -> None:
     for unlock in ("127.0.0.1:8080", "127.0.0.0/8:*", "127.0.0.1:*"):
         pol, _ = policy(["local.test:8080", unlock], local_test=["127.0.0.1"])

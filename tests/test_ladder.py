@@ -143,6 +143,24 @@ def _where(*kinds: str, **kw: object) -> hostenv.Where:
     return hostenv.Where(tuple(kinds), {k: "test" for k in kinds}, **kw)  # type: ignore[arg-type]
 
 
+def test_a_zero_max_user_namespaces_is_named_before_the_container(tmp_path: Path) -> None:
+    """In a container on a host with user.max_user_namespaces = 0 the seccomp profile would
+    not help: the remedy names the sysctl, and who can set it (issue 32)."""
+    where = hostenv.detect(_root(tmp_path, {"/.dockerenv": "",
+                                            "/proc/sys/user/max_user_namespaces": "0\n"}), {})
+    assert where.kind == "docker" and hostenv.NO_USERNS_SYSCTL in where.evidence
+    text = remedies.remedy("userns", where)
+    assert "user.max_user_namespaces is 0" in text and "whoever runs the host" in text, text
+    assert remedies.SECCOMP_PROFILE not in text
+    assert "it needs a user namespace" in remedies.remedy("netns", where)
+    # control: a non-zero value is no evidence, and the container's profile is the remedy
+    (tmp_path / "other").mkdir()
+    files = {"/.dockerenv": "", "/proc/sys/user/max_user_namespaces": "96362\n"}
+    where = hostenv.detect(_root(tmp_path / "other", files), {})
+    assert hostenv.NO_USERNS_SYSCTL not in where.evidence
+    assert remedies.SECCOMP_PROFILE in remedies.remedy("userns", where)
+
+
 def test_remedies_by_environment() -> None:
     for layer in NAMESPACES:
         for kinds in (("docker",), ("podman",), ("kubernetes", "containerd"), ("containerd",)):
@@ -225,6 +243,11 @@ def test_apparmor_profile_and_install_command(tmp_path: Path) -> None:
     made = subprocess.run(sed, shell=True, capture_output=True, timeout=TIMEOUT, check=True)
     assert f"profile hcp-exec {BUILD_DIR}/hcp-exec-* " in made.stdout.decode()
     parser = shutil.which("apparmor_parser")
+    if parser and not Path("/etc/apparmor.d/abi/4.0").exists():
+        pytest.skip(f"{parser} has no abi/4.0 (AppArmor 3, e.g. Debian 12's 3.0.8): the "
+                    f"profile is written for AppArmor 4 (Ubuntu 23.10+), the hosts whose "
+                    f"userns restriction it lifts; AppArmor 3 has neither the restriction "
+                    f"nor the `userns,` rule")
     if parser:  # syntax only: -Q skips loading into the kernel
         f = tmp_path / "hcp-exec"
         f.write_bytes(made.stdout)

@@ -148,6 +148,16 @@ def test_proxy_environment_is_set(jail: Path) -> None:
         ["localhost,127.0.0.1,::1"]
 
 
+def test_a_granted_no_proxy_is_merged_not_overwritten(jail: Path) -> None:
+    """A NO_PROXY the policy grants keeps its entries after the sandbox's loopback ones
+    (a direct connection has no route out, so an entry widens nothing)."""
+    code = "import os; print(os.environ['NO_PROXY'], os.environ['no_proxy'])"
+    run = _run(jail, code, allow_hosts=("example.com",),
+               env={"NO_PROXY": "internal.test,localhost", "no_proxy": "other.test"})
+    merged = "localhost,127.0.0.1,::1,internal.test,other.test"
+    assert run.stdout.decode().split() == [merged, merged], run.stderr
+
+
 def test_proxy_log_file(jail: Path, tmp_path: Path, server: HostServer) -> None:
     log = tmp_path / "egress.jsonl"
     target = f"127.0.0.1:{server.port}"

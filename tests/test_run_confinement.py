@@ -25,8 +25,9 @@ import pytest
 from hcp_linux import landlock
 
 from sandboxing import (IS_ROOT, TIMEOUT, Listener, accepted, as_nobody, drain,  # noqa: F401
-                        assert_ok, err, hcp_argv, jail, kill_by_pid, nobody_jail, out, outside,
-                        pid_alive, ro_root, run_cli, sh, show, var_jail)
+                        assert_ok, default_stop_signals, err, hcp_argv, jail, kill_by_pid,
+                        nobody_jail, out, outside, pid_alive, ro_root, run_cli, sh, show,
+                        var_jail)
 
 SECRET = "hcp-test-secret-7f3a9c"
 
@@ -849,7 +850,7 @@ def test_signal_to_cli_kills_whole_sandbox(jail: Path, sig: int) -> None:
     grandchildren included."""
     proc = subprocess.Popen(hcp_argv(jail, "sh", "-c", _GRANDCHILD), cwd="/",
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, preexec_fn=default_stop_signals)
     try:
         deadline = time.monotonic() + 20
         while _beat_size(jail) == 0 and time.monotonic() < deadline:

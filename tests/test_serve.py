@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-from sandboxing import (IS_ROOT, TIMEOUT, caller_env, hcp_argv, jail,  # noqa: F401
+from sandboxing import (IS_ROOT, TIMEOUT, caller_env, default_stop_signals, hcp_argv, jail,  # noqa: F401
                         kill_by_pid, out, processes_with, run_cli, show, sleep_token, wait_for)
 
 @pytest.fixture(autouse=True)
@@ -202,7 +202,7 @@ def test_interrupt_and_timeout_leave_nothing_behind(server: Server, jail: Path,
     results = []
     for env in (caller_env(), server.env()):  # control: the in-process run, then served
         client = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/",
-                                  stderr=subprocess.PIPE)
+                                  stderr=subprocess.PIPE, preexec_fn=default_stop_signals)
         try:
             wait_for(lambda: len(processes_with(f"sleep\0{token}", client.pid)) >= 2,
                       "the command never started")
@@ -349,7 +349,7 @@ def test_timeout_with_the_monitor_stopped_served_and_not(server: Server, jail: P
     argv = hcp_argv(jail, "sh", "-c", f"exec sleep {token}", extra=["--timeout", "1"])
     for env in (caller_env(), server.env()):  # control: the in-process run, then served
         client = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/",
-                                  stderr=subprocess.PIPE)
+                                  stderr=subprocess.PIPE, preexec_fn=default_stop_signals)
         monitor = -1
         try:
             wait_for(lambda: processes_with(f"sleep\0{token}", client.pid) != [],

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Sequence
 
 from .. import __version__
 from ..policy import ladder, policy_flags, protected
@@ -16,7 +17,7 @@ from ..policy.policy import Policy
 from ..policy.policy_flags import FIELDS
 
 
-class _Formatter(argparse.HelpFormatter):
+class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter, told the width: left to itself it imports shutil (2 ms, with
     bz2 and lzma) at every add_argument, on the start-up path of every `hcp-linux run`."""
 
@@ -52,10 +53,43 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """A usage error is one line, with the prefix of every refusal, and exit 2 (the
         README's table); argparse's own form is two (usage, then "prog: error: ...") and shows what the
-        user typed raw: a control character in argv could add lines or move the cursor."""
+        user typed raw: a control character in argv could add lines or move the cursor.
+        A mistyped choice gets the nearest one."""
+        choice = _INVALID_CHOICE.fullmatch(message)
+        if choice is not None:
+            options = _QUOTED.findall(choice.group(3))
+            message += _did_you_mean(choice.group(2), options)
         print(f"error: sandbox: {printable(message)} (see '{self.prog} --help')",
               file=sys.stderr)
         sys.exit(EXIT_USAGE)
+
+
+class _SubParser(_Parser):
+    """A subcommand's parser: an option it does not know is refused here, with the nearest
+    of its own options (argparse would report it from the top-level parser, which knows
+    neither the subcommand nor its options)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        unknown = [x for x in extras if isinstance(x, str) and x.startswith("-")]
+        if unknown:
+            word = unknown[0].split("=", 1)[0]
+            known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            self.error(f"unrecognized option {unknown[0]}{_did_you_mean(word, known)}")
+        return namespace, extras
+
+
+#: argparse's message for a value outside ``choices`` (3.11 and 3.12 spellings).
+_INVALID_CHOICE = re.compile(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)",
+                             re.S)
+_QUOTED = re.compile(r"'([^']*)'")
+
+
+def _did_you_mean(word: str, known: Sequence[str]) -> str:
+    """`` (did you mean --network?)`` for a near miss (difflib, as packs' keys), else ""."""
+    import difflib
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 class _Once(argparse.Action):
@@ -72,11 +106,27 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+#: The end of `run --help`: the exit statuses (the README's table) and where the rest is.
+RUN_EPILOG = """exit status:
+  the command's own   it ran and exited
+  128+N               it died of signal N
+  2                   command-line usage error
+  124                 --timeout expired; the whole sandbox was killed
+  125                 refused (bad policy, missing layer, code-injection variable) or failed
+                      before exec; with --pack, also a failed writeback
+  126                 the binary was found but is not executable
+  127                 not allow-listed, or not found
+  death by N          run got SIGINT, SIGTERM or SIGHUP: the sandbox was killed and
+                      cleaned up, then run died by N (a shell shows 128+N)
+Every refusal is one line on stderr, 'error: sandbox: ...'. Every flag and policy key:
+docs/policy.md."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of `hcp-linux` and its subcommands; it holds no state between parses."""
     p = _Parser(prog="hcp-linux", description="Linux confinement backend for HCP §10 Sandbox.")
     p.add_argument("--version", action="version", version=f"hcp-linux {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_SubParser)
     pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
     pr.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
@@ -91,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the weakest fallback rung the checks' runs may fall to "
                         "(default full: strict)")
     r = sub.add_parser("run", help="run one command confined",
-                       usage="hcp-linux run [OPTIONS] -- BIN [ARG...]")
+                       usage="hcp-linux run [OPTIONS] -- BIN [ARG...]", epilog=RUN_EPILOG)
     for f in FIELDS:  # the Policy fields' options (hcp_linux.policy.policy_flags)
         _add_field(r, f)
         if f.name == "allow_bins":  # where --policy has always stood in the help
@@ -160,8 +210,20 @@ def _add_field(parser: argparse.ArgumentParser, f: policy_flags.Field) -> None:
     elif f.takes == policy_flags.APPEND:
         kwargs.update(action="append", default=[])
     else:
-        kwargs.update(action=_Once, type=f.type, choices=f.choices)
+        kwargs.update(action=_Once, type=_typed(f.type) if f.type else None,
+                      choices=f.choices)
     parser.add_argument(f.flag, **kwargs)
+
+
+def _typed(convert: Any) -> Any:
+    """A field's value parser for argparse: its ValueError's message is the usage error
+    (argparse's own would be "invalid duration_text value: ...", naming no fix)."""
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
 
 
 def check_cwd(hint: str = "") -> None:

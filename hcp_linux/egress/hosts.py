@@ -26,8 +26,11 @@ resolves to: allowing ``db.internal`` is not enough to reach 10.1.2.3 -- ``10.1.
 
 Host names are validated by :mod:`.hostnames`, in patterns and in requests alike.
 
-`EgressPolicy.check` resolves a name once and returns every address it checked; the proxy dials
-only those, so the answer that was judged is the answer that is used.
+`EgressPolicy.check` resolves a name once and returns the addresses it allowed; the proxy dials
+only those, so the answer that was judged is the answer that is used. Every address a name
+resolves to must be allowed, with one exception: when the allow list unlocks one of the name's
+loopback addresses (``127.0.0.1``), its other loopback addresses (``::1``, as a stock
+/etc/hosts gives ``localhost`` both) are left out rather than refusing the name.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal, Sequence
 
 from ..errors import PolicyError
-from .addresses import IPAddress, IPNetwork, canonical, classify, unlocked_by
+from .addresses import LOOPBACK, IPAddress, IPNetwork, canonical, classify, unlocked_by
 from .hostnames import (DECIMAL, DOTTED_CHARS, HostError, format_host, normalize_name, parse_host,
                         parse_ipv4, parse_ipv6, parse_port, safe_text, short_number)
 
@@ -117,6 +120,8 @@ def parse_pattern(text: str, *, deny: bool = False) -> Pattern:
 def _parse_pattern(text: str, deny: bool) -> Pattern:
     if not text:
         raise HostError("empty pattern")
+    if "://" in text:
+        raise HostError(_not_a_url(text))
     if "@" in text:
         raise HostError("user@host (userinfo) is not allowed")
     is_v6 = False
@@ -149,6 +154,22 @@ def _parse_pattern(text: str, deny: bool) -> Pattern:
     if isinstance(host, str):
         return Pattern(text, "name", name=host, ports=ports)
     return Pattern(text, "net", net=ipaddress.ip_network(host), ports=ports)
+
+
+def _not_a_url(text: str) -> str:
+    """What to write instead of a URL (``https://example.com:8443/x``): its host, and port
+    when it names one; the scheme's port is what a port-less pattern opens (80, 443)."""
+    import urllib.parse
+    try:
+        url = urllib.parse.urlsplit(text)
+        host, port = url.hostname, url.port
+    except ValueError:
+        host, port = None, None
+    if not host:
+        return "give a host, not a URL"
+    shown = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    return (f"give a host, not a URL: {safe_text(shown)}"
+            + ("" if port else " (ports 80 and 443; add :PORT for another)"))
 
 
 def _parse_port_spec(spec: str | None, deny: bool) -> frozenset[int] | None:
@@ -328,6 +349,7 @@ class EgressPolicy:
         if not addresses:
             return Decision(False, f"{step.name} resolves to no address", kind="unresolved")
         shown = tuple(str(a) for a in addresses)
+        refused: list[tuple[IPAddress, Decision]] = []
         for address in addresses:
             where = f"{step.name} resolves to {address}"
             for rule in self.deny:
@@ -336,9 +358,22 @@ class EgressPolicy:
                                     "denied", rule.text)
             refusal = self._special_refusal(address, step.port, where)
             if refusal is not None:
+                refused.append((address, refusal))
+        # The host's loopback has two names, 127.0.0.1 and ::1, and a stock /etc/hosts gives
+        # `localhost` both: when the allow list unlocks one of a name's loopback addresses,
+        # its other loopback addresses are the same host's, so they are left undialled
+        # rather than refusing the name. Any other refused address still refuses the name.
+        skipped = [a for a, _ in refused if _loopback(a) and any(
+            _loopback(b) for b in addresses if all(b != r for r, _ in refused))]
+        for address, refusal in refused:
+            if address not in skipped:
                 return Decision(False, refusal.reason, shown, "denied")
-        return Decision(True, f"{step.name}:{step.port} allowed by rule {step.rule.text!r}",
-                        shown, "allowed", step.rule.text)
+        reason = f"{step.name}:{step.port} allowed by rule {step.rule.text!r}"
+        if skipped:
+            reason += (f" (not dialled: {', '.join(str(a) for a in skipped)}, loopback the "
+                       f"allow list does not name with port {step.port})")
+        return Decision(True, reason, tuple(str(a) for a in addresses if a not in skipped),
+                        "allowed", step.rule.text)
 
     def _special_refusal(self, address: IPAddress, port: int, what: str) -> Decision | None:
         special = classify(address)
@@ -358,6 +393,11 @@ class EgressPolicy:
 
     def _unresolved(self, step: _Pending, exc: object) -> Decision:
         return Decision(False, f"cannot resolve {step.name}: {exc}", kind="unresolved")
+
+
+def _loopback(address: IPAddress) -> bool:
+    special = classify(address)
+    return special is not None and special.category == LOOPBACK
 
 
 def _denied(reason: str, rule: Pattern | None = None,

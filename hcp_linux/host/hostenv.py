@@ -24,6 +24,8 @@ CAP_SYS_ADMIN = 21
 KINDS = ("kubernetes", "podman", "docker", "containerd", "gvisor", "wsl2", "ubuntu-apparmor",
          "seccomp-filtered", "host")
 CONTAINERS = frozenset({"kubernetes", "podman", "docker", "containerd"})
+#: The evidence key saying the kernel allows no user namespace at all (the sysctl is 0).
+NO_USERNS_SYSCTL = "max_user_namespaces=0"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ def detect(root: str | None = None, environ: Mapping[str, str] | None = None) ->
         found["wsl2"] = f"kernel release {release}"
     if _read(at("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")) == "1":
         found["ubuntu-apparmor"] = "kernel.apparmor_restrict_unprivileged_userns = 1"
+    if _read(at("/proc/sys/user/max_user_namespaces")) == "0":  # evidence, not a kind
+        found[NO_USERNS_SYSCTL] = "user.max_user_namespaces = 0"
     status = _status_fields()
     filtered = status.get("Seccomp") == "2"
     if filtered:

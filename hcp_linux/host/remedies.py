@@ -157,6 +157,16 @@ def remedy(layer: str, where: hostenv.Where | None = None, exec_dir: str | None 
     if where is None:
         where = hostenv.detect()
     if layer in NAMESPACE_LAYERS:
+        if hostenv.NO_USERNS_SYSCTL in where.evidence:
+            # the kernel's own switch, whatever else is in the way: say it first
+            text = ("user.max_user_namespaces is 0: this kernel makes no user namespace for "
+                    "anyone; on the host, `sysctl -w user.max_user_namespaces=15000` (and a "
+                    "file in /etc/sysctl.d/ to keep it)")
+            if where.in_container:
+                text += " (a container shares the host's kernel: whoever runs the host sets it)"
+            if where.cap_sys_admin and layer == "userns":
+                text += "; or opt into --rung no-userns (this process holds CAP_SYS_ADMIN)"
+            return text if layer == "userns" else f"it needs a user namespace (or root); {text}"
         if where.in_container and layer != "userns" and userns_reason \
                 and not where.cap_sys_admin:
             return (f"it needs the user namespace (refused: {userns_reason}; this process "

@@ -193,7 +193,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
             raise LayerUnavailableError("netns", "network = \"allow\" fences egress with a "
                                         "network namespace, and none can be made here",
                                         remedy("netns"))
-        explicit.update(proxy_env())
+        explicit.update(proxy_env(explicit.get("NO_PROXY"), explicit.get("no_proxy")))
     child_env, removed, replaced = _child_env(caller_env, explicit, marker=policy.mode,
                                               path=path, home=home, tmpdir=tmpdir)
     fields: dict[str, Any] = dict(
@@ -286,14 +286,21 @@ def _child_env(caller_env: Mapping[str, str] | None, explicit: Mapping[str, str]
 _env_memo: tuple | None = None
 
 
-def proxy_env() -> dict[str, str]:
+def proxy_env(*granted: str | None) -> dict[str, str]:
     """Every spelling of the proxy variables that tools read. NO_PROXY keeps the sandbox's
-    own loopback direct (it is private to the sandbox)."""
+    own loopback direct (it is private to the sandbox); ``granted``: NO_PROXY values the
+    policy grants, whose entries are kept after those (merged, not overwritten: a direct
+    connection has no route out of the sandbox, so an entry widens nothing)."""
     url = "http://%s:%d" % PROXY_ADDRESS
     env = {}
     for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[key] = env[key.lower()] = url
-    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+    entries = ["localhost", "127.0.0.1", "::1"]
+    for value in granted:
+        for entry in (value or "").split(","):
+            if entry.strip() and entry.strip() not in entries:
+                entries.append(entry.strip())
+    env["NO_PROXY"] = env["no_proxy"] = ",".join(entries)
     return env
 
 

@@ -139,7 +139,8 @@ class Limits:
         values_: dict[str, Any] = {}
         for key, value in data.items():
             if key not in _PARSERS:
-                raise PolicyError(f"limits: unknown limit {values.show(key)} "
+                raise PolicyError(f"limits: unknown limit {values.show(key)}"
+                                  f"{values.did_you_mean(key, sorted(_PARSERS))} "
                                   f"(known: {', '.join(sorted(_PARSERS))})")
             values_["as_" if key == "as" else key] = value
         return cls(**values_)

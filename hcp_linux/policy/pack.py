@@ -187,7 +187,7 @@ def _unknown_keys(table: Mapping[str, Any], known: tuple[str, ...], where: str,
         if "driver" in str(key).lower():
             raise PackError(f"{source}: {where}: key {shown}: packs must not name a driver "
                             f"(HCP §10.6)")
-        meant = _near_miss(str(key), known)
+        meant = values.near_miss(str(key), known)
         if meant is not None:
             raise PackError(f"{source}: {where}: unknown key {shown} (did you mean "
                             f"{meant!r}? expected: {', '.join(known)})")
@@ -197,17 +197,6 @@ def _unknown_keys(table: Mapping[str, Any], known: tuple[str, ...], where: str,
                             f"(packs must not name a host path, HCP §10.6)")
         ignored.append(f"{where}.{key}")
     return tuple(ignored)
-
-
-def _near_miss(key: str, known: tuple[str, ...]) -> str | None:
-    """The known key ``key`` is a misspelling of: camelCase or dashed spelling, another case,
-    or one edit away (difflib ratio >= 0.8)."""
-    import difflib
-    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).replace("-", "_").lower()
-    if snake in known:
-        return snake
-    close = difflib.get_close_matches(snake, known, n=1, cutoff=0.8)
-    return close[0] if close else None
 
 
 def _host_path_in(value: Any, depth: int = 0) -> str | None:

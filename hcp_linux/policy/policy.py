@@ -79,7 +79,8 @@ def _kind(value: Any) -> str:
 
 def _choice(value: Any, what: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise PolicyError(f"{what}: expected one of {', '.join(choices)}, got {values.show(value)}")
+        raise PolicyError(f"{what}: expected one of {', '.join(choices)}, got {values.show(value)}"
+                          f"{values.did_you_mean(value, choices)}")
     return value
 
 
@@ -92,7 +93,9 @@ def expand_layers(names: Iterable[str]) -> frozenset[str]:
             out.add(name)
         else:
             known = ", ".join(LAYERS + tuple(LAYER_ALIASES))
-            raise PolicyError(f"allow_degraded: unknown layer {name!r} (known: {known})")
+            raise PolicyError(f"allow_degraded: unknown layer {name!r}"
+                              f"{values.did_you_mean(name, LAYERS + tuple(LAYER_ALIASES))} "
+                              f"(known: {known})")
     return frozenset(out)
 
 
@@ -213,8 +216,11 @@ class Policy:
             status = cgroup_v2_status()
             if not status.startswith("available") or "not yet applied" in status:
                 keys = ", ".join(sorted(self.limits.cgroup_requested()))
-                raise PolicyError(f"limits {keys}: cgroup v2 limits cannot be applied here "
-                                  f"({printable(status.split(': ', 1)[-1])})")
+                # refused on every host (docs/policy.md): the reason is this version, not
+                # the host; what the host could do is in the receipt's limits.cgroup
+                raise PolicyError(f"limits {keys}: not supported in this version (cgroup v2 "
+                                  f"limits are parsed, not applied); remove them, and bound "
+                                  f"the command with as, nproc, fsize, cpu or tmp_size")
         set_("on_exit", _choice(self.on_exit, "on_exit", ON_EXIT))
         system = tuple(os.path.realpath(p) for p in self.system_roots)  # resolved once
         self._check_overlaps(system)
@@ -448,7 +454,10 @@ class Policy:
         for key, value in data.items():
             name = "native_local" if key == "nativeLocal" else key
             if name not in known:
-                raise PolicyError(f"{source}: unknown key {values.show(key)}")
+                meant = values.near_miss(str(key), sorted(known))
+                raise PolicyError(f"{source}: unknown key {values.show(key)}"
+                                  + (f" (did you mean {meant!r}?)" if meant else
+                                     " (the keys: docs/policy.md)"))
             kwargs[name] = value
         for k, v in (fallback or {}).items():
             kwargs.setdefault(k, v)

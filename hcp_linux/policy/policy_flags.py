@@ -20,6 +20,7 @@ from . import ladder
 from .environment import is_injection_key
 from ..errors import PolicyError, SandboxError
 from .limits import Limits
+from .values import is_duration_text
 from .policy import DEFAULT_SECCOMP_PROFILES, DEFAULT_SYSTEM_ROOTS, NETWORK_MODES, Policy
 
 #: What `--env` accepts as a name: the portable shell name, as a pack's wrap.agent_env
@@ -90,6 +91,20 @@ def _add(dest: str) -> Callable[[Any, Any], Any]:
 def _replace_set(dest: str) -> Callable[[Any, Any], Any]:
     """A set with a default: given, the flags' items replace it (and a file's)."""
     return lambda a, old: tuple(getattr(a, dest)) if getattr(a, dest) else KEEP
+
+
+def duration_text(text: str) -> float | str:
+    """``--timeout``'s value, its syntax checked (a usage error, exit 2, when it is none of
+    Policy's spellings); Policy checks the range (exit 125). A number is a float; ``30s``,
+    ``1.5m``, ``500ms`` stay text for Policy to read (hcp_linux.policy.values.duration)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if is_duration_text(text):
+        return text
+    raise ValueError(f"invalid duration {text!r}: give seconds, or a number with a unit, "
+                     f"like 30s, 1.5m, 1h, 500ms")
 
 
 def env_pairs(items: Sequence[Any]) -> dict[str, str]:
@@ -185,10 +200,11 @@ FIELDS: tuple[Field, ...] = (
           "pseudo-terminals (`script`, `ssh -t`, Python's `pty`); needs the mount view",
           help="give the sandbox its own /dev/pts so it can open pseudo-terminals"),
     Field("write_roots", "--write-root", APPEND, _add("write_root"),
-          _repeated("--write-root"), _ROOTS, "`[]`", "extra writable roots", metavar="DIR"),
+          _repeated("--write-root"), _ROOTS, "`[]`", "extra writable roots", metavar="DIR",
+          help="a directory the command may also write, besides the jail (repeatable)"),
     Field("read_only_roots", "--read-only-root", APPEND, _add("read_only_root"),
           _repeated("--read-only-root"), _ROOTS, "`[]`", "extra read-only roots",
-          metavar="DIR"),
+          metavar="DIR", help="a directory the command may read, not write (repeatable)"),
     Field("read_only_paths", "--read-only-path", APPEND, _add("read_only_path"),
           _repeated("--read-only-path"), _ROOTS, "`[]`",
           "carve-outs: existing files or directories inside a granted root, bound read-only "
@@ -256,17 +272,24 @@ FIELDS: tuple[Field, ...] = (
           help="append each egress decision as JSON"),
     Field("allow_bins", "--allow-bin", APPEND, _add("allow_bin"), _repeated("--allow-bin"),
           "list of names or absolute paths", "the command itself", "HCP allow-list",
-          metavar="BIN"),
+          metavar="BIN",
+          help="a binary the command may be (default: the command itself); a bare name "
+               "matches a bare command, a path that path (repeatable)"),
     Field("env", "--env", APPEND, _merge_env,
           lambda env: [f"--env={k}={v}" for k, v in env.items()],
-          "table", "`{}`", "variables set in the child", metavar="KEY=VALUE"),
+          "table", "`{}`", "variables set in the child", metavar="KEY=VALUE",
+          help="set KEY in the command's environment, which is otherwise scrubbed "
+               "(repeatable)"),
     Field("timeout", "--timeout", ONCE, _replace("timeout"),
           lambda t: [] if t is None else [f"--timeout={t!r}"],
           "seconds (`30`, `30s`, `1.5m`)", "none", "kill the sandbox after this long",
-          metavar="SECONDS", type=float),
+          metavar="DURATION", type=duration_text,
+          help="kill the whole sandbox after this long (30, 30s, 1.5m, 1h; exit 124)"),
     Field("allow_degraded", "--allow-degraded", APPEND, _add("allow_degraded"),
           lambda layers: [f"--allow-degraded={x}" for x in sorted(layers)],
-          "list of layers", "`[]`", "layers the run may go without", metavar="LAYER"),
+          "list of layers", "`[]`", "layers the run may go without", metavar="LAYER",
+          help="run even if this host cannot enforce LAYER (userns, mountns, netns, ipcns, "
+               "pidns, landlock, seccomp, namespaces); the receipt says so (repeatable)"),
     Field("rung", "--rung", ONCE, _replace("rung"),
           lambda rung: [] if rung == ladder.DEFAULT else [f"--rung={rung}"],
           r" \| ".join(f'`"{r}"`' for r in ladder.NAMES), f'`"{ladder.DEFAULT}"`',
@@ -284,12 +307,15 @@ FIELDS: tuple[Field, ...] = (
     Field("sandbox", "--no-sandbox", SWITCH,
           lambda a, old: (not a.no_sandbox) if _mode(a) else KEEP,
           lambda on: [] if on else ["--no-sandbox"],
-          "boolean", "`true`", "`false` with `native_local = true`: native-local mode"),
+          "boolean", "`true`", "`false` with `native_local = true`: native-local mode",
+          help="with --native-local: run on the host unconfined (allow-list, environment, "
+               "limits and receipt only; docs/policy.md)"),
     Field("native_local", "--native-local", SWITCH,
           lambda a, old: a.native_local if _mode(a) else KEEP,
           lambda on: ["--native-local"] if on else [],
           "boolean", "`false`", "`true` with `sandbox = false`: native-local mode",
-          key="`native_local` (`nativeLocal`)"),
+          key="`native_local` (`nativeLocal`)",
+          help="with --no-sandbox: native-local mode, the command runs unconfined"),
     Field("limits", "--limit", APPEND, _merge_limits, _limits,
           "table", "below", "resource limits", metavar="KEY=VALUE",
           help="resource limit, e.g. nproc=256 fsize=1g as=4g tmp_size=512m "

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..errors import PolicyError, printable
 
@@ -137,6 +137,13 @@ def size(value: Any, field: str, lo: int = 1, hi: int = SIZE_MAX, *, hint: str =
     return n
 
 
+def is_duration_text(text: str) -> bool:
+    """Whether ``text`` is spelled as `duration` reads text (``30``, ``30s``, ``1.5m``...);
+    its range is not checked."""
+    m = _DURATION.fullmatch(text)
+    return m is not None and len(m.group(1)) <= _DIGITS
+
+
 def duration(value: Any, field: str, hi: float, *, whole: bool = False,
              hint: str = "") -> float:
     """Seconds in ``(0, hi]``: an ``int``/``float`` or text like ``30``, ``1.5``, ``30s``,
@@ -211,7 +218,8 @@ def text_path(value: Any, field: str) -> str:
     if _CONTROL.search(value):
         raise PolicyError(f"{field}: {show(value)}: path contains a control character")
     if not os.path.isabs(value):
-        raise PolicyError(f"{field}: {show(value)} is not an absolute path")
+        raise PolicyError(f"{field}: {show(value)} is not an absolute path"
+                          + (" (give one, e.g. starting with $PWD/)" if value else ""))
     if len(os.fsencode(value)) >= PATH_MAX:
         raise PolicyError(f"{field}: path longer than {PATH_MAX - 1} bytes")
     return os.path.normpath(value)
@@ -484,6 +492,35 @@ def read_document(path: str, source: str, error: type[PolicyError] = PolicyError
     return raw
 
 
+def near_miss(key: str, known: Sequence[str], cutoff: float = 0.8) -> str | None:
+    """The known key ``key`` is a misspelling of: camelCase or dashed spelling, another case,
+    or one edit away (difflib ratio >= ``cutoff``). For packs' and policy files' keys, and
+    the names a value may take (layers, limits, modes)."""
+    import difflib
+    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).replace("-", "_").lower()
+    if snake in known:
+        return snake
+    close = difflib.get_close_matches(snake, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def did_you_mean(value: Any, known: Sequence[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` when ``value`` is a near miss of one of ``known``, else ""."""
+    meant = near_miss(value, known, cutoff) if isinstance(value, str) and value else None
+    return f" (did you mean {meant!r}?)" if meant else ""
+
+
+def _is_json_object(text: str) -> bool:
+    """Whether ``text``, which TOML refused, is a JSON object (a policy written as JSON)."""
+    import json
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 def parse_document(raw: bytes, source: str, kind: str,
                    error: type[PolicyError] = PolicyError) -> Any:
     """Parse ``raw`` as ``kind`` ("toml" or "json"), then bound its depth. Every failure is
@@ -506,6 +543,9 @@ def parse_document(raw: bytes, source: str, kind: str,
     except json.JSONDecodeError as e:
         raise error(f"{source}: malformed JSON: {printable(str(e))}") from None
     except tomllib.TOMLDecodeError as e:
+        if _is_json_object(text):
+            raise error(f"{source}: is JSON; it must be TOML: `key = value` lines "
+                        f"(jail = \"/srv/jail\", allow_bins = [\"sh\"])") from None
         raise error(f"{source}: malformed TOML: {printable(str(e))}") from None
     except ValueError as e:  # a parser's other refusals (an integer of 5000 digits)
         raise error(f"{source}: malformed {kind.upper()}: {show(str(e))}") from None
