@@ -162,6 +162,9 @@ class _Channels:
     childs: list[int] = field(default_factory=list)
     proxy_end: int = -1
     child_end: int = -1
+    # the proxy's log, opened before anything is spawned: a refusal (a link where the log
+    # was) means nothing ran; the proxy owns it once it serves
+    proxy_log: IO[str] | None = None
 
     def close_childs(self) -> None:
         for fd in self.childs:
@@ -174,6 +177,9 @@ class _Channels:
             if fd is not None:
                 os.close(fd)
         self.ends = []
+        if self.proxy_log is not None:
+            self.proxy_log.close()
+            self.proxy_log = None
 
 
 def _open_channels(plan: Plan, specs: Sequence[Any], stdio: Stdio) -> _Channels:
@@ -194,6 +200,7 @@ def _open_channels(plan: Plan, specs: Sequence[Any], stdio: Stdio) -> _Channels:
             chans.ends.append(end)
         _refuse_reopenable_stdio(plan, chans.fds)
         if plan.proxy:
+            chans.proxy_log = _open_proxy_log(plan.policy.proxy_log)
             proxy_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM
                                                       | socket.SOCK_CLOEXEC)
             chans.proxy_end, chans.child_end = proxy_sock.detach(), child_sock.detach()
@@ -324,7 +331,8 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
                             f"it was killed and the run started afresh")
     if plan.proxy:
         try:
-            proc.observe(proxy=_start_proxy(plan, chans.proxy_end, proc.receipt))
+            log_file, chans.proxy_log = chans.proxy_log, None  # the proxy's from here
+            proc.observe(proxy=_start_proxy(plan, chans.proxy_end, proc.receipt, log_file))
         except BaseException:
             proc.kill()  # no proxy, no run: the command must not go on without its way out
             proc.wait()
@@ -413,8 +421,20 @@ def _abandon(pid: int, pidns: bool, done_r: int) -> None:
     teardown.reaper().reap(pid)
 
 
-def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
-    """Receive the listening socket the sandbox made in its namespace; serve the proxy."""
+def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any],
+                 log_file: IO[str] | None) -> Any:
+    """Receive the listening socket the sandbox made in its namespace; serve the proxy,
+    logging to ``log_file`` (closed here when the proxy does not start)."""
+    try:
+        return _serve_proxy(plan, channel, receipt, log_file)
+    except BaseException:
+        if log_file is not None:
+            log_file.close()
+        raise
+
+
+def _serve_proxy(plan: Plan, channel: int, receipt: dict[str, Any],
+                 log_file: IO[str] | None) -> Any:
     from ..egress import ProxyThread  # off the spawn path unless network = "allow"
 
     with socket.socket(fileno=channel) as ch:
@@ -439,7 +459,6 @@ def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
                                               synthetic="%s/%d" % SYNTHETIC_NET,
                                               captured_ports=list(plan.capture_ports),
                                               **plan.policy.egress().describe()))
-    log_file = _open_proxy_log(plan.policy.proxy_log)
 
     def log(decision: dict[str, Any]) -> None:
         if len(decisions) < 10_000:
@@ -450,12 +469,7 @@ def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any]) -> Any:
 
     proxy = ProxyThread(plan.policy.egress(), listener, log=log, captured=captured,
                         resolver=resolver)
-    try:
-        proxy.start()
-    except BaseException:
-        if log_file is not None:
-            log_file.close()
-        raise
+    proxy.start()
     return _ProxyRun(proxy, log_file)
 
 
