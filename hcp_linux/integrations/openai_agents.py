@@ -1,0 +1,187 @@
+"""hcp-linux as a sandbox client of the OpenAI Agents SDK (``pip install
+'hcp-linux[openai-agents]'``): ``HcpSandboxClient()`` where ``UnixLocalSandboxClient()`` was.
+
+The SDK's ``UnixLocalSandboxClient`` runs an agent's commands on the host: its own docs say
+that on Linux it adds no OS-level confinement. :class:`HcpSandboxClient` makes the same
+sessions (its session is a ``UnixLocalSandboxSession``: the manifest's workspace on the host,
+the SDK's own path policy, snapshots, manifest application) and changes what crosses into
+the host:
+
+- every ``exec`` runs in the session's :class:`~hcp_linux.integrations.box.Box`, a lasting
+  hcp-linux confinement whose jail is the manifest's root: namespaces, the read-only system
+  roots, Landlock, seccomp, network per the policy (default none); ``timeout`` kills the
+  whole tree and raises the SDK's ``ExecTimeoutError``. The command's environment is the
+  manifest's ``environment`` over the policy's, never the host's (the local client passes
+  the host's whole environment by default: API keys included).
+- pty exec is not offered (``supports_pty()`` is False): the SDK's tools then use ``exec``.
+- ``read``/``write`` (and so manifest entries, which are written through them) go through
+  the box: a helper in the confinement reads or writes, in the sandbox's own view.
+- the manifest: ``root`` is the jail (a fresh temp directory, removed at ``delete``, when
+  the manifest keeps the SDK's default root); ``extra_path_grants`` become ``write_roots``
+  or ``read_only_roots``; ``host_path`` grants, ``users`` and ``groups`` are refused (by the
+  SDK's own checks, by name), as the local client refuses them.
+
+Nothing else in hcp_linux imports this module or the SDK.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import io
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from agents.sandbox.errors import (ExecTimeoutError, ExecTransportError,
+                                   WorkspaceArchiveReadError, WorkspaceArchiveWriteError,
+                                   WorkspaceReadNotFoundError)
+from agents.sandbox.manifest import Manifest
+from agents.sandbox.sandboxes import unix_local
+from agents.sandbox.sandboxes.unix_local import (UnixLocalSandboxClient,
+                                                 UnixLocalSandboxClientOptions,
+                                                 UnixLocalSandboxSession,
+                                                 UnixLocalSandboxSessionState)
+from agents.sandbox.session.sandbox_session import SandboxSession
+from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
+from agents.sandbox.types import ExecResult, User
+
+from ..errors import BinNotFoundError, SandboxError
+from ..policy.policy import Policy
+from .box import Box
+
+__all__ = ["HcpSandboxClient", "HcpSandboxSession", "policy_for"]
+
+
+def policy_for(manifest: Manifest, policy: Policy) -> Policy:
+    """``policy`` with the manifest's root as its jail and its path grants as roots."""
+    writable = [g.path for g in manifest.extra_path_grants if not g.read_only]
+    read_only = [g.path for g in manifest.extra_path_grants if g.read_only]
+    return dataclasses.replace(
+        policy, jail=str(manifest.root),
+        write_roots=tuple(policy.write_roots) + tuple(writable),
+        read_only_roots=tuple(policy.read_only_roots) + tuple(read_only))
+
+
+class HcpSandboxSession(UnixLocalSandboxSession):
+    """A ``UnixLocalSandboxSession`` whose commands and file reads and writes are confined
+    by hcp-linux (one :class:`Box` per session, made at the first command)."""
+
+    _hcp_policy: Policy
+    _hcp_box: Box | None
+
+    def _box(self) -> Box:
+        if self._hcp_box is None or self._hcp_box.closed:
+            self._hcp_box = Box(policy_for(self.state.manifest, self._hcp_policy),
+                                jail=str(self.state.manifest.root))
+        return self._hcp_box
+
+    def supports_pty(self) -> bool:
+        return False  # the SDK's tools fall back to exec, which is confined
+
+    async def _exec_internal(self, *command: str | Path,
+                             timeout: float | None = None) -> ExecResult:
+        argv = [str(c) for c in command]
+        env = await self.state.manifest.environment.resolve()
+        env["HOME"] = str(self.state.manifest.root)
+        try:
+            box = await asyncio.to_thread(self._box)
+            r = await asyncio.to_thread(functools.partial(box.run, argv, env=env,
+                                                          timeout=timeout))
+        except BinNotFoundError as e:
+            return ExecResult(stdout=b"", stderr=f"{e}\n".encode(), exit_code=127)
+        except (SandboxError, OSError) as e:
+            raise ExecTransportError(command=command, cause=e) from e
+        if r.timed_out:
+            raise ExecTimeoutError(command=command, timeout_s=timeout,
+                                   cause=TimeoutError("killed with every process it started"))
+        return ExecResult(stdout=r.stdout, stderr=r.stderr, exit_code=r.returncode)
+
+    async def pty_exec_start(self, *command: str | Path, **kwargs: Any) -> Any:
+        raise ExecTransportError(command=command, context={
+            "reason": "hcp-linux offers no pty exec; use exec (confined)"})
+
+    async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
+        if user is not None:
+            await self._check_read_with_exec(path, user=user)
+        target = self.normalize_path(path)
+        try:
+            data = await asyncio.to_thread(self._box().read, str(target), 1 << 34)
+        except FileNotFoundError as e:
+            raise WorkspaceReadNotFoundError(path=path, cause=e) from e
+        except (OSError, SandboxError) as e:
+            raise WorkspaceArchiveReadError(path=path, cause=e) from e
+        return io.BytesIO(data)
+
+    async def write(self, path: Path, data: io.IOBase, *,
+                    user: str | User | None = None) -> None:
+        if user is not None:
+            raise WorkspaceArchiveWriteError(path=path, cause=PermissionError(
+                "hcp-linux runs every command as one user: no write as another"))
+        payload = unix_local.coerce_write_payload(path=path, data=data)
+        target = self.normalize_path(path, for_write=True)
+        content = payload.stream.read()
+        if isinstance(content, str):
+            content = content.encode("utf-8")
+        try:
+            await asyncio.to_thread(self._box().write, str(target), bytes(content))
+        except (OSError, SandboxError) as e:
+            raise WorkspaceArchiveWriteError(path=target, cause=e) from e
+
+    async def _after_shutdown(self) -> None:
+        await super()._after_shutdown()
+        if self._hcp_box is not None:
+            await asyncio.to_thread(self._hcp_box.close)
+
+
+class HcpSandboxClient(UnixLocalSandboxClient):
+    """The SDK's local client, with every command confined by hcp-linux under ``policy``
+    (default: the default :class:`~hcp_linux.Policy`, network none)."""
+
+    backend_id = "hcp_linux"
+
+    def __init__(self, policy: Policy | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.policy = policy if policy is not None else Policy()
+
+    def _session(self, state: UnixLocalSandboxSessionState) -> SandboxSession:
+        inner = HcpSandboxSession.from_state(state)
+        assert isinstance(inner, HcpSandboxSession)
+        inner._hcp_policy = self.policy
+        inner._hcp_box = None
+        inner._host_environment_allowlist = frozenset()  # nothing of the host's environment
+        return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    async def create(self, *, snapshot: SnapshotSpec | SnapshotBase | None = None,
+                     manifest: Manifest | None = None,
+                     options: UnixLocalSandboxClientOptions | None = None) -> SandboxSession:
+        options = options if options is not None else UnixLocalSandboxClientOptions()
+        manifest = manifest if manifest is not None else Manifest()
+        unix_local._assert_unix_local_host_path_grants_unsupported(manifest)
+        self._validate_manifest_for_create(manifest)
+        owned = manifest.root == unix_local._DEFAULT_MANIFEST_ROOT
+        if owned:
+            root = tempfile.mkdtemp(prefix=unix_local._DEFAULT_WORKSPACE_PREFIX)
+            manifest = manifest.model_copy(update={"root": root}, deep=True)
+        policy_for(manifest, self.policy)  # a bad grant fails here, by name
+        session_id = uuid.uuid4()
+        state = UnixLocalSandboxSessionState(
+            session_id=session_id, manifest=manifest,
+            snapshot=resolve_snapshot(snapshot, str(session_id)),
+            workspace_root_owned=owned, exposed_ports=options.exposed_ports)
+        return self._session(state)
+
+    async def resume(self, state: Any) -> SandboxSession:
+        if not isinstance(state, UnixLocalSandboxSessionState):
+            raise TypeError("HcpSandboxClient.resume expects a UnixLocalSandboxSessionState")
+        state.assert_path_grants_rebound()
+        unix_local._assert_unix_local_host_path_grants_unsupported(state.manifest)
+        return self._session(state)
+
+    async def delete(self, session: SandboxSession) -> SandboxSession:
+        inner = session._inner
+        if isinstance(inner, HcpSandboxSession) and inner._hcp_box is not None:
+            await asyncio.to_thread(inner._hcp_box.close)
+        return await super().delete(session)
