@@ -6,9 +6,10 @@ Needs the frameworks (scripts/test-frameworks's venv, or FRAMEWORKS_VENV). Rows,
 p95 wall ms over ``--runs`` calls, in one event loop:
 
 - Inspect AI (hcp-linux with a session per sample, the default, and with a confinement per
-  command, ``HcpLinuxConfig(session=False)``): a sample's setup and cleanup (``sample_init`` + ``sample_cleanup``); the same
-  with one ``exec(["true"])`` in between (hcp-linux starts the sample's session at its first
-  command); ``exec(["true"])`` in a live sample; ``write_file`` + ``read_file`` of 1 KiB.
+  command, ``HcpLinuxConfig(session=False)``): a sample's setup and cleanup
+  (``sample_init`` + ``sample_cleanup``); the same with one ``exec(["true"])`` in between
+  (hcp-linux starts the sample's session at its first command); ``exec(["true"])`` in a
+  live sample; ``write_file`` + ``read_file`` of 1 KiB.
 - OpenAI Agents SDK: ``create()`` + one ``exec("true")`` + ``delete``; ``exec("true")`` in a
   live session.
 

@@ -319,17 +319,18 @@ class Session:
                 self._pending.pop(ident, None)
 
     def _collect(self, ident: int, pending: _Pending, out_r: int, err_r: int,
-                 limit: float | None, cap: int | None, stdin: list[int | None] | None = None,
-                 data: bytes | None = None) -> tuple[bytes, bytes, bool, bool, bool]:
+                 limit: float | None, cap: int | None,
+                 stdin: list[int | None] | None = None, data: bytes | None = None
+                 ) -> tuple[bytes, bytes, bool, bool, bool]:
         """Read both streams until they end and the command has ended, keeping at most
         ``cap`` bytes of each, while ``data`` is written to ``stdin[0]`` (non-blocking, in
         the same loop, so that a command that writes before it reads cannot deadlock us); at
         its end, or once the command stops reading (EPIPE) or has ended, that fd is closed
-        and ``stdin[0]`` set to None. Past ``limit`` s, kill the command (its keeper kills its whole
-        tree) and give it :data:`GRACE` s more; once it has ended, give whatever still holds
-        the pipes :data:`DRAIN` s. Then stop reading (the pipes are abandoned); a command
-        that has not ended by then ends the session (fail closed: everything in it is
-        killed). Returns (stdout, stderr, timed out, truncated, abandoned)."""
+        and ``stdin[0]`` set to None. Past ``limit`` s, kill the command (its keeper kills
+        its whole tree) and give it :data:`GRACE` s more; once it has ended, give whatever
+        still holds the pipes :data:`DRAIN` s. Then stop reading (the pipes are abandoned); a
+        command that has not ended by then ends the session (fail closed: everything in it
+        is killed). Returns (stdout, stderr, timed out, truncated, abandoned)."""
         bufs = {out_r: bytearray(), err_r: bytearray()}
         truncated = timed_out = abandoned = False
         deadline = None if limit is None else time.monotonic() + limit

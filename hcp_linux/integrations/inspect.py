@@ -30,12 +30,13 @@ import functools
 import os
 from typing import Any, Literal, Union, overload
 
-import anyio
-from pydantic import BaseModel, ConfigDict
-
-from inspect_ai.util import (ExecResult, OutputLimitExceededError, SandboxEnvironment,
-                             SandboxEnvironmentConfigType, SandboxEnvironmentLimits,
-                             SandboxUserUnsupportedError, sandboxenv)
+# Each framework import is ignored when it is absent: `mypy -p hcp_linux` runs without the
+# extras (as for hcp_linux.ray).
+import anyio  # type: ignore[import-not-found, unused-ignore]
+from pydantic import BaseModel, ConfigDict  # type: ignore[import-not-found, unused-ignore]
+from inspect_ai.util import (  # type: ignore[import-not-found, unused-ignore]
+    ExecResult, OutputLimitExceededError, SandboxEnvironment, SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits, SandboxUserUnsupportedError, sandboxenv)
 
 from ..errors import (BinNotExecutableError, BinNotFoundError, NotAllowlistedError,
                       PolicyError)

@@ -35,18 +35,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agents.sandbox.errors import (ExecTimeoutError, ExecTransportError,
-                                   WorkspaceArchiveReadError, WorkspaceArchiveWriteError,
-                                   WorkspaceReadNotFoundError)
-from agents.sandbox.manifest import Manifest
-from agents.sandbox.sandboxes import unix_local
-from agents.sandbox.sandboxes.unix_local import (UnixLocalSandboxClient,
-                                                 UnixLocalSandboxClientOptions,
-                                                 UnixLocalSandboxSession,
-                                                 UnixLocalSandboxSessionState)
-from agents.sandbox.session.sandbox_session import SandboxSession
-from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
-from agents.sandbox.types import ExecResult, User
+# Each SDK import is ignored when it is absent: `mypy -p hcp_linux` runs without the extras.
+from agents.sandbox.errors import (  # type: ignore[import-not-found, unused-ignore]
+    ExecTimeoutError, ExecTransportError, WorkspaceArchiveReadError, WorkspaceArchiveWriteError,
+    WorkspaceReadNotFoundError)
+from agents.sandbox.manifest import Manifest  # type: ignore[import-not-found, unused-ignore]
+from agents.sandbox.sandboxes import unix_local  # type: ignore[import-not-found, unused-ignore]
+from agents.sandbox.sandboxes.unix_local import (  # type: ignore[import-not-found, unused-ignore]
+    UnixLocalSandboxClient, UnixLocalSandboxClientOptions, UnixLocalSandboxSession,
+    UnixLocalSandboxSessionState)
+from agents.sandbox.session import sandbox_session  # type: ignore[import-not-found, unused-ignore]
+from agents.sandbox.snapshot import (  # type: ignore[import-not-found, unused-ignore]
+    SnapshotBase, SnapshotSpec, resolve_snapshot)
+from agents.sandbox.types import ExecResult, User  # type: ignore[import-not-found, unused-ignore]
 
 from ..errors import BinNotFoundError, SandboxError
 from ..policy.policy import Policy
@@ -146,7 +147,7 @@ class HcpSandboxClient(UnixLocalSandboxClient):
         super().__init__(**kwargs)
         self.policy = policy if policy is not None else Policy()
 
-    def _session(self, state: UnixLocalSandboxSessionState) -> SandboxSession:
+    def _session(self, state: UnixLocalSandboxSessionState) -> sandbox_session.SandboxSession:
         inner = HcpSandboxSession.from_state(state)
         assert isinstance(inner, HcpSandboxSession)
         inner._hcp_policy = self.policy
@@ -156,7 +157,8 @@ class HcpSandboxClient(UnixLocalSandboxClient):
 
     async def create(self, *, snapshot: SnapshotSpec | SnapshotBase | None = None,
                      manifest: Manifest | None = None,
-                     options: UnixLocalSandboxClientOptions | None = None) -> SandboxSession:
+                     options: UnixLocalSandboxClientOptions | None = None
+                     ) -> sandbox_session.SandboxSession:
         options = options if options is not None else UnixLocalSandboxClientOptions()
         manifest = manifest if manifest is not None else Manifest()
         unix_local._assert_unix_local_host_path_grants_unsupported(manifest)
@@ -173,14 +175,15 @@ class HcpSandboxClient(UnixLocalSandboxClient):
             workspace_root_owned=owned, exposed_ports=options.exposed_ports)
         return self._session(state)
 
-    async def resume(self, state: Any) -> SandboxSession:
+    async def resume(self, state: Any) -> sandbox_session.SandboxSession:
         if not isinstance(state, UnixLocalSandboxSessionState):
             raise TypeError("HcpSandboxClient.resume expects a UnixLocalSandboxSessionState")
         state.assert_path_grants_rebound()
         unix_local._assert_unix_local_host_path_grants_unsupported(state.manifest)
         return self._session(state)
 
-    async def delete(self, session: SandboxSession) -> SandboxSession:
+    async def delete(self, session: sandbox_session.SandboxSession
+                     ) -> sandbox_session.SandboxSession:
         inner = session._inner
         if isinstance(inner, HcpSandboxSession) and inner._hcp_box is not None:
             await asyncio.to_thread(inner._hcp_box.close)
