@@ -45,13 +45,48 @@ from ..session import PYTHON, Session, SessionEnded
 __all__ = ["Box", "BoxResult", "FileTooLargeError", "FILE_HELPER"]
 
 #: The file helper: run inside the box by the sandbox's own interpreter (``python3 -I -S``,
-#: stdlib only). ``read PATH LIMIT``: the regular file's bytes on stdout, or exit 4 with its
-#: size when it is larger than LIMIT (never read a FIFO or a device: it could block or never
-#: end). ``write PATH``: stdin into PATH, parents made. Any OSError: exit 3, "errno N" on
+#: stdlib only). ``read PATH MODE LIMIT``: the regular file's bytes on stdout, or exit 4 with
+#: its size when it is larger than LIMIT (never read a FIFO or a device: it could block or
+#: never end). ``write PATH MODE``: stdin into PATH, parents made. MODE ``follow`` resolves
+#: PATH as open(2) does (in the sandbox's view); ``nofollow`` walks it one component at a
+#: time with O_NOFOLLOW and refuses a symlink anywhere (ELOOP), for callers that resolved the
+#: path already and must not be sent elsewhere by a link swapped in since. Any OSError: exit 3, "errno N" on
 #: stderr, so the runtime raises the same OSError subclass (FileNotFoundError,
 #: PermissionError, IsADirectoryError...) with the caller's path in it.
 FILE_HELPER = r'''
-import os, stat, sys
+import errno, os, stat, sys
+DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+def walk(path, create):
+    """(the fd of the directory holding path's last name, that name), one component at a
+    time with O_NOFOLLOW: no symlink is followed anywhere on the way."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise OSError(errno.EINVAL, "")
+    fd = os.open("/" if path.startswith("/") else ".", DIR)
+    for name in parts[:-1]:
+        try:
+            nfd = os.open(name, DIR, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(name, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass
+            nfd = os.open(name, DIR, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    return fd, parts[-1]
+def opener(path, flags, create, nofollow):
+    if not nofollow:
+        if create and os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, 0o644)
+    dfd, name = walk(path, create)
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 def copy(src, dst):
     while True:
         chunk = os.read(src, 1 << 20)
@@ -60,10 +95,12 @@ def copy(src, dst):
         view = memoryview(chunk)
         while view:
             view = view[os.write(dst, view):]
-def main(op, path, *rest):
+def main(op, path, nofollow, *rest):
+    nofollow = nofollow == "nofollow"
     try:
         if op == "read":
-            fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = opener(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC, False,
+                        nofollow)
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
                 raise IsADirectoryError(21, "")
@@ -75,11 +112,8 @@ def main(op, path, *rest):
             os.set_blocking(fd, True)
             copy(fd, 1)
         else:
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOCTTY
-                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            fd = opener(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOCTTY
+                        | os.O_NONBLOCK | os.O_CLOEXEC, True, nofollow)
             os.set_blocking(fd, True)
             copy(0, fd)
             os.close(fd)
@@ -237,19 +271,20 @@ class Box:
 
     # --- files -------------------------------------------------------------------------------
 
-    def _file(self, op: str, path: str, *args: str, data: bytes | None = None,
+    def _file(self, op: str, path: str, follow: bool, *args: str, data: bytes | None = None,
               cap: int | None = None) -> BoxResult:
         if not isinstance(path, str) or not path or "\0" in path:
             raise ValueError(f"path {path!r}: expected a non-empty path")
-        return self.run([*_HELPER_ARGV, op, path, *args], input=data, output_cap=cap,
-                        ours=True, env={})
+        return self.run([*_HELPER_ARGV, op, path, "follow" if follow else "nofollow", *args],
+                        input=data, output_cap=cap, ours=True, env={})
 
-    def read(self, path: str, limit: int) -> bytes:
+    def read(self, path: str, limit: int, *, follow: bool = True) -> bytes:
         """The bytes of the regular file at ``path`` as the sandbox sees it (relative: in the
         jail), read by a command in the box. Raises the OSError the read raised in there
         (FileNotFoundError, PermissionError, IsADirectoryError...), :class:`FileTooLargeError`
-        past ``limit`` bytes."""
-        r = self._file("read", path, str(limit), cap=limit + 1)
+        past ``limit`` bytes. ``follow=False``: a symlink anywhere on the path is refused
+        (ELOOP) instead of followed (in the view)."""
+        r = self._file("read", path, follow, str(limit), cap=limit + 1)
         self._check(r, path)
         m = _SIZE.match(r.stderr)
         if r.returncode == 4 and m:
@@ -258,10 +293,11 @@ class Box:
             raise FileTooLargeError(path, len(r.stdout), limit)
         return r.stdout
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes, *, follow: bool = True) -> None:
         """Write ``data`` to ``path`` as the sandbox sees it (parents made), by a command in
-        the box; raises the OSError the write raised in there."""
-        self._check(self._file("write", path, data=bytes(data)), path)
+        the box; raises the OSError the write raised in there. ``follow``: as for
+        :meth:`read`."""
+        self._check(self._file("write", path, follow, data=bytes(data)), path)
 
     @staticmethod
     def _check(r: BoxResult, path: str) -> None:

@@ -15,7 +15,10 @@ the host:
   the host's whole environment by default: API keys included).
 - pty exec is not offered (``supports_pty()`` is False): the SDK's tools then use ``exec``.
 - ``read``/``write`` (and so manifest entries, which are written through them) go through
-  the box: a helper in the confinement reads or writes, in the sandbox's own view.
+  the box: a helper in the confinement reads or writes, in the sandbox's own view, walking
+  the path the SDK resolved with ``O_NOFOLLOW`` (a link swapped in since is refused); the
+  box is made only on the root the session was created on. ``ls``, ``mkdir``, ``rm``,
+  ``mv`` stay the SDK's own host-side operations, behind its path policy.
 - the manifest: ``root`` is the jail (a fresh temp directory, removed at ``delete``, when
   the manifest keeps the SDK's default root); ``extra_path_grants`` become ``write_roots``
   or ``read_only_roots``; ``host_path`` grants, ``users`` and ``groups`` are refused (by the
@@ -37,8 +40,8 @@ from typing import Any
 
 # Each SDK import is ignored when it is absent: `mypy -p hcp_linux` runs without the extras.
 from agents.sandbox.errors import (  # type: ignore[import-not-found, unused-ignore]
-    ExecTimeoutError, ExecTransportError, WorkspaceArchiveReadError, WorkspaceArchiveWriteError,
-    WorkspaceReadNotFoundError)
+    ExecTimeoutError, ExecTransportError, InvalidManifestPathError, WorkspaceArchiveReadError,
+    WorkspaceArchiveWriteError, WorkspaceReadNotFoundError)
 from agents.sandbox.manifest import Manifest  # type: ignore[import-not-found, unused-ignore]
 from agents.sandbox.sandboxes import unix_local  # type: ignore[import-not-found, unused-ignore]
 from agents.sandbox.sandboxes.unix_local import (  # type: ignore[import-not-found, unused-ignore]
@@ -70,13 +73,29 @@ class HcpSandboxSession(UnixLocalSandboxSession):
     """A ``UnixLocalSandboxSession`` whose commands and file reads and writes are confined
     by hcp-linux (one :class:`Box` per session, made at the first command)."""
 
-    _hcp_policy: Policy
-    _hcp_box: Box | None
+    def __init__(self, *, state: UnixLocalSandboxSessionState,
+                 policy: Policy | None = None) -> None:
+        super().__init__(state=state)
+        self._hcp_policy = policy if policy is not None else Policy()
+        self._hcp_box: Box | None = None
+        # the root's identity when the session was made (None: not there yet): the box is
+        # made only on that directory, never on whatever replaced it since (a symlink to
+        # elsewhere), as the local client pins its root
+        self._hcp_root: tuple[int, int] | None = _identity(str(state.manifest.root))
+        # nothing of the host's environment reaches a command (the local client's default
+        # passes all of it); the manifest's environment does
+        self._host_environment_allowlist = frozenset()
 
     def _box(self) -> Box:
         if self._hcp_box is None or self._hcp_box.closed:
-            self._hcp_box = Box(policy_for(self.state.manifest, self._hcp_policy),
-                                jail=str(self.state.manifest.root))
+            root = str(self.state.manifest.root)
+            now = _identity(root)
+            if now is None or (self._hcp_root is not None and now != self._hcp_root):
+                raise InvalidManifestPathError(rel=root, reason="escape_root", context={
+                    "why": "the workspace root is not the directory the session was made "
+                           "on (missing, a symlink, or replaced)"})
+            self._hcp_root = now
+            self._hcp_box = Box(policy_for(self.state.manifest, self._hcp_policy), jail=root)
         return self._hcp_box
 
     def supports_pty(self) -> bool:
@@ -109,9 +128,14 @@ class HcpSandboxSession(UnixLocalSandboxSession):
             await self._check_read_with_exec(path, user=user)
         target = self.normalize_path(path)
         try:
-            data = await asyncio.to_thread(self._box().read, str(target), 1 << 34)
+            box = await asyncio.to_thread(self._box)
+            # the SDK resolved the path (normalize_path): a link met now was swapped in since
+            data = await asyncio.to_thread(functools.partial(box.read, str(target), 1 << 34,
+                                                             follow=False))
         except FileNotFoundError as e:
             raise WorkspaceReadNotFoundError(path=path, cause=e) from e
+        except InvalidManifestPathError:
+            raise
         except (OSError, SandboxError) as e:
             raise WorkspaceArchiveReadError(path=path, cause=e) from e
         return io.BytesIO(data)
@@ -127,7 +151,11 @@ class HcpSandboxSession(UnixLocalSandboxSession):
         if isinstance(content, str):
             content = content.encode("utf-8")
         try:
-            await asyncio.to_thread(self._box().write, str(target), bytes(content))
+            box = await asyncio.to_thread(self._box)
+            await asyncio.to_thread(functools.partial(box.write, str(target), bytes(content),
+                                                      follow=False))
+        except InvalidManifestPathError:
+            raise
         except (OSError, SandboxError) as e:
             raise WorkspaceArchiveWriteError(path=target, cause=e) from e
 
@@ -148,11 +176,7 @@ class HcpSandboxClient(UnixLocalSandboxClient):
         self.policy = policy if policy is not None else Policy()
 
     def _session(self, state: UnixLocalSandboxSessionState) -> sandbox_session.SandboxSession:
-        inner = HcpSandboxSession.from_state(state)
-        assert isinstance(inner, HcpSandboxSession)
-        inner._hcp_policy = self.policy
-        inner._hcp_box = None
-        inner._host_environment_allowlist = frozenset()  # nothing of the host's environment
+        inner = HcpSandboxSession(state=state, policy=self.policy)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
     async def create(self, *, snapshot: SnapshotSpec | SnapshotBase | None = None,
@@ -167,7 +191,8 @@ class HcpSandboxClient(UnixLocalSandboxClient):
         if owned:
             root = tempfile.mkdtemp(prefix=unix_local._DEFAULT_WORKSPACE_PREFIX)
             manifest = manifest.model_copy(update={"root": root}, deep=True)
-        policy_for(manifest, self.policy)  # a bad grant fails here, by name
+        if os.path.isdir(str(manifest.root)):
+            policy_for(manifest, self.policy)  # a bad grant fails here, by name
         session_id = uuid.uuid4()
         state = UnixLocalSandboxSessionState(
             session_id=session_id, manifest=manifest,
@@ -188,3 +213,16 @@ class HcpSandboxClient(UnixLocalSandboxClient):
         if isinstance(inner, HcpSandboxSession) and inner._hcp_box is not None:
             await asyncio.to_thread(inner._hcp_box.close)
         return await super().delete(session)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the directory at ``path``, not through a symlink; None if none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)

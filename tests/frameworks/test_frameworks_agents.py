@@ -23,12 +23,17 @@ import pytest
 pytest.importorskip("agents.sandbox", reason="the OpenAI Agents SDK is not installed: "
                     "scripts/test-frameworks runs these tests in a venv of its own")
 
-from agents.sandbox.errors import ExecTimeoutError  # noqa: E402
+from agents.sandbox.errors import (ExecTimeoutError, InvalidManifestPathError,  # noqa: E402
+                                   WorkspaceArchiveReadError, WorkspaceArchiveWriteError,
+                                   WorkspaceReadNotFoundError)
 from agents.sandbox.manifest import Environment, Manifest  # noqa: E402
-from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient  # noqa: E402
+from agents.sandbox.sandboxes.unix_local import (UnixLocalSandboxClient,  # noqa: E402
+                                                 UnixLocalSandboxSessionState)
+from agents.sandbox.snapshot import NoopSnapshot  # noqa: E402
 from agents.sandbox.workspace_paths import SandboxPathGrant  # noqa: E402
 
-from hcp_linux.integrations.openai_agents import HcpSandboxClient  # noqa: E402
+from hcp_linux.integrations.openai_agents import (HcpSandboxClient,  # noqa: E402
+                                                  HcpSandboxSession)
 
 pytestmark = pytest.mark.anyio
 
@@ -138,3 +143,126 @@ async def test_attacks(client_type: type, secret: Path, monkeypatch: pytest.Monk
         assert (r.stdout == b"sandbox\n") is confined, r
         assert session._inner.supports_pty() is not confined
     await client.delete(session)
+
+
+# --- ported from the SDK's tests/sandbox/test_unix_local*.py ----------------------------------
+# The checks of its local client that apply to a Linux client confined by hcp-linux, run
+# against HcpSandboxSession. Not ported: the pty tests (no pty here), the macOS sandbox-exec
+# ones, the host-environment inheritance ones (inheriting the host's environment is what this
+# client refuses: test_attacks), and those that patch os.open in this process (file I/O
+# happens in the box, not here).
+
+def _session(root: Path) -> HcpSandboxSession:
+    return HcpSandboxSession(state=UnixLocalSandboxSessionState(
+        manifest=Manifest(root=str(root)), snapshot=NoopSnapshot(id="file-io")))
+
+
+async def _operate(session: HcpSandboxSession, operation: str, path: Path) -> object:
+    if operation == "read":
+        with await session.read(path) as stream:
+            return stream.read()
+    await session.write(path, io.BytesIO(b"new"))
+    return None
+
+
+FILE_ERRORS = (OSError, WorkspaceArchiveReadError, WorkspaceArchiveWriteError,
+               WorkspaceReadNotFoundError, InvalidManifestPathError)
+
+
+@pytest.mark.parametrize("operation", ["read", "write"])
+async def test_parent_swap_after_validation_cannot_access_outside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operation: str) -> None:
+    workspace, outside = tmp_path / "workspace", tmp_path / "outside"
+    parent = workspace / "parent"
+    parent.mkdir(parents=True)
+    outside.mkdir()
+    for root in (parent, outside):
+        (root / "target").write_bytes(b"original content")
+    session = _session(workspace)
+    normalize = session.normalize_path
+    swapped = False
+
+    def swap(path: Path | str, *, for_write: bool = False) -> Path:
+        nonlocal swapped
+        result = normalize(path, for_write=for_write)
+        if not swapped:
+            swapped = True
+            parent.rename(workspace / "original")
+            parent.symlink_to(outside, target_is_directory=True)
+        return result
+
+    monkeypatch.setattr(session, "normalize_path", swap)
+    try:
+        with pytest.raises(FILE_ERRORS):
+            await _operate(session, operation, Path("parent/target"))
+    finally:
+        await session._after_shutdown()
+    assert swapped
+    assert (outside / "target").read_bytes() == b"original content"
+
+
+@pytest.mark.parametrize("operation", ["read", "write"])
+async def test_leaf_swap_does_not_follow_new_symlink(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operation: str) -> None:
+    workspace, outside = tmp_path / "workspace", tmp_path / "outside"
+    workspace.mkdir()
+    target = workspace / "target"
+    for path in (target, outside):
+        path.write_bytes(b"original content")
+    session = _session(workspace)
+    normalize = session.normalize_path
+
+    def swap(path: Path | str, *, for_write: bool = False) -> Path:
+        result = normalize(path, for_write=for_write)
+        target.rename(workspace / "original")
+        target.symlink_to(outside)
+        return result
+
+    monkeypatch.setattr(session, "normalize_path", swap)
+    try:
+        with pytest.raises(FILE_ERRORS):
+            await _operate(session, operation, Path("target"))
+    finally:
+        await session._after_shutdown()
+    assert outside.read_bytes() == b"original content"
+
+
+async def test_root_replacement_cannot_reauthorize_an_outside_directory(tmp_path: Path) -> None:
+    root, outside = tmp_path / "workspace", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "file").write_bytes(b"original content")
+    session = _session(root)
+    root.rename(tmp_path / "original")
+    root.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(InvalidManifestPathError):
+        await session.write(Path("file"), io.BytesIO(b"new"))
+    assert (outside / "file").read_bytes() == b"original content"
+
+
+async def test_manifest_environment_and_home(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "host-secret")
+    workspace = tmp_path / "workspace"
+    manifest = Manifest(root=str(workspace), environment=Environment(value={
+        "LC_CTYPE": "POSIX", "MANIFEST_ONLY": "configured"}))
+    client = HcpSandboxClient()
+    async with await client.create(manifest=manifest, snapshot=None, options=None) as session:
+        r = await session.exec("sh", "-c", "printf '%s|%s|%s|%s|%s' "
+                               '"${OPENAI_API_KEY-unset}" "$MANIFEST_ONLY" "$HOME" '
+                               '"${PATH:+set}" "$LC_CTYPE"', shell=False)
+    assert r.exit_code == 0
+    # the SDK's local client gives "host-secret" for the first: the host's environment
+    assert r.stdout.decode() == f"unset|configured|{workspace}|set|POSIX"
+
+
+async def test_rejects_host_path_before_creating_workspace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unexpected(*args: object, **kwargs: object) -> str:
+        raise AssertionError(f"unexpected mkdtemp call: {args!r} {kwargs!r}")
+
+    monkeypatch.setattr("agents.sandbox.sandboxes.unix_local.tempfile.mkdtemp", unexpected)
+    with pytest.raises(ValueError, match="does not support sandbox path grant host_path"):
+        await HcpSandboxClient().create(manifest=Manifest(extra_path_grants=(
+            SandboxPathGrant(path="/mnt/shared-data", host_path=str(tmp_path)),)),
+            snapshot=None, options=None)
