@@ -188,6 +188,7 @@ class Box:
             raise
         self._use_session = session
         self._session: Session | None = None
+        self._capped: dict[tuple[bool, int], Sandbox] = {}  # see _per_command
         self._lock = threading.Lock()  # guards _session, closed
         self.closed = False
         #: how commands run: IN_SESSION, or PER_COMMAND with the reason
@@ -244,14 +245,25 @@ class Box:
                 raise
             return BoxResult(_status(r.returncode), r.stdout, r.stderr, r.timed_out,
                              r.truncated)
+        c = self._per_command(ours, output_cap).run(
+            list(argv), input=input, capture_output=True, env=env, cwd=cwd, timeout=timeout)
+        return BoxResult(_status(c.returncode), c.stdout or b"", c.stderr or b"", c.timed_out,
+                         bool(c.truncated))
+
+    def _per_command(self, ours: bool, cap: int | None) -> Sandbox:
+        """The Sandbox that runs a command in a confinement of its own: the box's, or its
+        helper's (no allow-list), with ``cap`` as the output limit (Sandbox.run keeps
+        ``limits.output`` bytes of each stream)."""
         box = self._ours if ours else self.sandbox
-        c = box.run(list(argv), input=input, capture_output=True, env=env, cwd=cwd,
-                    timeout=timeout)
-        out, err = c.stdout or b"", c.stderr or b""
-        truncated = bool(c.truncated)
-        if output_cap is not None and (len(out) > output_cap or len(err) > output_cap):
-            out, err, truncated = out[:output_cap], err[:output_cap], True
-        return BoxResult(_status(c.returncode), out, err, c.timed_out, truncated)
+        if cap is None or cap == box.policy.limits.output:
+            return box
+        with self._lock:
+            made = self._capped.get((ours, cap))
+            if made is None:
+                limits = dataclasses.replace(box.policy.limits, output=cap)
+                made = self._capped[(ours, cap)] = Sandbox(
+                    dataclasses.replace(box.policy, limits=limits), executor=box.executor)
+            return made
 
     def _cd_inside(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str,
                    ours: bool) -> list[str]:

@@ -42,6 +42,7 @@ from ..errors import (BinNotExecutableError, BinNotFoundError, NotAllowlistedErr
                       PolicyError)
 from ..jails.workspace import sweep_jails
 from ..policy.policy import Policy
+from ..session import SessionEnded
 from .box import Box, FileTooLargeError
 
 __all__ = ["HcpLinuxSandbox", "HcpLinuxConfig", "policy_of"]
@@ -156,6 +157,13 @@ class HcpLinuxSandbox(SandboxEnvironment):
                 output_cap=cap))
         except BinNotFoundError as e:
             return ExecResult(success=False, returncode=127, stdout="", stderr=f"{e}\n")
+        except SessionEnded as e:
+            if self.box.closed:
+                raise
+            # a command killed the sample's session (its zygote): that command's failure;
+            # the next one starts a new session (same jail, a new /tmp)
+            return ExecResult(success=False, returncode=137, stdout="",
+                              stderr=f"hcp-linux: {e}; the next command starts a new one\n")
         except (NotAllowlistedError, BinNotExecutableError, PolicyError) as e:
             raise PermissionError(f"hcp-linux refused {cmd[:1]}: {e}") from e
         if r.timed_out:

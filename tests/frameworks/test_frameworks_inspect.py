@@ -216,3 +216,49 @@ def test_import_hcp_linux_does_not_load_inspect() -> None:
             "print(sorted(m for m in sys.modules if m.startswith(('inspect_ai', 'agents'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
+async def test_a_killed_session_fails_one_command_and_is_replaced() -> None:
+    """The sample's session ends under a running command (its zygote killed, as a command
+    can do through its own thread): that command fails, the next starts a new session in
+    the same jail."""
+    import anyio
+    import signal
+    envs = await HcpLinuxSandbox.sample_init("killed", None, {})
+    env = envs["default"].as_type(HcpLinuxSandbox)
+    try:
+        await env.write_file("kept.txt", "jail content")
+        session = env.box._session
+        assert session is not None and session.zygote_pid is not None
+
+        async def kill_soon() -> None:
+            await anyio.sleep(0.5)
+            os.kill(session.zygote_pid, signal.SIGKILL)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_soon)
+            r = await env.exec(["sleep", "10"], timeout=20)
+        assert not r.success and "session" in r.stderr, r
+        assert await env.read_file("kept.txt") == "jail content"
+        assert env.box.restarts == 1
+    finally:
+        await HcpLinuxSandbox.sample_cleanup("killed", None, envs, False)
+
+
+async def test_a_confinement_per_command() -> None:
+    """HcpLinuxConfig(session=False): no session; each command (and file operation) is a
+    confinement of its own, which shares the jail and nothing else (not /tmp)."""
+    config = HcpLinuxConfig(session=False)
+    envs = await HcpLinuxSandbox.sample_init("per-command", config, {})
+    env = envs["default"].as_type(HcpLinuxSandbox)
+    try:
+        await env.write_file("f.txt", "in the jail\n")
+        r = await env.exec(["sh", "-c", "cat f.txt; echo x > /tmp/t; echo $HCP_SANDBOX"],
+                           input="ignored")
+        assert r.stdout == "in the jail\nsandbox\n", r
+        assert not (await env.exec(["cat", "/tmp/t"])).success  # a /tmp of its own
+        assert env.box._session is None and env.box.exec.startswith("per-command")
+        with pytest.raises(TimeoutError):
+            await env.exec(["sleep", "5"], timeout=1)
+    finally:
+        await HcpLinuxSandbox.sample_cleanup("per-command", config, envs, False)
