@@ -8,8 +8,10 @@ p95 wall ms over ``--runs`` calls, in one event loop:
 - Inspect AI (hcp-linux with a session per sample, the default, and with a confinement per
   command, ``HcpLinuxConfig(session=False)``): a sample's setup and cleanup
   (``sample_init`` + ``sample_cleanup``); the same with one ``exec(["true"])`` in between
-  (hcp-linux starts the sample's session at its first command); ``exec(["true"])`` in a
-  live sample; ``write_file`` + ``read_file`` of 1 KiB.
+  (hcp-linux starts the sample's session in a thread at its setup: the first command waits for
+  it); the first ``exec(["true"])`` 0.2 s after the setup (a model call's worth: the session
+  has started by then); ``exec(["true"])`` in a live sample; ``write_file`` + ``read_file``
+  of 1 KiB.
 - OpenAI Agents SDK: ``create()`` + one ``exec("true")`` + ``delete``; ``exec("true")`` in a
   live session.
 
@@ -68,6 +70,15 @@ async def inspect_rows(runs: int) -> dict[str, dict[str, float]]:
         out[f"inspect {name}: sample setup+cleanup"] = row(await measure(setup, runs))
         out[f"inspect {name}: sample setup+exec+cleanup"] = row(
             await measure(lambda: setup(True), runs))
+        firsts: list[float] = []
+        for _ in range(max(5, runs // 3)):  # the first exec after a model call's worth of time
+            envs = await cls.sample_init("bench", config, {})
+            await asyncio.sleep(0.2)
+            t0 = time.perf_counter()
+            await envs["default"].exec(["true"])
+            firsts.append((time.perf_counter() - t0) * 1000.0)
+            await cls.sample_cleanup("bench", config, envs, False)
+        out[f"inspect {name}: first exec, 0.2 s after setup"] = row(firsts)
         envs = await cls.sample_init("bench", config, {})
         env = envs["default"]
 

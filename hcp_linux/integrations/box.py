@@ -50,9 +50,9 @@ __all__ = ["Box", "BoxResult", "FileTooLargeError", "FILE_HELPER"]
 #: never end). ``write PATH MODE``: stdin into PATH, parents made. MODE ``follow`` resolves
 #: PATH as open(2) does (in the sandbox's view); ``nofollow`` walks it one component at a
 #: time with O_NOFOLLOW and refuses a symlink anywhere (ELOOP), for callers that resolved the
-#: path already and must not be sent elsewhere by a link swapped in since. Any OSError: exit 3, "errno N" on
-#: stderr, so the runtime raises the same OSError subclass (FileNotFoundError,
-#: PermissionError, IsADirectoryError...) with the caller's path in it.
+#: path already and must not be sent elsewhere by a link swapped in since. Any OSError:
+#: exit 3, "errno N" on stderr, so the runtime raises the same OSError subclass
+#: (FileNotFoundError, PermissionError, IsADirectoryError...) with the caller's path in it.
 FILE_HELPER = r'''
 import errno, os, stat, sys
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -197,6 +197,18 @@ class Box:
         self.restarts = 0
 
     # --- commands ----------------------------------------------------------------------------
+
+    def warm(self) -> None:
+        """Start the box's session now, in a thread of its own, so that its start (~50 ms)
+        overlaps what the framework does before the first command (a model call, at least)
+        instead of delaying that command. A command that comes first waits for it."""
+        threading.Thread(target=self._warm, name="hcp-box-warm", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            self._current()
+        except Exception:  # closed meanwhile, or the session cannot start: the first
+            pass           # command meets (and reports) the same
 
     def _current(self) -> Session | None:
         """The box's session, started (or restarted) now if needed; None: per command."""

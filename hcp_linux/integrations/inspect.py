@@ -117,6 +117,7 @@ class HcpLinuxSandbox(SandboxEnvironment):
         box = await anyio.to_thread.run_sync(functools.partial(
             Box, policy_of(cfg), jail_root=cfg.jail_root, executor=cfg.executor,
             session=cfg.session))
+        box.warm()  # the session starts while Inspect sets the sample up and asks the model
         return {"default": cls(box)}
 
     @classmethod

@@ -98,6 +98,11 @@ class HcpSandboxSession(UnixLocalSandboxSession):
             self._hcp_box = Box(policy_for(self.state.manifest, self._hcp_policy), jail=root)
         return self._hcp_box
 
+    async def _after_start(self) -> None:
+        await super()._after_start()
+        box = await asyncio.to_thread(self._box)  # the root exists now
+        box.warm()  # the session starts while the agent asks its model
+
     def supports_pty(self) -> bool:
         return False  # the SDK's tools fall back to exec, which is confined
 
