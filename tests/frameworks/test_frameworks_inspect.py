@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -27,7 +26,6 @@ import pytest
 pytest.importorskip("inspect_ai", reason="Inspect AI is not installed: scripts/test-frameworks "
                     "runs these tests in a venv of its own")
 
-import inspect_ai.util._sandbox.self_check as _self_check  # noqa: E402
 from inspect_ai.util import SandboxEnvironment, SandboxUserUnsupportedError  # noqa: E402
 from inspect_ai.util._sandbox.local import LocalSandboxEnvironment  # noqa: E402
 from inspect_ai.util._sandbox.self_check import *  # noqa: E402, F401, F403
