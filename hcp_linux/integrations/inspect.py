@@ -41,6 +41,7 @@ from inspect_ai.util import (  # type: ignore[import-not-found, unused-ignore]
 from ..errors import (BinNotExecutableError, BinNotFoundError, NotAllowlistedError,
                       PolicyError)
 from ..jails.workspace import sweep_jails
+from ..policy import values
 from ..policy.policy import Policy
 from ..session import SessionEnded
 from .box import Box, FileTooLargeError
@@ -65,6 +66,9 @@ class HcpLinuxConfig(BaseModel):
     jail_root: Union[str, None] = None
     executor: Union[str, None] = None
 
+    def __hash__(self) -> int:  # Inspect keys its task setup by config; a dict is unhashable
+        return hash(self.model_dump_json())
+
 
 def _config(config: SandboxEnvironmentConfigType | None) -> HcpLinuxConfig:
     if config is None:
@@ -85,14 +89,14 @@ def policy_of(config: HcpLinuxConfig) -> Policy:
     if source is None:
         return Policy()
     if isinstance(source, str):
-        policy = Policy.from_toml(source)
-        if policy.jail is not None:
-            raise PolicyError(f"policy file {source}: jail: each sample has a jail of its own; "
-                              "remove the key")
-        return policy
-    if "jail" in source:
-        raise PolicyError("hcp-linux sandbox config: jail: each sample has a jail of its own")
-    return Policy.from_mapping(source, source="hcp-linux sandbox config")
+        text = values.file_name(source, "policy file")
+        name = f"policy file {text}"
+        data = values.parse_document(values.read_document(text, name), name, "toml")
+    else:
+        data, name = source, "hcp-linux sandbox config"
+    if isinstance(data, dict) and "jail" in data:
+        raise PolicyError(f"{name}: jail: each sample has a jail of its own; remove the key")
+    return Policy.from_mapping(data, source=name)
 
 
 @sandboxenv(name="hcp-linux")

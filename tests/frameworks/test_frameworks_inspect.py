@@ -260,3 +260,24 @@ async def test_a_confinement_per_command() -> None:
             await env.exec(["sleep", "5"], timeout=1)
     finally:
         await HcpLinuxSandbox.sample_cleanup("per-command", config, envs, False)
+
+
+async def test_configs_a_policy_file_and_a_table(tmp_path: Path) -> None:
+    """sandbox=("hcp-linux", "policy.toml") and ("hcp-linux", HcpLinuxConfig(policy={...})):
+    both name a Policy (hashable, as Inspect keys task setup by config); a `jail` key is
+    refused by name (each sample has a jail of its own)."""
+    toml = tmp_path / "policy.toml"
+    toml.write_text('[env]\nGREETING = "from the file"\n')
+    table = HcpLinuxConfig(policy={"env": {"GREETING": "from the table"}})
+    hash(table)
+    for config, said in ((str(toml), "from the file"), (table, "from the table")):
+        envs = await HcpLinuxSandbox.sample_init("config", config, {})
+        try:
+            r = await envs["default"].exec(["sh", "-c", "echo $GREETING"])
+            assert r.stdout == said + "\n", r
+        finally:
+            await HcpLinuxSandbox.sample_cleanup("config", config, envs, False)
+    toml.write_text(f'jail = "{tmp_path}"\n')
+    for config in (str(toml), HcpLinuxConfig(policy={"jail": str(tmp_path)})):
+        with pytest.raises(ValueError, match="jail: each sample has a jail of its own"):
+            await HcpLinuxSandbox.task_init("config", config)
