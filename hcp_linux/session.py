@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 from .run import popen
 from .errors import SandboxError
 from .plan.plan import compile_plan, prepare
-from .policy.policy import LAYERS
+from .policy.policy import LAYERS, Policy
 from .sandbox import Sandbox
 
 __all__ = ["Session", "SessionEnded", "SessionResult"]
@@ -126,6 +126,7 @@ class Session:
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
         self.policy = sandbox.policy
+        self._unlisted: Policy | None = None  # the policy of run(ours=True), made once
         with open(_SOURCE_PATH, encoding="utf-8") as f:
             source = f.read()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -224,16 +225,28 @@ class Session:
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             cwd: str | None = None, timeout: float | None = None,
-            output_cap: int | None = None) -> SessionResult:
+            output_cap: int | None = None, input: bytes | None = None,
+            ours: bool = False) -> SessionResult:
         """Run ``argv`` in the session: planned as :meth:`Sandbox.run` plans it (allow-list,
-        env, cwd; PolicyError when refused), stdin /dev/null, output captured (at most
-        ``output_cap`` bytes of each stream are kept; default the policy's output limit).
-        ``timeout`` (default the policy's) kills the command and every process it started;
-        the result says ``timed_out``, and it comes back within ``timeout`` + :data:`GRACE`
-        s whatever holds the pipes. Raises :class:`SessionEnded` if the session ends first."""
+        env, cwd; PolicyError when refused), stdin /dev/null (or a pipe that ``input`` is
+        written to, then closed; a command that does not read it all gets EOF or EPIPE, not
+        a hang), output captured (at most ``output_cap`` bytes of each stream are kept;
+        default the policy's output limit). ``timeout`` (default the policy's) kills the
+        command and every process it started; the result says ``timed_out``, and it comes
+        back within ``timeout`` + :data:`GRACE` s whatever holds the pipes. Raises
+        :class:`SessionEnded` if the session ends first.
+
+        ``ours``: the command is the runtime's own helper, not the agent's (a framework
+        adapter's file reader, say): the allow-list is not asked about it, as it is not
+        about the zygote; every layer of the session still confines it."""
         # the same checks and plan as Sandbox.spawn's: env granted, cwd inside the view,
         # the allow-list asked about argv[0]
-        plan = compile_plan(self.policy, list(argv), layers=self.layers,
+        policy = self.policy
+        if ours and policy.allow_bins:
+            if self._unlisted is None:
+                self._unlisted = dataclasses.replace(policy, allow_bins=())
+            policy = self._unlisted
+        plan = compile_plan(policy, list(argv), layers=self.layers,
                             env=popen.granted_env(env), cwd=popen.working_dir(cwd))
         try:
             prepare(plan)  # without a view: its HOME and TMPDIR, as a run's spawn makes them
@@ -247,12 +260,19 @@ class Session:
         limit = timeout if timeout is not None else self.policy.timeout
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        in_w = None
+        if input is None:
+            null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            null, in_w = os.pipe2(os.O_CLOEXEC)
+            os.set_blocking(in_w, False)
+        stdin = [in_w]  # _collect owns in_w once called, and closes it (stdin[0] = None)
         pending = _Pending()
         with self._lock:
             if self._ended:
-                for fd in (out_r, out_w, err_r, err_w, null):
-                    os.close(fd)
+                for fd in (out_r, out_w, err_r, err_w, null, in_w):
+                    if fd is not None:
+                        os.close(fd)
                 pending.close()
                 raise SessionEnded(f"session: {self._ended}")
             ident = self._next_id
@@ -277,7 +297,7 @@ class Session:
             if pending.pid is None:
                 raise SessionEnded(f"session: {self._ended}")
             out, err, timed_out, truncated, abandoned = self._collect(
-                ident, pending, out_r, err_r, limit, cap)
+                ident, pending, out_r, err_r, limit, cap, stdin, input)
             if pending.status is None:
                 raise SessionEnded(f"session: {self._ended} while {argv[0]} ran")
             # the command has ended: what it planted at a missing protected name goes now,
@@ -288,9 +308,10 @@ class Session:
             return SessionResult(list(argv), pending.status, out, err, timed_out, truncated,
                                  pending.leftovers, abandoned, swept)
         finally:
-            for fd in (out_r, err_r):
+            for fd in (out_r, err_r, stdin[0]):
                 try:
-                    os.close(fd)
+                    if fd is not None:
+                        os.close(fd)
                 except OSError:
                     pass
             pending.close()
@@ -298,23 +319,45 @@ class Session:
                 self._pending.pop(ident, None)
 
     def _collect(self, ident: int, pending: _Pending, out_r: int, err_r: int,
-                 limit: float | None, cap: int | None) -> tuple[bytes, bytes, bool, bool, bool]:
+                 limit: float | None, cap: int | None,
+                 stdin: list[int | None] | None = None, data: bytes | None = None
+                 ) -> tuple[bytes, bytes, bool, bool, bool]:
         """Read both streams until they end and the command has ended, keeping at most
-        ``cap`` bytes of each. Past ``limit`` s, kill the command (its keeper kills its whole
-        tree) and give it :data:`GRACE` s more; once it has ended, give whatever still holds
-        the pipes :data:`DRAIN` s. Then stop reading (the pipes are abandoned); a command
-        that has not ended by then ends the session (fail closed: everything in it is
-        killed). Returns (stdout, stderr, timed out, truncated, abandoned)."""
+        ``cap`` bytes of each, while ``data`` is written to ``stdin[0]`` (non-blocking, in
+        the same loop, so that a command that writes before it reads cannot deadlock us); at
+        its end, or once the command stops reading (EPIPE) or has ended, that fd is closed
+        and ``stdin[0]`` set to None. Past ``limit`` s, kill the command (its keeper kills
+        its whole tree) and give it :data:`GRACE` s more; once it has ended, give whatever
+        still holds the pipes :data:`DRAIN` s. Then stop reading (the pipes are abandoned); a
+        command that has not ended by then ends the session (fail closed: everything in it
+        is killed). Returns (stdout, stderr, timed out, truncated, abandoned)."""
         bufs = {out_r: bytearray(), err_r: bytearray()}
         truncated = timed_out = abandoned = False
         deadline = None if limit is None else time.monotonic() + limit
         give_up: float | None = None  # when the read stops, whatever holds the pipes
+        todo = memoryview(data if data is not None else b"")
+        in_w = stdin[0] if stdin else None
+
+        def close_stdin() -> None:
+            assert stdin is not None and in_w is not None
+            if in_w in sel.get_map():
+                sel.unregister(in_w)
+            os.close(in_w)
+            stdin[0] = None
+
         with selectors.DefaultSelector() as sel:
             for fd in (out_r, err_r, pending.wake[0]):
                 sel.register(fd, selectors.EVENT_READ)
+            if in_w is not None:
+                if todo:
+                    sel.register(in_w, selectors.EVENT_WRITE)
+                else:
+                    close_stdin()  # empty input: EOF at once
             while True:
                 now = time.monotonic()
                 ended = pending.done.is_set()
+                if ended and stdin and stdin[0] is not None:
+                    close_stdin()  # nobody reads it any more
                 if ended and not any(fd in bufs for fd in sel.get_map()):
                     break
                 if deadline is not None and now >= deadline and not timed_out:
@@ -334,6 +377,16 @@ class Session:
                 for key, _ in sel.select(min(wake) - now if wake else None):
                     if key.fd == pending.wake[0]:
                         sel.unregister(key.fd)
+                        continue
+                    if key.fd == in_w:
+                        try:
+                            todo = todo[os.write(in_w, todo[:65536]):]
+                        except BlockingIOError:
+                            continue
+                        except OSError:  # EPIPE: the command no longer reads its stdin
+                            todo = todo[:0]
+                        if not todo:
+                            close_stdin()
                         continue
                     chunk = os.read(key.fd, 65536)
                     if not chunk:

@@ -107,6 +107,32 @@ def test_the_allow_list_is_asked_for_every_command(jail: Path) -> None:
         assert s.alive and s.run(["echo", "again"]).returncode == 0
 
 
+def test_input_reaches_stdin_and_never_blocks_the_run(session: Session) -> None:
+    """``input``: written while the output is read (a command that writes 1 MiB before it
+    reads its 1 MiB would deadlock a write-then-read); empty input is EOF at once; a command
+    that reads none of it still ends (EPIPE here, not a hang)."""
+    data = bytes(range(256)) * 4096  # 1 MiB, NULs and invalid UTF-8 included
+    r = session.run(["sh", "-c", "head -c 1048576 /dev/zero; cat"], input=data, timeout=60)
+    assert r.returncode == 0 and r.stdout == bytes(1 << 20) + data
+    assert session.run(["cat"], input=b"", timeout=10).stdout == b""
+    r = session.run(["sh", "-c", "exec 0<&-; echo closed"], input=data, timeout=10)
+    assert (r.returncode, r.stdout, r.timed_out) == (0, b"closed\n", False)
+    assert session.run(["cat"], timeout=10).stdout == b""  # no input: /dev/null, as before
+
+
+def test_ours_is_not_held_to_the_allow_list(jail: Path) -> None:
+    """run(ours=True): the runtime's own helper (a framework adapter's file reader): the
+    allow-list is not asked, every layer still confines it (the marker, the view)."""
+    with Session(Sandbox(Policy(jail=str(jail), allow_bins=("echo",)))) as s:
+        with pytest.raises(NotAllowlistedError):
+            s.run(["cat", "/etc/hostname"])
+        r = s.run(["sh", "-c", "echo $HCP_SANDBOX; grep ^Seccomp: /proc/self/status"],
+                  ours=True)
+        assert r.stdout.split() == [b"sandbox", b"Seccomp:", b"2"], r  # 2: a filter is on
+        with pytest.raises(NotAllowlistedError):  # and only that call
+            s.run(["sh", "-c", "true"])
+
+
 def test_commands_share_the_sessions_tmp(session: Session) -> None:
     assert session.run(["sh", "-c", "echo kept > /tmp/shared"]).returncode == 0
     assert session.run(["cat", "/tmp/shared"]).stdout == b"kept\n"

@@ -36,8 +36,9 @@ __all__ = ["owner_id", "owner_gone", "jail_name", "temp_name", "JAIL_RE", "TEMP_
 
 _ID = r"([1-9][0-9]{0,9})-([0-9]{1,20})-([1-9][0-9]{0,19})"
 #: ``hcp-linux-<mode>-<pid>-<start>-<pidns>-<12 hex>``: an ephemeral (or mode none) jail's
-#: parent directory in the temp dir, or a Ray sandbox's jail (hcp_linux.ray) in its root.
-JAIL_RE = re.compile(rf"hcp-linux-(ephemeral|none|ray)-{_ID}-[0-9a-f]{{12}}")
+#: parent directory in the temp dir, a Ray sandbox's jail (hcp_linux.ray) in its root, or a
+#: framework sample's jail (hcp_linux.integrations.box).
+JAIL_RE = re.compile(rf"hcp-linux-(ephemeral|none|ray|box)-{_ID}-[0-9a-f]{{12}}")
 #: ``.<name>.hcp-<pid>-<start>-<pidns>-<12 hex>.tmp`` (a new file being written) or
 #: ``.old`` (a destination's previous content, kept until every output is in place).
 TEMP_RE = re.compile(rf"\..+\.hcp-{_ID}-[0-9a-f]{{12}}\.(?:tmp|old)", re.DOTALL)
