@@ -84,7 +84,7 @@ class HcpSandboxSession(UnixLocalSandboxSession):
         self._hcp_root: tuple[int, int] | None = _identity(str(state.manifest.root))
         # nothing of the host's environment reaches a command (the local client's default
         # passes all of it); the manifest's environment does
-        self._host_environment_allowlist = frozenset()
+        self._host_environment_allowlist: frozenset[str] = frozenset()
 
     def _box(self) -> Box:
         if self._hcp_box is None or self._hcp_box.closed:
