@@ -409,6 +409,9 @@ def test_cleanup_after_keyboard_interrupt(env):
     pack = env.pack("ephemeral")
     main = threading.main_thread()
     assert threading.current_thread() is main
+    # ^C raises KeyboardInterrupt, as in a terminal, even when this suite was started with
+    # SIGINT ignored (a background job of a non-interactive shell, nohup ... &)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # restored below
 
     def interrupt() -> None:
         wait_for(lambda: processes_with(S30_0404), "the child to start")
@@ -416,8 +419,11 @@ def test_cleanup_after_keyboard_interrupt(env):
 
     t = threading.Thread(target=interrupt, daemon=True)
     t.start()
-    with pytest.raises(KeyboardInterrupt):
-        env.driver().run(pack, sh(f"sleep {S30_0404}"), timeout=TIMEOUT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            env.driver().run(pack, sh(f"sleep {S30_0404}"), timeout=TIMEOUT)
+    finally:
+        signal.signal(signal.SIGINT, old)
     t.join(TIMEOUT)
     assert env.leftovers() == [] and gone(S30_0404)
 

@@ -335,7 +335,12 @@ def test_dispositions_changed_after_a_spare_was_made_reach_the_command(jail: Pat
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
         signal.signal(signal.SIGHUP, old)
     after = sb.run(_SIG_SCRIPT, capture_output=True, timeout=TIMEOUT).stdout
-    assert not _sig_bits(after, b"SigIgn:") & hup and not _sig_bits(after, b"SigBlk:") & usr2
+    # back as they were (whatever the suite inherited: nohup ignores SIGHUP): as a plain fork
+    restored = subprocess.run(_SIG_SCRIPT, capture_output=True, check=True).stdout
+    assert after == restored, (after, restored)
+    if old == signal.SIG_DFL:
+        assert not _sig_bits(after, b"SigIgn:") & hup
+    assert not _sig_bits(after, b"SigBlk:") & usr2
 
 
 @built
@@ -446,12 +451,17 @@ def test_fallback_when_it_cannot_be_executed(jail: Path, tmp_path: Path, request
 
 
 def test_build_without_a_compiler_is_not_an_error(monkeypatch, capsys) -> None:
+    """A user's build; with CI's HCP_WERROR=1 the same build that makes nothing is an error."""
     from hcp_linux.native import build
+    monkeypatch.delenv("HCP_WERROR", raising=False)
     monkeypatch.setattr(build, "compiler", lambda: None)
     monkeypatch.setattr(build, "trusted", lambda path: False)
     assert build.main([]) == 0
     assert "no C compiler" in capsys.readouterr().err
     assert build.main(["--check", "--quiet"]) == 1
+    monkeypatch.setenv("HCP_WERROR", "1")
+    assert build.main([]) == 1
+    assert "HCP_WERROR=1 and nothing was built" in capsys.readouterr().err
 
 
 def _build_into(tmp_path: Path, monkeypatch, capsys, recipes=None) -> tuple[Path, str]:
