@@ -265,17 +265,23 @@ class _Filter:
 def _ignore_as(runtime: int) -> None:
     """Ignore what the runtime ignores (bit n-1: signal n), as a fork would, and nothing
     more: posix_spawn made glibc's internal signals 32 and 33 ignored (the runtime had
-    handlers for them), and ignored stays ignored across the command's execve. The raw
-    syscall: glibc's sigaction() refuses 32 and 33. A zeroed kernel sigaction is SIG_DFL."""
+    handlers for them), or left one at its default while the runtime ignores it (a runtime
+    started by make ignores both), and ignored stays ignored across the command's execve.
+    The raw syscall: glibc's sigaction() refuses 32 and 33. A zeroed kernel sigaction is
+    SIG_DFL; one whose handler is 1, SIG_IGN."""
     import ctypes
     with open("/proc/self/status", "rb") as f:
         status = f.read()
     ours = int(status.split(b"\nSigIgn:")[1].split()[0], 16)
     nr = 13 if os.uname().machine == "x86_64" else 134  # as _libc: x86_64, else asm-generic
     default = (ctypes.c_ulong * 4)()
+    ignore = (ctypes.c_ulong * 4)(1)
     for sig in range(1, 65):
-        if ours >> (sig - 1) & 1 and not runtime >> (sig - 1) & 1:
-            _call(nr, sig, ctypes.addressof(default), 0, 8)
+        if sig in (9, 19):  # SIGKILL, SIGSTOP: never ignored
+            continue
+        mine, theirs = ours >> (sig - 1) & 1, runtime >> (sig - 1) & 1
+        if mine != theirs:
+            _call(nr, sig, ctypes.addressof(ignore if theirs else default), 0, 8)
 
 
 _NR_LANDLOCK_ADD_RULE, _NR_LANDLOCK_RESTRICT_SELF = 445, 446  # one number on every arch
