@@ -164,7 +164,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
         kind, target, parents = _look(root, path)
         placed = False
         if place and kind == "missing" and name in NAMES and name not in _NO_PLACEHOLDER:
-            placed = _make_placeholder(root, path, name)
+            placed = _make_placeholder(path, name)
             kind, target, parents = _look(root, path)  # made, or what appeared meanwhile
         if parents is None or (kind == "dir" and name in _FILE_ONLY):
             # under a file or symlink (a gitdir-pointer .git: itself protected), or the .git
@@ -198,28 +198,29 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                  how=tuple(how), sweep=tuple(sweep))
 
 
-def _make_placeholder(root: str, path: str, name: str) -> bool:
-    """Make ``name``'s placeholder at ``path`` (its parents real directories, reached from
-    ``root`` without following a symlink): an empty directory or file, or a file holding
-    :data:`_CONTENT`. False when something is there already (made meanwhile)."""
+def _make_placeholder(path: str, name: str) -> bool:
+    """Make ``name``'s placeholder at ``path``, its parent reached from / without following
+    a symlink (:func:`_open_dir_path`, the sweep's walk): an empty directory or file, or a
+    file holding :data:`_CONTENT`. False when nothing was made: something is there already,
+    or a parent is gone or became a link meanwhile (the caller looks again)."""
     from ..errors import PolicyError  # here: the served client imports this module light
-    parts = path[len(root):].strip("/").split("/")
-    fds = [os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    parent, last = path.rsplit("/", 1)
+    dirs: dict[str, int | None] = {}
     try:
-        for part in parts[:-1]:
-            fds.append(os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                               dir_fd=fds[-1]))
+        fd = _open_dir_path(parent or "/", dirs)
+        if fd is None:
+            return False
         if name in _DIR_NAMES:
-            os.mkdir(parts[-1], 0o755, dir_fd=fds[-1])
-        else:
-            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o644, dir_fd=fds[-1])
-            try:
-                content = _CONTENT.get(name, b"")
-                if os.write(fd, content) != len(content):
-                    raise OSError(errno.EIO, "short write")
-            finally:
-                os.close(fd)
+            os.mkdir(last, 0o755, dir_fd=fd)
+            return True
+        out = os.open(last, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o644, dir_fd=fd)
+        try:
+            content = _CONTENT.get(name, b"")
+            if os.write(out, content) != len(content):
+                raise OSError(errno.EIO, "short write")
+        finally:
+            os.close(out)
         return True
     except FileExistsError:
         return False
@@ -227,8 +228,9 @@ def _make_placeholder(root: str, path: str, name: str) -> bool:
         raise PolicyError(f"protect_missing: cannot make the placeholder {path}: "
                           f"{e.strerror or e}") from None
     finally:
-        for fd in fds:
-            os.close(fd)
+        for held in dirs.values():
+            if held is not None:
+                os.close(held)
 
 
 def _look(root: str, path: str) -> tuple[str, str | None, list[str] | None]:
