@@ -87,6 +87,7 @@ SAMPLES: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
     + [{"limits": {k: v}} for k, v in _CGROUP_LIMITS.items()],
     "on_exit": lambda t: [{"on_exit": "wait"}],
     "protect_missing": lambda t: [{"protect_missing": "placeholders"}],
+    "protect_depth": lambda t: [{"protect_depth": 0}, {"protect_depth": 16}],
     "read_only_paths": lambda t: [{"read_only_paths": _dirs(t, "jail/.git", "jail/-ci dir")},
                                   {"read_only_paths": (_file(t, "jail/a=b.toml"),)}],
     "hidden_paths": lambda t: [{"hidden_paths": (_file(t, "jail/.env"),

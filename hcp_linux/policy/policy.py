@@ -169,6 +169,7 @@ class Policy:
     rung: str = ladder.DEFAULT
     allow_write_protected: tuple[str, ...] = ()
     protect_missing: str = "sweep"
+    protect_depth: int = protected.DEFAULT_DEPTH
 
     def __post_init__(self) -> None:
         """Check every field, in one pass, before anything is opened, spawned or written;
@@ -236,6 +237,10 @@ class Policy:
             _str_tuple(self.allow_write_protected, "allow_write_protected"), PolicyError))
         set_("protect_missing", _choice(self.protect_missing, "protect_missing",
                                         protected.PROTECT_MISSING))
+        if (not isinstance(self.protect_depth, int) or isinstance(self.protect_depth, bool)
+                or not 0 <= self.protect_depth <= protected.MAX_DEPTH):
+            raise PolicyError(f"protect_depth: expected an integer from 0 to "
+                              f"{protected.MAX_DEPTH}, got {values.show(self.protect_depth)}")
 
     def _check_roots(self, set_) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
         """Jail, write and read-only roots: absolute paths of existing directories, made

@@ -20,6 +20,7 @@ from . import ladder
 from .environment import is_injection_key
 from ..errors import PolicyError, SandboxError
 from .limits import Limits
+from .protected import DEFAULT_DEPTH as DEFAULT_PROTECT_DEPTH
 from .values import is_duration_text
 from .policy import DEFAULT_SECCOMP_PROFILES, DEFAULT_SYSTEM_ROOTS, NETWORK_MODES, Policy
 
@@ -232,6 +233,15 @@ FIELDS: tuple[Field, ...] = (
           help="missing protected names: remove what a run left there (sweep, default) or "
                "make empty read-only placeholders so none can be created (placeholders)",
           choices=("sweep", "placeholders")),
+    Field("protect_depth", "--protect-depth", ONCE, _replace("protect_depth"),
+          lambda depth: [] if depth == DEFAULT_PROTECT_DEPTH else [f"--protect-depth={depth}"],
+          "integer, 0 to 16", f"`{DEFAULT_PROTECT_DEPTH}`",
+          "how many directory levels below each writable root's top are searched for "
+          "protected names that exist (nested repositories, a subproject's `.envrc`; see "
+          "Protected names); 0: the top level only",
+          metavar="N", type=int,
+          help="search this many directory levels below each writable root for protected "
+               f"names that exist (default {DEFAULT_PROTECT_DEPTH}; 0: the top level only)"),
     Field("allow_unix_sockets", "--allow-unix-socket", APPEND, _add("allow_unix_socket"),
           _repeated("--allow-unix-socket"), _ROOTS, "`[]`",
           "existing unix sockets made connectable in the view, each alone (its inode bound "

@@ -39,6 +39,8 @@ NAMES: dict[str, str] = {
                    "commands git runs on the user's next git status",
     ".git/commondir": "names the directory git reads the repository's config and hooks "
                       "from (a worktree's common dir): a redirect around .git/config",
+    ".git/config.worktree": "a worktree's own config (extensions.worktreeConfig): the same "
+                            "commands as .git/config",
     ".git": "as a file (a gitdir pointer) it names the repository git uses, with its "
             "hooks and config; as a directory only .git/hooks and .git/config are protected",
     ".gitmodules": "submodule URLs and update commands git runs on submodule update",
@@ -62,6 +64,31 @@ _FILE_ONLY = frozenset({".git"})
 
 #: ``protect_missing``: what keeps a missing name missing during a run (docs/policy.md).
 PROTECT_MISSING = ("sweep", "placeholders")
+
+#: ``protect_depth``: how many directory levels below each writable root's top are searched
+#: for names that exist (nested repositories, a subproject's ``.envrc`` or ``.vscode``). The
+#: default matches the search depth peers use (3); 0 protects the top level only.
+DEFAULT_DEPTH = 3
+MAX_DEPTH = 16
+
+#: What protects a git directory, relative to it: the repository's own ``.git``, a
+#: submodule's under ``.git/modules/``, a linked worktree's under ``.git/worktrees/`` (each
+#: with the key of :data:`NAMES` that names it, for ``allow_write_protected``). git runs a
+#: submodule's hooks and its config's commands (``core.fsmonitor`` on the superproject's
+#: ``git status``), and reads a worktree's ``commondir``: a redirect to a planted repository.
+_GIT_DIR_NAMES = {"hooks": ".git/hooks", "config": ".git/config",
+                  "commondir": ".git/commondir", "config.worktree": ".git/config.worktree"}
+
+#: Directories the nested search does not enter: dependency trees, virtual environments and
+#: caches, where no tool of the user's looks for settings to run, and which hold most of a
+#: project's directories (entering them would cost every run milliseconds).
+_PRUNE = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox", ".nox",
+                    ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hcp-tmp", ".git"})
+
+#: The nested search lists at most this many directories per writable root (with the git
+#: directories' submodules and worktrees); where it stopped, the receipt says
+#: (``protected_search``), and what lies beyond is protected at the top level only.
+SEARCH_BUDGET = 2048
 
 #: Names whose placeholder is an empty directory (the tools that read them expect one).
 _DIR_NAMES = frozenset({".git/hooks", ".vscode", ".idea", ".claude", ".cursor", ".ssh"})
@@ -120,12 +147,14 @@ class Found:
     cache's key). ``read_only``: existing files and directories to bind read-only;
     ``pins``: existing directories between a protected path and its root, bound over
     themselves so that none can be renamed away; ``how``: each path and how it is kept;
-    ``sweep``: (path, symlink target or None for missing, file_only) for the sweep."""
+    ``sweep``: (path, symlink target or None for missing, file_only) for the sweep;
+    ``stopped``: (root, why) for each writable root whose nested search stopped early."""
 
     read_only: tuple[str, ...] = ()
     pins: tuple[str, ...] = ()
     how: tuple[tuple[str, str], ...] = ()
     sweep: tuple[tuple[str, str | None, bool], ...] = ()
+    stopped: tuple[tuple[str, str], ...] = ()
 
 
 def _within(path: str, tree: str) -> bool:
@@ -144,26 +173,40 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     pins: list[str] = []
     how: list[tuple[str, str]] = []
     sweep: list[tuple[str, str | None, bool]] = []
+    stopped: list[tuple[str, str]] = []
     roots = policy.writable_roots
     with _config_lock:
-        configs = [(None, p) for p in _config_files]
-    entries: list[tuple[str | None, str]] = [(r, n) for r in roots for n in NAMES] + configs
-    for root, name in entries:
+        configs = [(None, p, p, True) for p in _config_files]
+    # (root, path, key of NAMES or the path, whether a missing one is swept): the top level's
+    # names (missing ones swept), then what the nested search finds existing
+    entries: list[tuple[str | None, str, str, bool]] = []
+    for root in roots:
+        entries.extend((root, _join(root, n), n, True) for n in NAMES)
+        search = _Search(root, policy.protect_depth, set(roots) | set(covered))
+        entries.extend((root, p, n, sweep_missing) for p, n, sweep_missing in search.run())
+        if search.stopped:
+            stopped.append((root, search.stopped))
+    entries.extend(configs)
+    seen: set[str] = set()
+    for root, path, name, sweep_missing in entries:
+        if path in seen:
+            continue
+        seen.add(path)
         if root is None:  # a configuration file: inside a writable root, or nothing
-            root = next((r for r in roots if _within(name, r) and name != r), None)
+            root = next((r for r in roots if _within(path, r) and path != r), None)
             if root is None:
                 continue
-            path = name
-        else:
-            path = root + "/" + name if root != "/" else "/" + name
         if any(_within(path, c) for c in covered):
             continue
         if name in allowed or path in allowed:
             how.append((path, ALLOWED))
             continue
         kind, target, parents = _look(root, path)
+        if not sweep_missing and kind in ("missing", "missing-parent"):
+            continue  # a nested name that is not there: the search found it, then it went
         placed = False
-        if place and kind == "missing" and name in NAMES and name not in _NO_PLACEHOLDER:
+        if place and kind == "missing" and path == _join(root, name) and name in NAMES \
+                and name not in _NO_PLACEHOLDER:
             placed = _make_placeholder(path, name)
             kind, target, parents = _look(root, path)  # made, or what appeared meanwhile
         if parents is None or (kind == "dir" and name in _FILE_ONLY):
@@ -195,7 +238,158 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
         # anything else (a fifo, a socket, a device) is left as it is: no code in it
     ro = tuple(dict.fromkeys(read_only))
     return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
-                 how=tuple(how), sweep=tuple(sweep))
+                 how=tuple(how), sweep=tuple(sweep), stopped=tuple(stopped))
+
+
+def _join(root: str, name: str) -> str:
+    return root + "/" + name if root != "/" else "/" + name
+
+
+class _Search:
+    """The protected names below a writable root's top level, and in its git directories.
+
+    :meth:`run` yields (path, key of :data:`NAMES`, swept when missing):
+
+    - every git directory's :data:`_GIT_DIR_NAMES` (the root's ``.git``, a nested
+      repository's, and under each the submodules' ``modules/**`` and the linked worktrees'
+      ``worktrees/*``): all of them, a missing one swept like a top-level name;
+    - in each directory down to ``depth`` levels below the root (not entering a symlink,
+      :data:`_PRUNE`, a carve-out or another writable root), the names of :data:`NAMES`
+      that exist there: bound read-only, a symlink restored; a missing nested name is not
+      swept (each directory of a tree would cost a lookup per name every run).
+
+    Directories are opened one component at a time from the root's fd with ``O_NOFOLLOW``,
+    so a symlink swapped in while it looks leads nowhere. At most :data:`SEARCH_BUDGET`
+    directories are listed; ``stopped`` then says where it stopped."""
+
+    def __init__(self, root: str, depth: int, skip: set[str]) -> None:
+        self.root = root
+        self.depth = depth
+        self.skip = skip
+        self.listed = 0
+        self.stopped = ""
+
+    def run(self) -> list[tuple[str, str, bool]]:
+        out: list[tuple[str, str, bool]] = []
+        try:
+            top = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return out  # the policy checked it exists; gone now: the bind will say so
+        try:
+            names = self._list(top, self.root)
+            if names is not None and ".git" in names:
+                self._git(top, self.root, ".git", out)
+            if names is not None and self.depth > 0:
+                self._walk(top, self.root, names, 1, out)
+        finally:
+            os.close(top)
+        return out
+
+    def _list(self, fd: int, path: str) -> dict[str, bool] | None:
+        """Each entry of the directory ``fd`` and whether it is a directory (not a link);
+        None once the budget is spent or when it cannot be listed (said in ``stopped``)."""
+        if self.listed >= SEARCH_BUDGET:
+            self.stopped = self.stopped or (
+                f"stopped after {SEARCH_BUDGET} directories, at {path}: protected names "
+                "below it and in later directories are not protected")
+            return None
+        self.listed += 1
+        try:
+            with os.scandir(fd) as it:
+                return {e.name: e.is_dir(follow_symlinks=False) for e in it}
+        except OSError as e:
+            self.stopped = self.stopped or f"cannot list {path}: {e.strerror or e}"
+            return None
+
+    def _open(self, fd: int, name: str) -> int | None:
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           dir_fd=fd)
+        except OSError:
+            return None  # gone, or swapped for a link or a file meanwhile: nothing to find
+
+    def _walk(self, fd: int, path: str, names: dict[str, bool], level: int,
+              out: list[tuple[str, str, bool]]) -> None:
+        for name, is_dir in sorted(names.items()):
+            if not is_dir or name in _PRUNE:
+                continue
+            sub = path.rstrip("/") + "/" + name
+            if sub in self.skip:
+                continue
+            child = self._open(fd, name)
+            if child is None:
+                continue
+            try:
+                inner = self._list(child, sub)
+                if inner is None:
+                    continue
+                for key in NAMES:
+                    if key.split("/", 1)[0] in inner and not key.startswith(".git/"):
+                        out.append((sub + "/" + key, key, False))
+                if inner.get(".git"):
+                    self._git(child, sub, ".git", out, nested=True)
+                if level < self.depth:
+                    self._walk(child, sub, inner, level + 1, out)
+            finally:
+                os.close(child)
+
+    def _git(self, fd: int, path: str, name: str, out: list[tuple[str, str, bool]],
+             nested: bool = False) -> None:
+        """The git directory ``name`` in ``fd`` (at ``path``), its submodules' and its
+        worktrees' git directories. The top level's own ``.git`` names come from
+        :data:`NAMES` already; a nested repository's existing ones are listed here."""
+        gitdir = self._open(fd, name)
+        if gitdir is None:
+            return
+        here = path.rstrip("/") + "/" + name
+        try:
+            inner = self._list(gitdir, here)
+            if inner is None:
+                return
+            if nested:
+                out.extend((here + "/" + n, key, False) for n, key in _GIT_DIR_NAMES.items()
+                           if n in inner)
+            for group in ("modules", "worktrees"):
+                if inner.get(group):
+                    self._inner_gitdirs(gitdir, here, group, out, group == "modules")
+        finally:
+            os.close(gitdir)
+
+    def _inner_gitdirs(self, fd: int, path: str, name: str, out: list[tuple[str, str, bool]],
+                       recurse: bool) -> None:
+        """Each git directory in ``name`` (a submodule's may be nested under a name with
+        slashes, and has submodules of its own: ``recurse``); a directory holding ``HEAD``
+        is one. Its :data:`_GIT_DIR_NAMES` are all listed, a missing one swept."""
+        held = self._open(fd, name)
+        if held is None:
+            return
+        here = path + "/" + name
+        try:
+            inner = self._list(held, here)
+            if inner is None:
+                return
+            for sub, is_dir in sorted(inner.items()):
+                if not is_dir:
+                    continue
+                child = self._open(held, sub)
+                if child is None:
+                    continue
+                where = here + "/" + sub
+                try:
+                    listing = self._list(child, where)
+                    if listing is None:
+                        continue
+                    if "HEAD" in listing:
+                        out.extend((where + "/" + n, key, True)
+                                   for n, key in _GIT_DIR_NAMES.items())
+                        if recurse and listing.get("modules"):
+                            self._inner_gitdirs(child, where, "modules", out, True)
+                    elif recurse:  # a submodule named a/b: its git directory is modules/a/b
+                        self._inner_gitdirs(held, here, sub, out, True)
+                finally:
+                    os.close(child)
+        finally:
+            os.close(held)
 
 
 def _make_placeholder(path: str, name: str) -> bool:
