@@ -253,19 +253,27 @@ mkdir -p evil && cp -r .git/objects .git/refs .git/HEAD evil/ \
 """
 
 
-@pytest.mark.parametrize("allowed", [False, True], ids=["protected", "allowed"])
-def test_a_commondir_redirect_is_not_left_for_the_host(jail: Path, allowed: bool) -> None:
+@pytest.mark.parametrize("mode", ["git", "sweep", "allowed"])
+def test_a_commondir_redirect_is_not_left_for_the_host(jail: Path, mode: str) -> None:
+    """By default (``protect_missing = "git"``) the missing commondir gets its placeholder
+    (``.``) and the redirect cannot even be written; with ``sweep`` it is written and gone
+    after the run; negative control: opted out, it stays and git runs the command."""
     repo = _repo(jail)
-    extra = ["--allow-write-protected", ".git/commondir"] if allowed else []
+    extra = {"git": [], "sweep": ["--protect-missing", "sweep"],
+             "allowed": ["--allow-write-protected", ".git/commondir"]}[mode]
     r = run_cli(repo, "sh", "-c", COMMONDIR, extra=[*_envs(), *extra])
     assert r.returncode == 0, show(r)
+    assert _statuses(out(r))["commondir"] == ("denied" if mode == "git" else "ok"), show(r)
     # the user's next `git status` on the host
     _git(repo, "status")
     planted = (repo / "pwned-by-fsmonitor").exists()
-    if allowed:  # negative control: the redirect works, git ran the command
-        assert (repo / ".git" / "commondir").exists() and planted
+    commondir = repo / ".git" / "commondir"
+    if mode == "allowed":  # negative control: the redirect works, git ran the command
+        assert commondir.exists() and planted
+    elif mode == "git":
+        assert commondir.read_bytes() == b".\n" and not planted
     else:
-        assert not (repo / ".git" / "commondir").exists() and not planted
+        assert not commondir.exists() and not planted
 
 
 # --- protect_missing = "placeholders": a missing name cannot be created during the run -----
@@ -455,10 +463,10 @@ def test_a_submodules_git_directory_is_protected(jail: Path, allowed: bool) -> N
         commondir.unlink()  # the redirect would hide the planted config from the host's git
         _git(repo / "lib", "status")
         assert (repo / "lib" / "pwned-by-fsmonitor").exists()
-    else:  # the commondir could be written (a missing name): it is gone after the run
+    else:  # the missing commondir got its placeholder (`.`: the git directory itself)
         assert statuses == {"fsmonitor": "denied", "hook": "denied",
-                            "commondir": "written"}, show(r)
-        assert not commondir.exists()
+                            "commondir": "denied"}, show(r)
+        assert commondir.read_bytes() == b".\n"
         assert not (repo / ".git" / "modules" / "lib" / "hooks" / "post-checkout").exists()
         _git(repo / "lib", "status")
         assert not (repo / "lib" / "pwned-by-fsmonitor").exists()
@@ -552,3 +560,22 @@ def test_protect_depth_is_checked(jail: Path, value: str) -> None:
     line = single_error_line(r)
     assert r.returncode != 0 and "protect-depth" in line.replace("_", "-"), show(r)
     assert not proof.exists()
+
+
+@pytest.mark.parametrize("mode", ["git", "sweep"])
+def test_missing_git_names_get_invisible_placeholders_by_default(jail: Path, mode: str) -> None:
+    """A repository without hooks (a clone with an empty template): by default the hook
+    cannot be written even while the run lasts (a placeholder directory, read-only), and
+    `git status` stays clean. Negative control, ``sweep``: the write lands, and is gone
+    after the run."""
+    import shutil
+    repo = _repo(jail)
+    shutil.rmtree(repo / ".git" / "hooks")
+    extra = [] if mode == "git" else ["--protect-missing", "sweep"]
+    r = run_cli(repo, "sh", "-c", "mkdir -p .git/hooks && printf '#!/bin/sh\\n' > "
+                ".git/hooks/pre-commit && echo hook=ok || echo hook=denied", extra=extra)
+    assert _attack_statuses(r) == {"hook": "denied" if mode == "git" else "ok"}, show(r)
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert (repo / ".git" / "hooks").is_dir() == (mode == "git")
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all")
+    assert status.returncode == 0 and status.stdout == b"", status

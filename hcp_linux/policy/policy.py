@@ -168,7 +168,7 @@ class Policy:
     pty: bool = False
     rung: str = ladder.DEFAULT
     allow_write_protected: tuple[str, ...] = ()
-    protect_missing: str = "sweep"
+    protect_missing: str = protected.DEFAULT_PROTECT_MISSING
     protect_depth: int = protected.DEFAULT_DEPTH
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from . import ladder
 from .environment import is_injection_key
 from ..errors import PolicyError, SandboxError
 from .limits import Limits
-from .protected import DEFAULT_DEPTH as DEFAULT_PROTECT_DEPTH
+from .protected import DEFAULT_DEPTH as DEFAULT_PROTECT_DEPTH, DEFAULT_PROTECT_MISSING
 from .values import is_duration_text
 from .policy import DEFAULT_SECCOMP_PROFILES, DEFAULT_SYSTEM_ROOTS, NETWORK_MODES, Policy
 
@@ -226,13 +226,17 @@ FIELDS: tuple[Field, ...] = (
           help="let the command write a protected name (.git/hooks, .envrc...; in every "
                "writable root) or path (repeatable)"),
     Field("protect_missing", "--protect-missing", ONCE, _replace("protect_missing"),
-          lambda how: [] if how == "sweep" else [f"--protect-missing={how}"],
-          r'`"sweep"` \| `"placeholders"`', '`"sweep"`',
-          "how a missing protected name is kept missing: removed after the run, or an "
-          "empty placeholder made once and bound read-only (see Protected names)",
-          help="missing protected names: remove what a run left there (sweep, default) or "
-               "make empty read-only placeholders so none can be created (placeholders)",
-          choices=("sweep", "placeholders")),
+          lambda how: [] if how == DEFAULT_PROTECT_MISSING else [f"--protect-missing={how}"],
+          r'`"git"` \| `"sweep"` \| `"placeholders"`', f'`"{DEFAULT_PROTECT_MISSING}"`',
+          "how a missing protected name is kept missing: an empty placeholder made once and "
+          "bound read-only inside existing git directories and removed after the run "
+          "elsewhere (`git`), removed after the run everywhere (`sweep`), or placeholders "
+          "everywhere (`placeholders`) (see Protected names)",
+          help="missing protected names: placeholders inside git directories, the rest "
+               "removed after the run (git, default); all removed after the run (sweep); "
+               "empty read-only placeholders everywhere, so none can be created "
+               "(placeholders)",
+          choices=("git", "sweep", "placeholders")),
     Field("protect_depth", "--protect-depth", ONCE, _replace("protect_depth"),
           lambda depth: [] if depth == DEFAULT_PROTECT_DEPTH else [f"--protect-depth={depth}"],
           "integer, 0 to 16", f"`{DEFAULT_PROTECT_DEPTH}`",

@@ -9,12 +9,14 @@ tasks and MCP servers named in their settings. So, at the top level of every wri
 
 - an existing file or directory is bound read-only over itself in the mount view (the
   carve-out machinery of hcp_linux.plan.confinement), its parents inside the root pinned;
-- a missing one cannot be a mount point without creating a file in the user's tree, so
-  by default (``protect_missing = "sweep"``) whatever appears there during the run is
-  removed once the run has ended (every process of it gone), without following a symlink;
-  with ``protect_missing = "placeholders"`` an empty placeholder is made there once (and
-  left: a new inode each run would defeat the confinement cache and the spares) and bound
-  read-only like an existing one, so nothing can be created there during the run either;
+- a missing one cannot be a mount point without creating a file in the user's tree. By
+  default (``protect_missing = "git"``) a missing name inside an existing git directory
+  (``hooks``, ``commondir``...: git never shows what is there) gets an empty placeholder,
+  made once (and left: a new inode each run would defeat the confinement cache and the
+  spares) and bound read-only like an existing one, so nothing can be created there during
+  the run; whatever appears at any other missing name is removed once the run has ended
+  (every process of it gone), without following a symlink. ``"placeholders"`` makes them
+  at every missing name; ``"sweep"`` at none;
 - a symlink is restored to what it named (and its target, when inside a writable root, is
   bound read-only).
 
@@ -62,8 +64,12 @@ NAMES: dict[str, str] = {
 #: A name protected only when it is not a directory (its protected children are listed).
 _FILE_ONLY = frozenset({".git"})
 
-#: ``protect_missing``: what keeps a missing name missing during a run (docs/policy.md).
-PROTECT_MISSING = ("sweep", "placeholders")
+#: ``protect_missing``: what keeps a missing name missing during a run (docs/policy.md):
+#: ``git`` (the default) makes placeholders inside existing git directories only, where git
+#: never shows them, and sweeps the rest; ``sweep`` makes none; ``placeholders`` makes
+#: them at every missing name of the top level too.
+PROTECT_MISSING = ("git", "sweep", "placeholders")
+DEFAULT_PROTECT_MISSING = "git"
 
 #: ``protect_depth``: how many directory levels below each writable root's top are searched
 #: for names that exist (nested repositories, a subproject's ``.envrc`` or ``.vscode``). The
@@ -168,6 +174,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     here (PolicyError, naming it, when it cannot be made: fail closed)."""
     allowed = policy.allow_write_protected
     place = view and policy.protect_missing == "placeholders"
+    place_git = view and policy.protect_missing in ("git", "placeholders")
     covered = policy.read_only_paths + policy.hidden_paths
     read_only: list[str] = []
     pins: list[str] = []
@@ -205,8 +212,9 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
         if not sweep_missing and kind in ("missing", "missing-parent"):
             continue  # a nested name that is not there: the search found it, then it went
         placed = False
-        if place and kind == "missing" and path == _join(root, name) and name in NAMES \
-                and name not in _NO_PLACEHOLDER:
+        if kind == "missing" and name in NAMES and name not in _NO_PLACEHOLDER and (
+                (place and path == _join(root, name))
+                or (place_git and name.startswith(".git/"))):  # in an existing git dir
             placed = _make_placeholder(path, name)
             kind, target, parents = _look(root, path)  # made, or what appeared meanwhile
         if parents is None or (kind == "dir" and name in _FILE_ONLY):
@@ -252,7 +260,8 @@ class _Search:
 
     - every git directory's :data:`_GIT_DIR_NAMES` (the root's ``.git``, a nested
       repository's, and under each the submodules' ``modules/**`` and the linked worktrees'
-      ``worktrees/*``): all of them, a missing one swept like a top-level name;
+      ``worktrees/*``): all of them, a missing one swept (or given its placeholder) like a
+      top-level name;
     - in each directory down to ``depth`` levels below the root (not entering a symlink,
       :data:`_PRUNE`, a carve-out or another writable root), the names of :data:`NAMES`
       that exist there: bound read-only, a symlink restored; a missing nested name is not
@@ -337,7 +346,8 @@ class _Search:
              nested: bool = False) -> None:
         """The git directory ``name`` in ``fd`` (at ``path``), its submodules' and its
         worktrees' git directories. The top level's own ``.git`` names come from
-        :data:`NAMES` already; a nested repository's existing ones are listed here."""
+        :data:`NAMES` already; a nested repository's are listed here (all of them: a
+        missing one is swept, or gets its placeholder)."""
         gitdir = self._open(fd, name)
         if gitdir is None:
             return
@@ -347,8 +357,7 @@ class _Search:
             if inner is None:
                 return
             if nested:
-                out.extend((here + "/" + n, key, False) for n, key in _GIT_DIR_NAMES.items()
-                           if n in inner)
+                out.extend((here + "/" + n, key, True) for n, key in _GIT_DIR_NAMES.items())
             for group in ("modules", "worktrees"):
                 if inner.get(group):
                     self._inner_gitdirs(gitdir, here, group, out, group == "modules")
