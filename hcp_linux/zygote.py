@@ -31,15 +31,17 @@ only the command's process group is killed, and what left it is not found ("unkn
 Orphans are reaped by the run's init.
 
 Stdlib only, no imports from hcp_linux (it runs from source text, ``-c``, with the sandbox's
-interpreter). Its control channel is a SOCK_SEQPACKET socket given as fd 0: one JSON object
-per message, the stdio fds as SCM_RIGHTS. Messages out: ``{"ready": pid}`` once (or
+interpreter). Its control channel is a SOCK_SEQPACKET socket given as fd 0, one message per
+packet, the stdio fds as SCM_RIGHTS: the runtime's requests are marshal data (version 4, read
+by every Python 3 the sandbox may have; the runtime is the trusted side), the messages out
+JSON objects (:func:`encode`; the runtime parses them with json). Messages out: ``{"ready": pid}`` once (or
 ``{"fatal": why}``), then for each command ``{"id", "pid"}`` or ``{"id", "error": errno}``,
 and ``{"id", "status", "leftovers"}`` (exit code or -signal; "none", "killed", "running" or
 "unknown"). It is not dumpable, so no command can ptrace it or take its control socket with
 pidfd_getfd. On EOF of the channel (the runtime gone) it exits, and the run ends with it.
 """
 import ctypes
-import json
+import marshal
 import os
 import select
 import signal
@@ -105,7 +107,28 @@ def _command_ruleset(libc):
 
 
 def _send(ctl, obj):
-    ctl.send(json.dumps(obj).encode())
+    ctl.send(encode(obj))
+
+
+def encode(obj):
+    """The JSON text of ``obj``, a flat dict of strings and ints (every message out). Not
+    the json module: it imports re, a fifth of this program's start."""
+    return ("{" + ",".join(_string(k) + ":" + (_string(v) if isinstance(v, str) else str(int(v)))
+                           for k, v in obj.items()) + "}").encode()
+
+
+def _string(text):
+    out = []
+    for c in text:
+        n = ord(c)
+        if 0x20 <= n < 0x7F and c not in '"\\':
+            out.append(c)
+        elif n > 0xFFFF:  # a JSON escape is UTF-16: a surrogate pair
+            n -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 + (n >> 10), 0xDC00 + (n & 0x3FF)))
+        else:
+            out.append("\\u%04x" % n)
+    return '"' + "".join(out) + '"'
 
 
 def main():
@@ -128,7 +151,7 @@ def main():
         msg, fds, _, _ = socket.recv_fds(ctl, MAX_MESSAGE, 3, socket.MSG_CMSG_CLOEXEC)
         if not msg:
             return 0  # the runtime closed the channel: the run ends with this program
-        req = json.loads(msg)
+        req = marshal.loads(msg)  # from the runtime (see session._send)
         if req.get("op") == "kill":
             with lock:
                 kill_w = running.get(req["id"])
