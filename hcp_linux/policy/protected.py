@@ -32,6 +32,7 @@ import errno
 import os
 import stat
 import threading
+import time
 from dataclasses import dataclass
 
 #: Each protected name, relative to a writable root's top level, and why it is there.
@@ -91,10 +92,23 @@ _GIT_DIR_NAMES = {"hooks": ".git/hooks", "config": ".git/config",
 _PRUNE = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox", ".nox",
                     ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hcp-tmp", ".git"})
 
-#: The nested search lists at most this many directories per writable root (with the git
-#: directories' submodules and worktrees); where it stopped, the receipt says
-#: (``protected_search``), and what lies beyond is protected at the top level only.
+#: The nested search lists at most this many directories, and reads at most ENTRY_BUDGET
+#: entries, per writable root (with the git directories' submodules and worktrees); where
+#: it stopped, the receipt says (``protected_search``), and what lies beyond is protected
+#: at the top level only. They bound a cold search's cost (~1.4 us an entry here).
 SEARCH_BUDGET = 2048
+ENTRY_BUDGET = 20_000
+
+#: Listings kept between runs of this process: (st_dev, st_ino) -> (st_ctime_ns, when it
+#: was read, its entries). A directory's ctime changes with every entry made, removed or
+#: renamed in it (and with utimes: a run can set its mtime back, never its ctime), so an
+#: unchanged ctime means unchanged entries, provided the listing was read after the ctime
+#: plus the clock's coarseness (a change in the same tick would not move it): RACY_NS, as
+#: git's index treats racily clean files.
+_listings: dict[tuple[int, int], tuple[int, int, "Listing"]] = {}
+_listings_lock = threading.Lock()
+_LISTINGS_MAX = 65_536
+RACY_NS = 1_000_000_000
 
 #: Names whose placeholder is an empty directory (the tools that read them expect one).
 _DIR_NAMES = frozenset({".git/hooks", ".vscode", ".idea", ".claude", ".cursor", ".ssh"})
@@ -253,6 +267,53 @@ def _join(root: str, name: str) -> str:
     return root + "/" + name if root != "/" else "/" + name
 
 
+#: The entry names a search looks at (the rest of a directory matters only as
+#: subdirectories to enter): the first component of each name, a git directory's names.
+_WATCHED = frozenset({n.split("/", 1)[0] for n in NAMES} | set(_GIT_DIR_NAMES)
+                     | {"HEAD", "modules", "worktrees"})
+#: The names of NAMES looked for below the top level: those a directory itself holds
+#: (a ``.git`` directory's own are looked for in it, :meth:`_Search._git`).
+_NESTED = tuple((n, n.split("/", 1)[0]) for n in NAMES if not n.startswith(".git/"))
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a search needs of one directory: which watched names it holds, and its
+    subdirectories (not links), sorted."""
+
+    present: frozenset[str]
+    dirs: tuple[str, ...]
+    dir_set: frozenset[str]
+    size: int  # entries read
+
+
+def _listing(fd: int) -> Listing:
+    """The :class:`Listing` of the directory ``fd``: from :data:`_listings` when its ctime
+    says it has not changed since it was read there."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    with _listings_lock:
+        kept = _listings.get(key)
+    if kept is not None and kept[0] == st.st_ctime_ns and kept[1] - kept[0] > RACY_NS:
+        return kept[2]
+    read_at = time.time_ns()  # before reading: a change after this moves the ctime past it
+    present, dirs, size = [], [], 0
+    with os.scandir(fd) as it:
+        for e in it:
+            size += 1
+            if e.name in _WATCHED:
+                present.append(e.name)
+            if e.is_dir(follow_symlinks=False):
+                dirs.append(e.name)
+    dirs.sort()
+    listing = Listing(frozenset(present), tuple(dirs), frozenset(dirs), size)
+    with _listings_lock:
+        if len(_listings) >= _LISTINGS_MAX:
+            _listings.clear()
+        _listings[key] = (st.st_ctime_ns, read_at, listing)
+    return listing
+
+
 class _Search:
     """The protected names below a writable root's top level, and in its git directories.
 
@@ -269,13 +330,16 @@ class _Search:
 
     Directories are opened one component at a time from the root's fd with ``O_NOFOLLOW``,
     so a symlink swapped in while it looks leads nowhere. At most :data:`SEARCH_BUDGET`
-    directories are listed; ``stopped`` then says where it stopped."""
+    directories and :data:`ENTRY_BUDGET` entries are read; ``stopped`` then says where it
+    stopped. Listings are kept between runs while their directory's ctime holds
+    (:data:`_listings`)."""
 
     def __init__(self, root: str, depth: int, skip: set[str]) -> None:
         self.root = root
         self.depth = depth
         self.skip = skip
         self.listed = 0
+        self.entries = 0
         self.stopped = ""
 
     def run(self) -> list[tuple[str, str, bool]]:
@@ -285,30 +349,33 @@ class _Search:
         except OSError:
             return out  # the policy checked it exists; gone now: the bind will say so
         try:
-            names = self._list(top, self.root)
-            if names is not None and ".git" in names:
+            listing = self._list(top, self.root)
+            if listing is not None and ".git" in listing.dir_set:
                 self._git(top, self.root, ".git", out)
-            if names is not None and self.depth > 0:
-                self._walk(top, self.root, names, 1, out)
+            if listing is not None and self.depth > 0:
+                self._walk(top, self.root, listing, 1, out)
         finally:
             os.close(top)
         return out
 
-    def _list(self, fd: int, path: str) -> dict[str, bool] | None:
-        """Each entry of the directory ``fd`` and whether it is a directory (not a link);
-        None once the budget is spent or when it cannot be listed (said in ``stopped``)."""
-        if self.listed >= SEARCH_BUDGET:
+    def _list(self, fd: int, path: str) -> Listing | None:
+        """The listing of the directory ``fd``; None once a budget is spent or when it
+        cannot be read (said in ``stopped``)."""
+        if self.listed >= SEARCH_BUDGET or self.entries >= ENTRY_BUDGET:
+            what = (f"{SEARCH_BUDGET} directories" if self.listed >= SEARCH_BUDGET
+                    else f"{ENTRY_BUDGET} entries")
             self.stopped = self.stopped or (
-                f"stopped after {SEARCH_BUDGET} directories, at {path}: protected names "
-                "below it and in later directories are not protected")
+                f"stopped after {what}, at {path}: protected names below it and in later "
+                "directories are not protected")
             return None
         self.listed += 1
         try:
-            with os.scandir(fd) as it:
-                return {e.name: e.is_dir(follow_symlinks=False) for e in it}
+            listing = _listing(fd)
         except OSError as e:
             self.stopped = self.stopped or f"cannot list {path}: {e.strerror or e}"
             return None
+        self.entries += listing.size
+        return listing
 
     def _open(self, fd: int, name: str) -> int | None:
         try:
@@ -317,10 +384,10 @@ class _Search:
         except OSError:
             return None  # gone, or swapped for a link or a file meanwhile: nothing to find
 
-    def _walk(self, fd: int, path: str, names: dict[str, bool], level: int,
+    def _walk(self, fd: int, path: str, listing: Listing, level: int,
               out: list[tuple[str, str, bool]]) -> None:
-        for name, is_dir in sorted(names.items()):
-            if not is_dir or name in _PRUNE:
+        for name in listing.dirs:
+            if name in _PRUNE:
                 continue
             sub = path.rstrip("/") + "/" + name
             if sub in self.skip:
@@ -332,11 +399,11 @@ class _Search:
                 inner = self._list(child, sub)
                 if inner is None:
                     continue
-                for key in NAMES:
-                    if key.split("/", 1)[0] in inner and not key.startswith(".git/"):
-                        out.append((sub + "/" + key, key, False))
-                if inner.get(".git"):
-                    self._git(child, sub, ".git", out, nested=True)
+                if inner.present:
+                    out.extend((sub + "/" + key, key, False) for key, first in _NESTED
+                               if first in inner.present)
+                    if ".git" in inner.dir_set:
+                        self._git(child, sub, ".git", out, nested=True)
                 if level < self.depth:
                     self._walk(child, sub, inner, level + 1, out)
             finally:
@@ -359,7 +426,7 @@ class _Search:
             if nested:
                 out.extend((here + "/" + n, key, True) for n, key in _GIT_DIR_NAMES.items())
             for group in ("modules", "worktrees"):
-                if inner.get(group):
+                if group in inner.dir_set:
                     self._inner_gitdirs(gitdir, here, group, out, group == "modules")
         finally:
             os.close(gitdir)
@@ -377,9 +444,7 @@ class _Search:
             inner = self._list(held, here)
             if inner is None:
                 return
-            for sub, is_dir in sorted(inner.items()):
-                if not is_dir:
-                    continue
+            for sub in inner.dirs:
                 child = self._open(held, sub)
                 if child is None:
                     continue
@@ -388,10 +453,10 @@ class _Search:
                     listing = self._list(child, where)
                     if listing is None:
                         continue
-                    if "HEAD" in listing:
+                    if "HEAD" in listing.present:
                         out.extend((where + "/" + n, key, True)
                                    for n, key in _GIT_DIR_NAMES.items())
-                        if recurse and listing.get("modules"):
+                        if recurse and "modules" in listing.dir_set:
                             self._inner_gitdirs(child, where, "modules", out, True)
                     elif recurse:  # a submodule named a/b: its git directory is modules/a/b
                         self._inner_gitdirs(held, here, sub, out, True)
