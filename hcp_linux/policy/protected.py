@@ -377,28 +377,19 @@ class _Search:
         self.entries += listing.size
         return listing
 
-    def _open(self, fd: int, name: str) -> int | None:
-        try:
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                           dir_fd=fd)
-        except OSError:
-            return None  # gone, or swapped for a link or a file meanwhile: nothing to find
+    def _enter(self, fd: int, name: str, path: str) -> "_Entered":
+        return _Entered(self, fd, name, path)
 
     def _walk(self, fd: int, path: str, listing: Listing, level: int,
               out: list[tuple[str, str, bool]]) -> None:
         for name in listing.dirs:
-            if name in _PRUNE:
-                continue
             sub = path.rstrip("/") + "/" + name
-            if sub in self.skip:
+            if name in _PRUNE or sub in self.skip:
                 continue
-            child = self._open(fd, name)
-            if child is None:
-                continue
-            try:
-                inner = self._list(child, sub)
-                if inner is None:
+            with self._enter(fd, name, sub) as entered:
+                if entered is None:
                     continue
+                child, inner = entered
                 if inner.present:
                     out.extend((sub + "/" + key, key, False) for key, first in _NESTED
                                if first in inner.present)
@@ -406,8 +397,6 @@ class _Search:
                         self._git(child, sub, ".git", out, nested=True)
                 if level < self.depth:
                     self._walk(child, sub, inner, level + 1, out)
-            finally:
-                os.close(child)
 
     def _git(self, fd: int, path: str, name: str, out: list[tuple[str, str, bool]],
              nested: bool = False) -> None:
@@ -415,44 +404,33 @@ class _Search:
         worktrees' git directories. The top level's own ``.git`` names come from
         :data:`NAMES` already; a nested repository's are listed here (all of them: a
         missing one is swept, or gets its placeholder)."""
-        gitdir = self._open(fd, name)
-        if gitdir is None:
-            return
         here = path.rstrip("/") + "/" + name
-        try:
-            inner = self._list(gitdir, here)
-            if inner is None:
+        with self._enter(fd, name, here) as entered:
+            if entered is None:
                 return
+            gitdir, inner = entered
             if nested:
                 out.extend((here + "/" + n, key, True) for n, key in _GIT_DIR_NAMES.items())
             for group in ("modules", "worktrees"):
                 if group in inner.dir_set:
                     self._inner_gitdirs(gitdir, here, group, out, group == "modules")
-        finally:
-            os.close(gitdir)
 
     def _inner_gitdirs(self, fd: int, path: str, name: str, out: list[tuple[str, str, bool]],
                        recurse: bool) -> None:
         """Each git directory in ``name`` (a submodule's may be nested under a name with
         slashes, and has submodules of its own: ``recurse``); a directory holding ``HEAD``
         is one. Its :data:`_GIT_DIR_NAMES` are all listed, a missing one swept."""
-        held = self._open(fd, name)
-        if held is None:
-            return
         here = path + "/" + name
-        try:
-            inner = self._list(held, here)
-            if inner is None:
+        with self._enter(fd, name, here) as entered:
+            if entered is None:
                 return
+            held, inner = entered
             for sub in inner.dirs:
-                child = self._open(held, sub)
-                if child is None:
-                    continue
                 where = here + "/" + sub
-                try:
-                    listing = self._list(child, where)
-                    if listing is None:
+                with self._enter(held, sub, where) as found:
+                    if found is None:
                         continue
+                    child, listing = found
                     if "HEAD" in listing.present:
                         out.extend((where + "/" + n, key, True)
                                    for n, key in _GIT_DIR_NAMES.items())
@@ -460,10 +438,30 @@ class _Search:
                             self._inner_gitdirs(child, where, "modules", out, True)
                     elif recurse:  # a submodule named a/b: its git directory is modules/a/b
                         self._inner_gitdirs(held, here, sub, out, True)
-                finally:
-                    os.close(child)
-        finally:
-            os.close(held)
+
+
+class _Entered:
+    """``with search._enter(fd, name, path) as entered``: the directory ``name`` in ``fd``
+    (at ``path``) and its listing, or None: gone, swapped for a link or a file meanwhile
+    (opened with ``O_NOFOLLOW``), unreadable, or over budget. Closed on leaving. (A class,
+    not contextlib: the served client imports this module and pays for each import.)"""
+
+    def __init__(self, search: _Search, fd: int, name: str, path: str) -> None:
+        self.search, self.fd, self.name, self.path = search, fd, name, path
+        self.child: int | None = None
+
+    def __enter__(self) -> tuple[int, Listing] | None:
+        try:
+            self.child = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        listing = self.search._list(self.child, self.path)
+        return None if listing is None else (self.child, listing)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.child is not None:
+            os.close(self.child)
 
 
 def _make_placeholder(path: str, name: str) -> bool:
