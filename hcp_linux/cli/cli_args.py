@@ -192,15 +192,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_policy_parser(sub: Any) -> None:
-    """`policy list|show` (run by hcp_linux.cli.policy_cmd)."""
-    pol = sub.add_parser("policy", help="named presets, as TOML for --policy")
+    """`policy list|show|import` (run by hcp_linux.cli.policy_cmd)."""
+    pol = sub.add_parser("policy", help="named presets, and policies imported from srt and "
+                                        "Codex, as TOML for --policy")
     psub = pol.add_subparsers(dest="policy_cmd", required=True)
     psub.add_parser("list", help="the presets, one a line, with what each is")
     show = psub.add_parser("show", help="a preset as TOML (run --policy takes it)")
     show.add_argument("name", metavar="NAME")
     show.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
                       help="the hosts of workspace-write-net (repeatable)")
-
+    imp = psub.add_parser("import", help="an srt settings.json or a Codex config.toml as a "
+                                         "policy on stdout; what could not be carried over, "
+                                         "and why, on stderr")
+    imp.add_argument("--from", dest="source", required=True, choices=("srt", "codex"))
+    imp.add_argument("file", metavar="FILE")
+    imp.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                     help="codex: where network_access = true may connect (repeatable)")
 
 
 def policy_from_args(a: argparse.Namespace, *, configs: bool = True) -> Policy:
