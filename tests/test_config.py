@@ -78,6 +78,22 @@ def test_layers_compose_in_order(cfg: dict, jail: Path, tmp_path: Path) -> None:
         f"user config {cfg['user']}", f"policy file {f}"]
 
 
+def test_network_none_over_a_config_that_allows_egress(cfg: dict, jail: Path,
+                                                       tmp_path: Path) -> None:
+    """A config's egress lists wait for network = "allow": `--network none` over them runs
+    with no network (nothing widened), while an egress flag with egress off is refused."""
+    _write(cfg["user"], 'network = "allow"\nallow_hosts = ["example.invalid"]\n')
+    receipt = tmp_path / "r.json"
+    assert_ok(run_cli(jail, "/bin/true", env=cfg["env"], extra=["--receipt", receipt]))
+    assert read_receipt(receipt)["network"]["mode"] == "allow"
+    assert_ok(run_cli(jail, "/bin/true", env=cfg["env"],
+                      extra=["--network", "none", "--receipt", receipt]))
+    assert read_receipt(receipt)["network"]["mode"] == "none"
+    proc = run_cli(jail, "/bin/true", env=cfg["env"],
+                   extra=["--network", "none", "--allow-host", "example.invalid"])
+    assert proc.returncode == EXIT_REFUSED and "network" in single_error_line(proc)
+
+
 def test_a_config_inside_a_writable_root_is_refused(cfg: dict, jail: Path,
                                                     tmp_path: Path) -> None:
     """A config the run could rewrite would widen the next run: refused, naming it, before

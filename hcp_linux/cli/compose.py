@@ -16,6 +16,9 @@ from ..policy import policy_flags, presets, protected, values
 from ..policy.policy import Policy
 from . import config
 
+#: What only network = "allow" reads.
+EGRESS_KEYS = ("allow_hosts", "deny_hosts", "proxy_log")
+
 
 def composed_policy(a: argparse.Namespace, found: list[tuple[str, str]]
                     ) -> tuple[Policy, list[str]]:
@@ -40,6 +43,13 @@ def composed_policy(a: argparse.Namespace, found: list[tuple[str, str]]
     if "jail" not in table and a.jail is not None:
         table["jail"] = a.jail
     kwargs = policy_flags.merge(a, table)
+    if kwargs.get("network", "none") != "allow" and not (a.allow_host or a.deny_host
+                                                         or a.proxy_log):
+        # the layers' egress settings belong to network = "allow": a layer (or --network)
+        # above them that turns egress off leaves them nothing to say; dropping them only
+        # narrows (flags that name hosts with egress off are still refused, by Policy)
+        for key in EGRESS_KEYS:
+            kwargs.pop(key, None)
     if preset is not None and preset.needs_hosts and kwargs.get("network") == "allow" \
             and not kwargs.get("allow_hosts"):
         raise PolicyError(f"--preset {preset.name}: no host to allow; give at least one with "
