@@ -18,7 +18,7 @@ Receipt = dict[str, Any]
 
 __all__ = ["set_executor", "set_denial_layers", "set_denial_layer", "add_spawn_note",
            "set_egress", "set_denials", "set_protected_sweep", "set_end", "set_exit",
-           "set_driver", "set_served_by"]
+           "set_driver", "set_served_by", "set_policy_layers"]
 
 
 def set_executor(receipt: Receipt, name: str) -> None:
@@ -96,3 +96,11 @@ def set_driver(receipt: Receipt, section: Mapping[str, Any]) -> None:
 def set_served_by(receipt: Receipt, pid: int, socket: str) -> None:
     """``served_by``: the `hcp-linux serve` process that planned the run."""
     receipt["served_by"] = {"pid": pid, "socket": socket}
+
+
+def set_policy_layers(receipt: Receipt, layers: Sequence[str]) -> None:
+    """``policy_layers``: what the CLI composed the run's policy of, bottom first (a preset,
+    the system and user configs, the --policy file), when a preset or a config was in play.
+    The CLI learns it, not the plan: a Policy is a value and does not remember its sources."""
+    if layers:
+        receipt["policy_layers"] = list(layers)

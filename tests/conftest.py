@@ -7,6 +7,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 IS_ROOT = os.geteuid() == 0
 
+# A developer's own config (~/.config/hcp-linux/policy.toml, /etc/hcp-linux/policy.toml) must
+# not change what the suite's runs are: no test reads one unless it says so (tests/test_config.py
+# gives its runs an environment of their own). Inherited by every CLI the suite starts.
+os.environ["HCP_LINUX_NO_CONFIG"] = "1"
+
 
 def pytest_addoption(parser):
     parser.addoption("--executor", choices=("auto", "native", "ctypes"), default="auto",

@@ -1,5 +1,7 @@
 """The ``hcp-linux`` command: its entry point (launch: a served run, else the CLI), its
-commands (cli), ``run``'s options (cli_args), ``run --pack`` (driver_cli), how a run ends
+commands (cli), ``run``'s options (cli_args), the configs it reads (config) and the layers
+it composes with a preset (compose), ``policy list|show|import`` (policy_cmd), ``run --pack``
+(driver_cli), how a run ends
 in-process or served (run_end, interrupt), and ``hcp-linux serve`` with its client and wire
 (serve, serve_client, serve_wire).
 

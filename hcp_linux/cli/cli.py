@@ -14,11 +14,11 @@ import subprocess
 import sys
 from typing import Sequence
 
-from .cli_args import build_parser, check_outputs, command_of, policy_from_args
+from .cli_args import build_parser, check_outputs, command_of, policy_and_layers
 from ..errors import EXIT_USAGE, PolicyError, SandboxError, printable
 
 #: The subcommands, for the hint a bare `hcp-linux` prints.
-COMMANDS = ("probe", "conformance", "run", "gc", "serve")
+COMMANDS = ("probe", "conformance", "run", "policy", "gc", "serve")
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -34,7 +34,7 @@ def _run(a: argparse.Namespace) -> int:
     if a.pack is not None or a.principal is not None:  # HCP pack: docs/driver.md
         from .driver_cli import run_pack
         return run_pack(a, argv)
-    policy = policy_from_args(a)
+    policy, layers = policy_and_layers(a)
     check_outputs(a, policy)
     # The CLI's own job control: ^C, TERM or HUP kill the whole sandbox, and then the CLI
     # dies by that signal, as a shell expects (hcp_linux.cli.interrupt).
@@ -61,6 +61,9 @@ def _run(a: argparse.Namespace) -> int:
     if winch is not None:
         signal.signal(signal.SIGWINCH, signal.SIG_DFL)  # reaped: its pid may be reused
     receipt = dict(proc.receipt) if proc is not None else None
+    if receipt is not None and layers:
+        from ..receipt_keys import set_policy_layers
+        set_policy_layers(receipt, layers)
     if end.signum is not None:
         end_by_signal(end.signum, receipt, a.receipt, status)
     assert receipt is not None and status is not None
@@ -100,10 +103,14 @@ def _probe(a: argparse.Namespace) -> int:
         from ..native import set_default
         set_default(a.executor)
     report = probe()
+    from .config import describe
+    configs = describe()
     if a.json:
-        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**report.as_dict(), "configs": configs}, indent=2, sort_keys=True))
     else:
         print(format_table(report))
+        for c in configs:
+            print(f"{c['kind']}: {c['path']}: {c['status']}")
     return 0 if report.fully_enforceable else 1
 
 
@@ -202,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _gc(args)
         if args.cmd == "profile":
             return _profile(args)
+        if args.cmd == "policy":
+            from .policy_cmd import policy_command
+            return policy_command(args)
         return _run(args) if args.cmd == "run" else _probe(args)
     except SandboxError as e:
         print(f"error: sandbox: {printable(str(e))}", file=sys.stderr)

@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name == "allow_bins":  # where --policy has always stood in the help
             r.add_argument("--policy", action=_Once, metavar="FILE",
                            help="TOML policy file (keys as in Policy)")
+            r.add_argument("--preset", action=_Once, metavar="NAME",
+                           help="a named policy under the configs, the file and the flags "
+                                "(hcp-linux policy list)")
+            r.add_argument("--no-config", action="store_true",
+                           help="read no config (/etc/hcp-linux/policy.toml, "
+                                "$XDG_CONFIG_HOME/hcp-linux/policy.toml); also "
+                                "HCP_LINUX_NO_CONFIG=1")
     r.add_argument("--receipt", action=_Once, metavar="FILE|-",
                    help="write the receipt as JSON ('-': stderr)")
     r.add_argument("--explain", action="store_true",
@@ -159,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
                    help=argparse.SUPPRESS)
     r.add_argument("command", nargs=argparse.REMAINDER)
+    _add_policy_parser(sub)
     g = sub.add_parser("gc", help="remove what runs that died left: ephemeral jails, "
                                   "staging in idle workspaces, temp files beside outputs")
     g.add_argument("--dry-run", action="store_true", help="list, remove nothing")
@@ -183,13 +191,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def policy_from_args(a: argparse.Namespace) -> Policy:
-    """The policy of `run`'s flags (over a ``--policy`` file's), validated (PolicyError)."""
+def _add_policy_parser(sub: Any) -> None:
+    """`policy list|show|import` (run by hcp_linux.cli.policy_cmd)."""
+    pol = sub.add_parser("policy", help="named presets, and policies imported from srt and "
+                                        "Codex, as TOML for --policy")
+    psub = pol.add_subparsers(dest="policy_cmd", required=True)
+    psub.add_parser("list", help="the presets, one a line, with what each is")
+    show = psub.add_parser("show", help="a preset as TOML (run --policy takes it)")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                      help="the hosts of workspace-write-net (repeatable)")
+    imp = psub.add_parser("import", help="an srt settings.json or a Codex config.toml as a "
+                                         "policy on stdout; what could not be carried over, "
+                                         "and why, on stderr")
+    imp.add_argument("--from", dest="source", required=True, choices=("srt", "codex"))
+    imp.add_argument("file", metavar="FILE")
+    imp.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                     help="codex: where network_access = true may connect (repeatable)")
+
+
+def policy_from_args(a: argparse.Namespace, *, configs: bool = True) -> Policy:
+    """The policy of `run`'s flags (over a ``--policy`` file's, the configs' and a
+    ``--preset``'s), validated (PolicyError). ``configs=False``: read none (the server)."""
+    return policy_and_layers(a, configs=configs)[0]
+
+
+def policy_and_layers(a: argparse.Namespace, *, configs: bool = True
+                      ) -> tuple[Policy, list[str]]:
+    """:func:`policy_from_args`, and the layers it composed (for the receipt's
+    ``policy_layers``): empty when neither a preset nor a config was in play."""
     if a.jail is None:
         check_cwd(" (give --jail DIR)")
     if a.policy == "":
         raise PolicyError("--policy: empty path")
     policy_flags.check_args(a)
+    found: list[tuple[str, str]] = []
+    if configs:
+        from . import config
+        found = config.present(a.no_config)
+    if a.preset is not None or found:  # the layers' code only then: a plain run pays nothing
+        from .compose import composed_policy
+        return composed_policy(a, found)
+    return _file_and_flags(a), []
+
+
+def _file_and_flags(a: argparse.Namespace) -> Policy:
+    """The policy of the flags over a ``--policy`` file, with no other layer: the file is
+    checked alone, as it always was, then the flags are applied."""
     base: dict = {}
     if a.policy:
         # a file without a jail takes --jail's, not the cwd's (which may not be a valid one);

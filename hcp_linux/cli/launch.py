@@ -9,9 +9,9 @@ descends from the caller and inherits the caller's own confinement (its Landlock
 seccomp filters, cgroup, limits), never the server's. The server runs nothing.
 
 Anything unexpected (no server, a server that is not this user's or lives in other
-namespaces or under a confinement this process does not have, a policy file, a pack,
-``--network allow``, a host without the layers the fast path needs) falls back to the
-ordinary in-process run, which gives the same result. This module and the client import only
+namespaces or under a confinement this process does not have, a policy file, a preset, a
+config, a pack, ``--network allow``, a host without the layers the fast path needs) falls
+back to the ordinary in-process run, which gives the same result. This module and the client import only
 what that path needs (no dataclasses, subprocess, argparse...): that is the point of them.
 """
 from __future__ import annotations
@@ -42,11 +42,21 @@ def entry() -> None:
 _served = False
 
 
+def _configs(args: "list[str]") -> bool:
+    """Whether this run reads a config (hcp_linux.cli.config): then it runs in-process, so
+    that the configs are this process's, read under its own environment and checked against
+    its own run, never the server's."""
+    if "--no-config" in args[:args.index("--") if "--" in args else len(args)]:
+        return False
+    from .config import present
+    return bool(present())
+
+
 def main(argv: "Sequence[str] | None" = None) -> int:
     global _served
     args = list(sys.argv[1:] if argv is None else argv)
     server = os.environ.get("HCP_LINUX_SERVER")
-    if server and args[:1] == ["run"]:
+    if server and args[:1] == ["run"] and not _configs(args):
         from .serve_client import run_via_server
         try:
             code = run_via_server(server, args)

@@ -271,6 +271,7 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             return say(b"fallback", b"help")
         return refuse(int(e.code), stderr.getvalue())
     if (a.cmd != "run" or a.pack is not None or a.principal is not None or a.policy
+            or a.preset is not None
             or a.executor == "ctypes" or native.binary() is None):
         return say(b"fallback", b"not served here")
     if a.explain:  # denials are recorded by a listener in the process that runs it
@@ -278,7 +279,8 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
     try:
         argv = command_of(a)
         check_outputs(a)
-        policy = policy_from_args(a)
+        # never this server's own configs: a client with configs runs in-process (launch)
+        policy = policy_from_args(a, configs=False)
         check_outputs(a, policy)
     except SandboxError as e:
         return refuse(e.exit_code, f"error: sandbox: {printable(str(e))}\n")

@@ -119,6 +119,12 @@ def _base_parent() -> str:
     return tempfile.gettempdir()
 
 
+#: The CLI's runs of a check read no config (hcp_linux.cli.config): the checks measure the
+#: engine under the configuration given on their own command lines, never under the caller's
+#: ~/.config/hcp-linux/policy.toml (a read-only jail there would fail every check that writes).
+_NO_CONFIG = {"HCP_LINUX_NO_CONFIG": "1"}
+
+
 def _package_parent() -> str:
     import hcp_linux
     return os.path.dirname(os.path.dirname(os.path.abspath(hcp_linux.__file__)))
@@ -283,6 +289,7 @@ class Harness:
             args = ["run"] + self.degraded_flags() + args[1:]
         argv = [sys.executable, "-m", "hcp_linux"] + args
         full_env = dict(os.environ if env is None else env)
+        full_env.update(_NO_CONFIG)
         parent = _package_parent()
         full_env["PYTHONPATH"] = parent + (os.pathsep + full_env["PYTHONPATH"]
                                            if full_env.get("PYTHONPATH") else "")
@@ -300,6 +307,7 @@ class Harness:
         if args and args[0] == "run":
             args = ["run"] + self.degraded_flags() + args[1:]
         env = dict(os.environ)
+        env.update(_NO_CONFIG)
         parent = _package_parent()
         env["PYTHONPATH"] = parent + (os.pathsep + env["PYTHONPATH"]
                                       if env.get("PYTHONPATH") else "")

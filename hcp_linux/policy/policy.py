@@ -126,6 +126,26 @@ def check_env_text(key: str, value: str) -> None:
                           f"the kernel takes for one variable ({MAX_ARG_STRLEN})")
 
 
+def field_table(data: Any, source: str) -> dict[str, Any]:
+    """A parsed config table as Policy's keyword arguments (TOML keys are the field names;
+    ``nativeLocal`` is ``native_local``); PolicyError naming ``source`` for a value that is
+    no table or a key no field has (with the nearest one). The values are not checked here:
+    Policy checks them."""
+    if not isinstance(data, Mapping):
+        raise PolicyError(f"{source}: expected a table, got {_kind(data)}")
+    known = {f.name for f in dataclasses.fields(Policy)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        name = "native_local" if key == "nativeLocal" else key
+        if name not in known:
+            meant = values.near_miss(str(key), sorted(known))
+            raise PolicyError(f"{source}: unknown key {values.show(key)}"
+                              + (f" (did you mean {meant!r}?)" if meant else
+                                 " (the keys: docs/policy.md)"))
+        kwargs[name] = value
+    return kwargs
+
+
 #: The seccomp profiles a policy names unless it says otherwise.
 DEFAULT_SECCOMP_PROFILES = ("baseline", "socket-families")
 
@@ -452,18 +472,7 @@ class Policy:
         """Build from a parsed config table (TOML keys = field names; ``nativeLocal`` too).
         ``fallback``: values for the fields the table does not set (each value the table
         does set is still checked); ``overrides`` replace the table's."""
-        if not isinstance(data, Mapping):
-            raise PolicyError(f"{source}: expected a table, got {_kind(data)}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            name = "native_local" if key == "nativeLocal" else key
-            if name not in known:
-                meant = values.near_miss(str(key), sorted(known))
-                raise PolicyError(f"{source}: unknown key {values.show(key)}"
-                                  + (f" (did you mean {meant!r}?)" if meant else
-                                     " (the keys: docs/policy.md)"))
-            kwargs[name] = value
+        kwargs = field_table(data, source)
         for k, v in (fallback or {}).items():
             kwargs.setdefault(k, v)
         kwargs.update({k: v for k, v in overrides.items() if v is not None})

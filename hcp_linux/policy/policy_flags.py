@@ -130,7 +130,8 @@ def _merge_env(a: Any, old: Any) -> dict[str, str]:
 
 
 def _merge_limits(a: Any, old: Any) -> dict[str, Any]:
-    limits = dict(old.as_dict()) if old is not None else {}
+    # ``old``: a policy file's Limits, or a composed layers' table (hcp_linux.policy.layers)
+    limits = dict(old.as_dict()) if isinstance(old, Limits) else dict(old or {})
     for item in a.limit:
         if not isinstance(item, str):  # argparse makes the value `--` of an append flag []
             raise PolicyError("--limit: expected KEY=VALUE, got '--'")
