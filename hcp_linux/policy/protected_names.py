@@ -1,0 +1,42 @@
+"""The names protected in every writable root (hcp_linux.policy.protected), each with why.
+
+Apart from the code that protects them so that both its halves read them: the lookup before a
+run and the after-run sweep (hcp_linux.policy.protected) and the search below the top level
+(hcp_linux.policy.protected_search). Only data.
+"""
+from __future__ import annotations
+
+#: Each protected name, relative to a writable root's top level, and why it is there.
+NAMES: dict[str, str] = {
+    ".git/hooks": "git runs these on the host (pre-commit, post-checkout...)",
+    ".git/config": "core.fsmonitor, core.hooksPath, core.pager, aliases and filter drivers: "
+                   "commands git runs on the user's next git status",
+    ".git/commondir": "names the directory git reads the repository's config and hooks "
+                      "from (a worktree's common dir): a redirect around .git/config",
+    ".git/config.worktree": "a worktree's own config (extensions.worktreeConfig): the same "
+                            "commands as .git/config",
+    ".git": "as a file (a gitdir pointer) it names the repository git uses, with its "
+            "hooks and config; as a directory only .git/hooks and .git/config are protected",
+    ".gitmodules": "submodule URLs and update commands git runs on submodule update",
+    ".gitconfig": "git's user config, when a writable root is a home directory",
+    ".bashrc": "sourced by bash", ".bash_profile": "sourced by bash",
+    ".bash_login": "sourced by bash", ".bash_logout": "sourced by bash",
+    ".profile": "sourced by sh and bash", ".zshrc": "sourced by zsh",
+    ".zshenv": "sourced by zsh", ".zprofile": "sourced by zsh", ".zlogin": "sourced by zsh",
+    ".zlogout": "sourced by zsh",
+    ".envrc": "run by direnv on entering the directory",
+    ".vscode": "tasks, launch configurations and settings VS Code runs",
+    ".idea": "run configurations and settings of JetBrains IDEs",
+    ".mcp.json": "MCP servers an agent starts (commands)",
+    ".claude": "an agent's settings: hooks and permissions",
+    ".cursor": "an editor agent's rules, settings and MCP servers",
+    ".ssh": "authorized_keys, config (ProxyCommand) of a home directory",
+}
+
+#: What protects a git directory, relative to it: the repository's own ``.git``, a
+#: submodule's under ``.git/modules/``, a linked worktree's under ``.git/worktrees/`` (each
+#: with the key of :data:`NAMES` that names it, for ``allow_write_protected``). git runs a
+#: submodule's hooks and its config's commands (``core.fsmonitor`` on the superproject's
+#: ``git status``), and reads a worktree's ``commondir``: a redirect to a planted repository.
+GIT_DIR_NAMES = {"hooks": ".git/hooks", "config": ".git/config",
+                  "commondir": ".git/commondir", "config.worktree": ".git/config.worktree"}

@@ -1,0 +1,238 @@
+"""The search for protected names below a writable root's top level (hcp_linux.policy.protected).
+
+A run's protected names are found right before it (:func:`hcp_linux.policy.protected.find`):
+those at the top level of each writable root are looked up by name; this module finds the
+rest, by listing directories: every git directory (a submodule's, a worktree's, a nested
+repository's) and the names that exist down to ``protect_depth`` levels. Listings are kept
+between runs of a process while their directory's ctime holds, so a runtime, a session or
+``hcp-linux serve`` reads each directory once. Imported by ``find`` only: the served client,
+which imports hcp_linux.policy.protected for the after-run sweep, does not pay for it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from .protected_names import GIT_DIR_NAMES, NAMES
+
+#: Directories the nested search does not enter: dependency trees, virtual environments and
+#: caches, where no tool of the user's looks for settings to run, and which hold most of a
+#: project's directories (entering them would cost every run milliseconds).
+_PRUNE = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox", ".nox",
+                    ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hcp-tmp", ".git"})
+
+#: The nested search lists at most this many directories, and reads at most ENTRY_BUDGET
+#: entries, per writable root (with the git directories' submodules and worktrees); where
+#: it stopped, the receipt says (``protected_search``), and what lies beyond is protected
+#: at the top level only. They bound a cold search's cost (~1.4 us an entry here).
+SEARCH_BUDGET = 2048
+ENTRY_BUDGET = 20_000
+
+#: Listings kept between runs of this process: (st_dev, st_ino) -> (st_ctime_ns, when it
+#: was read, its entries). A directory's ctime changes with every entry made, removed or
+#: renamed in it (and with utimes: a run can set its mtime back, never its ctime), so an
+#: unchanged ctime means unchanged entries, provided the listing was read after the ctime
+#: plus the clock's coarseness (a change in the same tick would not move it): RACY_NS, as
+#: git's index treats racily clean files.
+_listings: dict[tuple[int, int], tuple[int, int, "Listing"]] = {}
+_listings_lock = threading.Lock()
+_LISTINGS_MAX = 65_536
+RACY_NS = 1_000_000_000
+
+#: The entry names a search looks at (the rest of a directory matters only as
+#: subdirectories to enter): the first component of each name, a git directory's names.
+_WATCHED = frozenset({n.split("/", 1)[0] for n in NAMES} | set(GIT_DIR_NAMES)
+                     | {"HEAD", "modules", "worktrees"})
+#: The names of NAMES looked for below the top level: those a directory itself holds
+#: (a ``.git`` directory's own are looked for in it, :meth:`Search._git`).
+_NESTED = tuple((n, n.split("/", 1)[0]) for n in NAMES if not n.startswith(".git/"))
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a search needs of one directory: which watched names it holds, and its
+    subdirectories (not links), sorted."""
+
+    present: frozenset[str]
+    dirs: tuple[str, ...]
+    dir_set: frozenset[str]
+    size: int  # entries read
+
+
+def _listing(fd: int) -> Listing:
+    """The :class:`Listing` of the directory ``fd``: from :data:`_listings` when its ctime
+    says it has not changed since it was read there."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    with _listings_lock:
+        kept = _listings.get(key)
+    if kept is not None and kept[0] == st.st_ctime_ns and kept[1] - kept[0] > RACY_NS:
+        return kept[2]
+    read_at = time.time_ns()  # before reading: a change after this moves the ctime past it
+    present, dirs, size = [], [], 0
+    with os.scandir(fd) as it:
+        for e in it:
+            size += 1
+            if e.name in _WATCHED:
+                present.append(e.name)
+            if e.is_dir(follow_symlinks=False):
+                dirs.append(e.name)
+    dirs.sort()
+    listing = Listing(frozenset(present), tuple(dirs), frozenset(dirs), size)
+    with _listings_lock:
+        if len(_listings) >= _LISTINGS_MAX:
+            _listings.clear()
+        _listings[key] = (st.st_ctime_ns, read_at, listing)
+    return listing
+
+
+class Search:
+    """The protected names below a writable root's top level, and in its git directories.
+
+    :meth:`run` yields (path, key of :data:`NAMES`, swept when missing):
+
+    - every git directory's :data:`GIT_DIR_NAMES` (the root's ``.git``, a nested
+      repository's, and under each the submodules' ``modules/**`` and the linked worktrees'
+      ``worktrees/*``): all of them, a missing one swept (or given its placeholder) like a
+      top-level name;
+    - in each directory down to ``depth`` levels below the root (not entering a symlink,
+      :data:`_PRUNE`, a carve-out or another writable root), the names of :data:`NAMES`
+      that exist there: bound read-only, a symlink restored; a missing nested name is not
+      swept (each directory of a tree would cost a lookup per name every run).
+
+    Directories are opened one component at a time from the root's fd with ``O_NOFOLLOW``,
+    so a symlink swapped in while it looks leads nowhere. At most :data:`SEARCH_BUDGET`
+    directories and :data:`ENTRY_BUDGET` entries are read; ``stopped`` then says where it
+    stopped. Listings are kept between runs while their directory's ctime holds
+    (:data:`_listings`)."""
+
+    def __init__(self, root: str, depth: int, skip: set[str]) -> None:
+        self.root = root
+        self.depth = depth
+        self.skip = skip
+        self.listed = 0
+        self.entries = 0
+        self.stopped = ""
+
+    def run(self) -> list[tuple[str, str, bool]]:
+        out: list[tuple[str, str, bool]] = []
+        try:
+            top = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return out  # the policy checked it exists; gone now: the bind will say so
+        try:
+            listing = self._list(top, self.root)
+            if listing is not None and ".git" in listing.dir_set:
+                self._git(top, self.root, ".git", out)
+            if listing is not None and self.depth > 0:
+                self._walk(top, self.root, listing, 1, out)
+        finally:
+            os.close(top)
+        return out
+
+    def _list(self, fd: int, path: str) -> Listing | None:
+        """The listing of the directory ``fd``; None once a budget is spent or when it
+        cannot be read (said in ``stopped``)."""
+        if self.listed >= SEARCH_BUDGET or self.entries >= ENTRY_BUDGET:
+            what = (f"{SEARCH_BUDGET} directories" if self.listed >= SEARCH_BUDGET
+                    else f"{ENTRY_BUDGET} entries")
+            self.stopped = self.stopped or (
+                f"stopped after {what}, at {path}: protected names below it and in later "
+                "directories are not protected")
+            return None
+        self.listed += 1
+        try:
+            listing = _listing(fd)
+        except OSError as e:
+            self.stopped = self.stopped or f"cannot list {path}: {e.strerror or e}"
+            return None
+        self.entries += listing.size
+        return listing
+
+    def _enter(self, fd: int, name: str, path: str) -> "_Entered":
+        return _Entered(self, fd, name, path)
+
+    def _walk(self, fd: int, path: str, listing: Listing, level: int,
+              out: list[tuple[str, str, bool]]) -> None:
+        for name in listing.dirs:
+            sub = path.rstrip("/") + "/" + name
+            if name in _PRUNE or sub in self.skip:
+                continue
+            with self._enter(fd, name, sub) as entered:
+                if entered is None:
+                    continue
+                child, inner = entered
+                if inner.present:
+                    out.extend((sub + "/" + key, key, False) for key, first in _NESTED
+                               if first in inner.present)
+                    if ".git" in inner.dir_set:
+                        self._git(child, sub, ".git", out, nested=True)
+                if level < self.depth:
+                    self._walk(child, sub, inner, level + 1, out)
+
+    def _git(self, fd: int, path: str, name: str, out: list[tuple[str, str, bool]],
+             nested: bool = False) -> None:
+        """The git directory ``name`` in ``fd`` (at ``path``), its submodules' and its
+        worktrees' git directories. The top level's own ``.git`` names come from
+        :data:`NAMES` already; a nested repository's are listed here (all of them: a
+        missing one is swept, or gets its placeholder)."""
+        here = path.rstrip("/") + "/" + name
+        with self._enter(fd, name, here) as entered:
+            if entered is None:
+                return
+            gitdir, inner = entered
+            if nested:
+                out.extend((here + "/" + n, key, True) for n, key in GIT_DIR_NAMES.items())
+            for group in ("modules", "worktrees"):
+                if group in inner.dir_set:
+                    self._inner_gitdirs(gitdir, here, group, out, group == "modules")
+
+    def _inner_gitdirs(self, fd: int, path: str, name: str, out: list[tuple[str, str, bool]],
+                       recurse: bool) -> None:
+        """Each git directory in ``name`` (a submodule's may be nested under a name with
+        slashes, and has submodules of its own: ``recurse``); a directory holding ``HEAD``
+        is one. Its :data:`GIT_DIR_NAMES` are all listed, a missing one swept."""
+        here = path + "/" + name
+        with self._enter(fd, name, here) as entered:
+            if entered is None:
+                return
+            held, inner = entered
+            for sub in inner.dirs:
+                where = here + "/" + sub
+                with self._enter(held, sub, where) as found:
+                    if found is None:
+                        continue
+                    child, listing = found
+                    if "HEAD" in listing.present:
+                        out.extend((where + "/" + n, key, True)
+                                   for n, key in GIT_DIR_NAMES.items())
+                        if recurse and "modules" in listing.dir_set:
+                            self._inner_gitdirs(child, where, "modules", out, True)
+                    elif recurse:  # a submodule named a/b: its git directory is modules/a/b
+                        self._inner_gitdirs(held, here, sub, out, True)
+
+
+class _Entered:
+    """``with search._enter(fd, name, path) as entered``: the directory ``name`` in ``fd``
+    (at ``path``) and its listing, or None: gone, swapped for a link or a file meanwhile
+    (opened with ``O_NOFOLLOW``), unreadable, or over budget. Closed on leaving. (A class,
+    not contextlib: the served client imports this module and pays for each import.)"""
+
+    def __init__(self, search: Search, fd: int, name: str, path: str) -> None:
+        self.search, self.fd, self.name, self.path = search, fd, name, path
+        self.child: int | None = None
+
+    def __enter__(self) -> tuple[int, Listing] | None:
+        try:
+            self.child = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        listing = self.search._list(self.child, self.path)
+        return None if listing is None else (self.child, listing)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.child is not None:
+            os.close(self.child)
