@@ -357,8 +357,9 @@ class Policy:
             text = os.path.join(self.jail, text)
         return values.text_path(text, name)
 
-    def _carve_out(self, name: str, given: str, roots: tuple[str, ...],  # type: ignore[no-untyped-def]
-                   mounts, seen: dict[str, str], out: list[str], pattern: str | None) -> str:
+    def _carve_out(self, name: str, given: str, roots: tuple[str, ...],
+                   mounts: list[tuple[str, str]], seen: dict[str, str], out: list[str],
+                   pattern: str | None) -> str:
         """Check one carve-out path (written, or matched by ``pattern``) and add its canonical
         path to ``out``; returns that path. A match is judged exactly as the same path
         written out would be (a symlink inside a writable root is refused)."""
