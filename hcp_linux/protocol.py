@@ -46,7 +46,7 @@ LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 11
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 12
 
 class RunFds:
     """The run's channels, by name: the fds its monitor gets from the parent (besides the
@@ -120,6 +120,7 @@ VIEW_LAYOUT: tuple = (
     ("symlinks", ("list", (("link", "str"), ("dest", "str")))),
     ("fences", ("list", (("path", "str"), ("masked", "int")))),
     ("capture_ports", "ports"),
+    ("capture_nets", ("list", (("address", "str"), ("prefix", "u64")))),
     ("cap_last_cap", "i64"), ("bpf", "bytes"),
     ("landlock", ("if", "view_flags", "LANDLOCK", (
         ("ll_fs", "u64"), ("ll_net", "u64"), ("ll_scoped", "u64"), ("dir_only", "u64"),
@@ -168,6 +169,9 @@ RESOLVER_ADDRESS = ("127.0.0.53", 53)
 SYNTHETIC_NET = ("198.18.0.0", 15)
 #: At most this many TCP ports are captured (one listener on 0.0.0.0 per allowed port).
 CAPTURE_PORTS_MAX = 32
+#: The most allow-list networks (IP and CIDR entries) the egress-capture step makes local on
+#: lo, each as an address of its own (labels lo:hcp1... on IPv4).
+CAPTURE_NETS_MAX = 16
 
 #: Set in the flags of the executors' own sendmsg()s (the fds they hand to the runtime: the
 #: capture and proxy sockets, the seccomp listener), past the 32 bits the kernel reads
@@ -275,6 +279,7 @@ def c_header() -> str:
            f"#define SYNTHETIC_ADDR {_ipv4(SYNTHETIC_NET[0]):#x}u",
            f"#define SYNTHETIC_PREFIX {SYNTHETIC_NET[1]}",
            f"#define CAPTURE_PORTS_MAX {CAPTURE_PORTS_MAX}",
+           f"#define CAPTURE_NETS_MAX {CAPTURE_NETS_MAX}",
            f"#define HANDOVER_MARK {HANDOVER_MARK:#x}ull", "",
            "enum step {"]
     out += [f"    S_{name.upper().replace('-', '_')} = {i}," for i, name in enumerate(STEPS)]

@@ -162,21 +162,40 @@ def test_allowed_name_still_needs_its_port(jail: Path, tmp_path: Path,
 
 
 def test_raw_addresses_do_not_leave(jail: Path, tmp_path: Path, server: LineServer) -> None:
-    # The server's own address, allowed as an IP: raw TCP to it from inside is the sandbox's
-    # own loopback (the capture listener there refuses: not a synthetic address); IPv6
-    # loopback has no listener; the server sees nothing.
+    # The server's port is captured (a name is allowed on it), but its address is not in the
+    # allow list: raw TCP to 127.0.0.1 from inside reaches the capture, which refuses it (no
+    # allow rule for that address); IPv6 loopback has no listener; the server sees nothing.
     # Documentation addresses (RFC 5737, RFC 3849) find no route in the sandbox's namespace:
     # the capture added a local range, not a way out; nothing is sent anywhere.
     out, decisions = _run(jail, tmp_path, server.port, "@127.0.0.1", "@::1", "@192.0.2.1",
-                          "@2001:db8::1",
-                          allow_hosts=(f"127.0.0.1:{server.port}", f"localhost:{server.port}"))
+                          "@2001:db8::1", allow_hosts=(f"localhost:{server.port}",))
     assert not out["@127.0.0.1"].startswith("SSH-2.0")
     assert out["@::1"].startswith("connect errno")
     assert out["@192.0.2.1"] == f"connect errno {errno.ENETUNREACH}"
     assert out["@2001:db8::1"] == f"connect errno {errno.ENETUNREACH}"
     assert server.accepted == 0
-    assert any(d["protocol"] == "captured" and not d["allowed"] and "not a synthetic" in
-               d["reason"] for d in decisions)
+    assert any(d["protocol"] == "captured" and not d["allowed"] and d["host"] == "127.0.0.1"
+               and "no allow rule matches 127.0.0.1" in d["reason"] for d in decisions)
+
+
+def test_an_allowed_address_literal_is_captured_and_relayed(jail: Path, tmp_path: Path,
+                                                            server: LineServer) -> None:
+    """``--allow-host 127.0.0.1:PORT``: a tool with no proxy variables connecting to that
+    address reaches the proxy and is relayed to the host's 127.0.0.1:PORT (issue 34 item 5).
+    Another loopback address on the same port is captured and refused; IPv6 loopback, not
+    in the list, finds no listener. The previous test is the negative control (the same
+    address, not allowed: the server sees nothing)."""
+    out, decisions = _run(jail, tmp_path, server.port, "@127.0.0.1", "@127.0.0.2", "@::1",
+                          allow_hosts=(f"127.0.0.1:{server.port}",))
+    assert out["env"] == []  # no proxy variable left to the client
+    assert out["@127.0.0.1"] == "SSH-2.0-line-server\r\necho hello\n", out
+    assert not out["@127.0.0.2"].startswith("SSH-2.0")
+    assert out["@::1"].startswith("connect errno")
+    assert server.accepted == 1
+    captured = {d["host"]: d for d in decisions if d["protocol"] == "captured"}
+    assert captured["127.0.0.1"]["allowed"] is True
+    assert captured["127.0.0.1"]["response"] == "relayed"
+    assert captured["127.0.0.2"]["allowed"] is False
 
 
 _UDP = r"""
@@ -377,8 +396,10 @@ def test_capture_ports() -> None:
     from hcp_linux.egress import EgressPolicy
     from hcp_linux.egress.capture import capture_ports
     from hcp_linux.protocol import CAPTURE_PORTS_MAX, PROXY_ADDRESS
+    # an IP or CIDR entry's ports are captured too (issue 34), one too broad is not
     assert capture_ports(EgressPolicy.parse(["a.test", "*.b.test:22", "c.test:*",
-                                             "10.0.0.0/8:5432"])) == (22, 80, 443)
+                                             "10.0.0.0/8:5432", "0.0.0.0/0:8443"])) \
+        == (22, 80, 443, 5432)
     many = [f"n.test:{p}" for p in range(1000, 1100)]
     assert capture_ports(EgressPolicy.parse(many)) == tuple(range(1000, 1000 + CAPTURE_PORTS_MAX))
     # never the proxy's own port: it is listening there already

@@ -187,7 +187,7 @@ def _payload(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None",
     if "netns" in plan.layers:
         _step("loopback-up", _loopback_up)
     if plan.proxy:
-        _egress_capture(fds.proxy, plan.capture_ports)
+        _egress_capture(fds.proxy, plan.capture_ports, plan.capture_nets)
         _step("proxy-listen", _proxy_listen, fds.proxy)
     _step("chdir", os.chdir, plan.cwd)
     if not plan.confined:  # native-local (HCP §10.3): a trust decision, not a confinement
@@ -472,39 +472,71 @@ def _loopback_up() -> None:
         s.close()
 
 
-def _set_lo_address(s: _socket.socket, request: int, address: str) -> None:
+def _set_lo_address(s: _socket.socket, request: int, address: str,
+                    label: bytes = b"lo:hcp") -> None:
     # a label of its own: SIOCSIFADDR on "lo" itself would replace 127.0.0.1
-    ifreq = struct.pack("16sH2s4s8x", b"lo:hcp", _socket.AF_INET, b"\0\0",
+    ifreq = struct.pack("16sH2s4s8x", label, _socket.AF_INET, b"\0\0",
                         _socket.inet_aton(address))
     fcntl.ioctl(s.fileno(), request, ifreq)
 
 
-def _egress_capture(channel: int, ports: "tuple[int, ...]") -> None:
+def _mask(prefix: int) -> str:
+    return _socket.inet_ntoa(struct.pack("!I", (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF))
+
+
+def _add_lo_address6(address: str, prefix: int) -> None:
+    """An IPv6 address on lo (struct in6_ifreq: address, prefix length, ifindex): a local
+    route for that address."""
+    s = _socket.socket(_socket.AF_INET6, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
+    try:
+        req = struct.pack("16sIi", _socket.inet_pton(_socket.AF_INET6, address), prefix,
+                          _socket.if_nametoindex("lo"))
+        fcntl.ioctl(s.fileno(), _SIOCSIFADDR, req)
+    finally:
+        s.close()
+
+
+def _egress_capture(channel: int, ports: "tuple[int, ...]",
+                    nets: "tuple[tuple[bytes, int], ...]" = ()) -> None:
     """Transparent egress: make the synthetic range local on lo (an address with that prefix
     on a loopback device adds a ``local`` route for the whole range, so a connect() to any
-    synthetic address is accepted here, its destination kept), bind the resolver's UDP socket
-    and a TCP listener on 0.0.0.0 for each capture port, and hand them all to the parent in
+    synthetic address is accepted here, its destination kept), and so each allow-list
+    network (``nets``: hcp_linux.egress.capture.capture_nets; labels lo:hcp1...), bind the
+    resolver's UDP socket and a TCP listener for each capture port (on 0.0.0.0, or on ::
+    taking IPv4 too when an IPv6 address is captured), and hand them all to the parent in
     one message ("C", resolver first). Every other address keeps having no route."""
     net, prefix = SYNTHETIC_NET
-    mask = _socket.inet_ntoa(struct.pack("!I", (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF))
     socks: list[_socket.socket] = []
     detail = f"address {net}/{prefix} on lo"
+    six = any(b":" in a for a, _ in nets)
     try:
         s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
         socks.append(s)
         _set_lo_address(s, _SIOCSIFADDR, net)
-        _set_lo_address(s, _SIOCSIFNETMASK, mask)
+        _set_lo_address(s, _SIOCSIFNETMASK, _mask(prefix))
+        for i, (raw, length) in enumerate(nets, 1):
+            address = raw.decode()
+            detail = f"address {address}/{length} on lo"
+            if ":" in address:
+                _add_lo_address6(address, length)
+                continue
+            label = b"lo:hcp%d" % i
+            _set_lo_address(s, _SIOCSIFADDR, address, label)
+            _set_lo_address(s, _SIOCSIFNETMASK, _mask(length), label)
         socks.pop().close()
         detail = "resolver %s:%d" % RESOLVER_ADDRESS
         udp = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
         socks.append(udp)
         udp.bind(RESOLVER_ADDRESS)
         for port in ports:
-            detail = f"listen 0.0.0.0:{port}"
-            tcp = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+            detail = f"listen {'[::]' if six else '0.0.0.0'}:{port}"
+            tcp = _socket.socket(_socket.AF_INET6 if six else _socket.AF_INET,
+                                 _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
             socks.append(tcp)
             tcp.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-            tcp.bind(("0.0.0.0", port))
+            if six:
+                tcp.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY, 0)
+            tcp.bind(("::" if six else "0.0.0.0", port))
             tcp.listen(128)
         detail = f"hand over {len(socks)} sockets"
         fds = struct.pack("%di" % len(socks), *(t.fileno() for t in socks))

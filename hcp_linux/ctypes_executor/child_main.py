@@ -196,7 +196,8 @@ def message(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None") -> di
         "rlimits": tuple(plan.rlimits), "tmp_options": plan.tmp_options,
         "shm_options": plan.shm_options, "wait_for_tree": plan.wait_for_tree,
         "pid_max": plan.pid_max, "proxy": plan.proxy,
-        "capture_ports": tuple(plan.capture_ports), "proc_fresh": plan.proc_fresh,
+        "capture_ports": tuple(plan.capture_ports),
+        "capture_nets": tuple(plan.capture_nets), "proc_fresh": plan.proc_fresh,
         "pty": plan.pty, "late_rules": tuple(plan.late_rules), "canary": plan.canary,
         "seccomp_listener": plan.seccomp_listener, "landlock_restrict": plan.landlock_restrict,
     }

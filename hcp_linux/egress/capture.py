@@ -11,8 +11,14 @@ port, and hands them to the runtime. Then:
 * a connect() to a synthetic address on a capture port is accepted inside the namespace,
   destination kept; the proxy (``EgressProxy``) maps the address back to its name and decides
   on (name, port) with the same rules as a proxied request, then dials from the host;
-* every address outside the range still has no route (ENETUNREACH): raw IPs, UDP other than
-  the resolver and IPv6 fail closed, as before.
+* an allow entry that is an IP address or a CIDR (``10.1.2.3:5432``, ``10.0.0.0/8:443``,
+  ``[2001:db8::7]:22``) is captured too (:func:`capture_nets`): its addresses are made local
+  on lo the same way, its ports are capture ports, and a connection to it is decided by its
+  address, as a proxied request to that address would be, then relayed to that address;
+  loopback (127.0.0.0/8, ::1) is local already, and a connection to it on a capture port is
+  decided the same way (the host's loopback, reached only when the allow list names it);
+* every other address still has no route (ENETUNREACH): raw IPs not in the allow list, UDP
+  other than the resolver, fail closed, as before.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import ipaddress
 import threading
 from typing import Any, Callable
 
-from ..protocol import CAPTURE_PORTS_MAX, PROXY_ADDRESS, SYNTHETIC_NET
+from ..protocol import CAPTURE_NETS_MAX, CAPTURE_PORTS_MAX, PROXY_ADDRESS, SYNTHETIC_NET
 from . import dnswire
 from .hosts import DEFAULT_PORTS, EgressPolicy
 
@@ -38,10 +44,53 @@ def capture_ports(policy: EgressPolicy) -> tuple[int, ...]:
     (the proxy listens there; a name on that port is reached through the proxy)."""
     ports: set[int] = set()
     for rule in policy.allow:
-        if rule.kind in ("name", "suffix"):
+        if rule.kind in ("name", "suffix") or rule.net is not None and capturable(rule.net):
             ports |= DEFAULT_PORTS if rule.ports is None else rule.ports
     ports.discard(PROXY_ADDRESS[1])
     return tuple(sorted(ports))[:CAPTURE_PORTS_MAX]
+
+
+#: IPv4 blocks never made local on lo: "this network", loopback (local already), multicast
+#: and the reserved 240/4 (which cannot be a unicast destination), the synthetic range.
+_NOT_LOCAL_V4 = tuple(ipaddress.IPv4Network(n) for n in (
+    "0.0.0.0/8", "127.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "%s/%d" % SYNTHETIC_NET))
+#: The shortest IPv4 prefix made local: a broader entry (0.0.0.0/0) would make every address
+#: local and swallow the no-route answer of every other one; use the proxy variables for it.
+MIN_PREFIX_V4 = 8
+
+
+def capturable(net: "ipaddress.IPv4Network | ipaddress.IPv6Network") -> bool:
+    """Whether connections to ``net`` (an allow entry's) are captured: loopback (local
+    already), an IPv4 block of at least /MIN_PREFIX_V4 outside :data:`_NOT_LOCAL_V4`, or a
+    single IPv6 address that is not multicast or link-local (an IPv6 prefix on lo makes
+    only its one address local, so a /64 cannot be captured this way)."""
+    if isinstance(net, ipaddress.IPv4Network):
+        if net.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
+            return True
+        return net.prefixlen >= MIN_PREFIX_V4 and not any(net.overlaps(n) for n in _NOT_LOCAL_V4)
+    address = net.network_address
+    if address.ipv4_mapped is not None:
+        return capturable(ipaddress.IPv4Network(address.ipv4_mapped))
+    return net.prefixlen == 128 and not (address.is_multicast or address.is_link_local
+                                         or address.is_unspecified)
+
+
+def capture_nets(policy: EgressPolicy) -> tuple[tuple[bytes, int], ...]:
+    """The allow entries' networks the egress-capture step makes local on lo (address text,
+    prefix length), at most CAPTURE_NETS_MAX, in the allow list's order; loopback is left out
+    (local already), and so is what :func:`capturable` refuses."""
+    out: dict[tuple[bytes, int], None] = {}
+    for rule in policy.allow:
+        net = rule.net
+        if net is None or not capturable(net):
+            continue
+        if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped:
+            net = ipaddress.IPv4Network(net.network_address.ipv4_mapped)
+        if net.is_loopback or (isinstance(net, ipaddress.IPv4Network)
+                               and net.subnet_of(ipaddress.IPv4Network("127.0.0.0/8"))):
+            continue
+        out[(str(net.network_address).encode(), net.prefixlen)] = None
+    return tuple(out)[:CAPTURE_NETS_MAX]
 
 
 class SyntheticNames:

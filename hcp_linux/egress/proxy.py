@@ -26,10 +26,11 @@ Security properties, each with its reason:
   sides on any error.
 
 Transparent egress (:mod:`.capture`): listeners made by the sandbox's ``egress-capture`` step
-on the ports name patterns open accept connections to the synthetic addresses the resolver
-handed out; there the destination is the request (mapped back to its name, decided as a
-proxied (name, port) would be), and anything else (an address not handed out, the sandbox's
-own loopback) is closed. The client's first message is held whole and not sent on if its
+on the ports the allow list opens accept connections to the synthetic addresses the resolver
+handed out, to the allow list's own IP and CIDR entries (made local inside) and to loopback;
+there the destination is the request (a synthetic one mapped back to its name), decided as a
+proxied (host, port) would be; what that refuses (a synthetic address not handed out, the
+sandbox's own loopback unless the allow list names it) is closed. The client's first message is held whole and not sent on if its
 TLS server name, HTTP Host or target names another host, nor any later HTTP/1 request that
 does (:mod:`.sniff`). The resolver's UDP socket is served on the same loop.
 
@@ -317,21 +318,23 @@ class EgressProxy:
     async def _captured_session(self, s: _Session, conn: socket.socket,
                                 reader: asyncio.StreamReader,
                                 writer: asyncio.StreamWriter) -> None:
-        """A connection captured inside the sandbox: its destination is the request. Only a
+        """A connection captured inside the sandbox: its destination is the request. A
         synthetic address the resolver gave out in this run names a host; the decision on
-        (that name, port) is the one a proxied request for it gets."""
+        (that name, port) is the one a proxied request for it gets. Any other address (an
+        allow entry's IP or CIDR, made local inside, or loopback) is decided as a proxied
+        request to that very address is, and relayed there, opaque (no name to hold it to)."""
         s.protocol = "captured"
         try:
             address, port = conn.getsockname()[:2]
             s.port = int(port)
-            name = self.names.name_of(str(address))
-            if name is None:
-                what = ("no name was resolved to it in this run" if self.names.holds(address)
-                        else f"not a synthetic address ({self.names.net})")
-                raise _Refusal(f"captured connection to {_hostport(str(address), s.port)}: "
-                               f"{what}", 403, None, host=str(address), port=s.port)
-            s.host = name
-            decision = await self.policy.check_async(name, s.port, self._executor)
+            address = _unmapped(str(address))  # a listener on [::] sees IPv4 as ::ffff:a.b.c.d
+            name = self.names.name_of(address)
+            if name is None and self.names.holds(address):
+                raise _Refusal(f"captured connection to {_hostport(address, s.port)}: no name "
+                               f"was resolved to it in this run", 403, None, host=address,
+                               port=s.port)
+            s.host = name if name is not None else address
+            decision = await self.policy.check_async(s.host, s.port, self._executor)
             if not decision.allowed:
                 raise _Refusal(decision.reason, 403, None,
                                address=decision.addresses[0] if decision.addresses else None)
@@ -343,7 +346,7 @@ class EgressProxy:
         self._log(s, True, decision.reason, upstream, response="relayed")
         try:
             await self._relay(s, reader, writer, up_reader, up_writer, upstream,
-                              StreamGuard(name, s.port))
+                              StreamGuard(name, s.port) if name is not None else None)
         finally:
             abort(up_writer)
 
@@ -642,6 +645,17 @@ def _peer_of(conn: socket.socket) -> str:
     except OSError:
         return "unknown"
     return _hostport(str(peer[0]), int(peer[1]))
+
+
+def _unmapped(address: str) -> str:
+    """An IPv4-mapped IPv6 address as its IPv4 text; any other address as it is."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        return str(parsed.ipv4_mapped)
+    return address
 
 
 def _hostport(address: str, port: int) -> str:

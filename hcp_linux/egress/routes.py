@@ -24,6 +24,7 @@ bytes that :func:`msg_names` reads without ever raising.
 """
 from __future__ import annotations
 
+import ipaddress
 import socket
 import struct
 
@@ -53,30 +54,47 @@ def _v4_reached(addr: int) -> bool:
     return addr == 0 or addr >> 24 == 127 or addr & _SYN_MASK == _SYN_NET
 
 
-def unrouted(sockaddr: bytes) -> tuple[str, int] | None:
+def _local(address: str, local: tuple[tuple[bytes, int], ...]) -> bool:
+    """Whether ``address`` lies in one of ``local`` (the plan's ``capture_nets``: the allow
+    list's networks the egress-capture step made local on lo)."""
+    if not local:
+        return False
+    parsed = ipaddress.ip_address(address)
+    return any(parsed in ipaddress.ip_network("%s/%d" % (net.decode(), prefix))
+               for net, prefix in local)
+
+
+def unrouted(sockaddr: bytes, local: tuple[tuple[bytes, int], ...] = ()
+             ) -> tuple[str, int] | None:
     """(address, port) when a connect() to ``sockaddr`` (the call's own bytes, its length
     as the call gave it, at most :data:`SOCKADDR_MAX`) finds no route in the sandbox's
-    namespace; None for every other destination (AF_UNIX, loopback, synthetic, a sockaddr
-    too short, an address this module leaves to the kernel)."""
+    namespace; None for every other destination (AF_UNIX, loopback, synthetic, the allow
+    list's captured networks ``local``, a sockaddr too short, an address this module leaves
+    to the kernel)."""
     if len(sockaddr) < 2:
         return None
     family = struct.unpack_from("=H", sockaddr)[0]
     if family == socket.AF_INET and len(sockaddr) >= _V4_MIN:
         port, addr = struct.unpack_from("!HI", sockaddr, 2)
-        if _v4_reached(addr):
+        text = socket.inet_ntoa(sockaddr[4:8])
+        if _v4_reached(addr) or _local(text, local):
             return None
-        return socket.inet_ntoa(sockaddr[4:8]), port
+        return text, port
     if family == socket.AF_INET6 and len(sockaddr) >= _V6_MIN:
         port = struct.unpack_from("!H", sockaddr, 2)[0]
         raw = sockaddr[8:24]
         if raw.startswith(_MAPPED):
-            if _v4_reached(struct.unpack_from("!I", raw, 12)[0]):
+            v4 = struct.unpack_from("!I", raw, 12)[0]
+            if _v4_reached(v4) or _local(socket.inet_ntoa(raw[12:]), local):
                 return None
         elif raw[:15] == b"\0" * 15 and raw[15] in (0, 1):  # :: and ::1
             return None
         elif raw[0] == 0xFF or (raw[0] == 0xFE and raw[1] & 0xC0 == 0x80):
             return None  # multicast, link-local: the kernel's own errors, not "no route"
-        return socket.inet_ntop(socket.AF_INET6, raw), port
+        text = socket.inet_ntop(socket.AF_INET6, raw)
+        if _local(text, local):
+            return None
+        return text, port
     return None
 
 

@@ -47,6 +47,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
@@ -141,6 +142,10 @@ struct proc_fence { /* confinement.PROC_FENCES: a /proc entry made read-only, or
     const char *path;
     int masked;
 };
+struct capture_net { /* egress.capture.capture_nets: an allow-list network made local on lo */
+    const char *address;
+    uint64_t prefix;
+};
 struct rlim {
     uint64_t resource, value;
 };
@@ -159,6 +164,8 @@ static struct plan {
     uint16_t proxy_port;
     size_t n_capture_ports; /* egress-capture: the TCP ports to listen on (CAPTURE_PORTS_MAX) */
     uint16_t capture_ports[CAPTURE_PORTS_MAX];
+    size_t n_capture_nets;
+    struct capture_net *capture_nets;
     uint64_t umask; /* ~0: leave it */
     uint64_t sig_ignored, sig_blocked; /* the runtime's, as a fork would pass them on */
     const char *cwd, *exe, *tmp_options, *shm_options, *canary;
@@ -346,8 +353,10 @@ static void parse_view(void) {
     parse_view_fields();
     if (pos != buf_len)
         malformed("view");
-    if (P.n_capture_ports && !(P.view_flags & F_PROXY))
+    if ((P.n_capture_ports || P.n_capture_nets) && !(P.view_flags & F_PROXY))
         malformed("capture ports");
+    if (P.n_capture_nets > CAPTURE_NETS_MAX)
+        malformed("capture nets");
     if ((P.view_flags & F_SECCOMP)
         && (P.bpf_len == 0 || P.bpf_len % 8 || P.bpf_len / 8 > BPF_MAXINSNS))
         malformed("seccomp program");
@@ -755,32 +764,98 @@ static int proxy_listen(int channel) {
  * SYNTHETIC_ADDR/SYNTHETIC_PREFIX local on lo (an address with that prefix on a loopback device
  * adds a `local` route for the whole range: AnyIP, so a connect() to any synthetic address is
  * accepted here with its destination kept), bind the resolver's UDP socket and one TCP
- * listener on 0.0.0.0 per capture port. egress_hand_over: send them all to the runtime in one
- * message ('C': resolver first); the channel stays open for proxy_listen. */
+ * listener on 0.0.0.0 per capture port (on [::], IPv4 too, when an IPv6 address is captured);
+ * make the plan's allow-list networks local on lo the same way. egress_hand_over: send them all to
+ * the runtime in one message ('C': resolver first); the channel stays open for proxy_listen. */
 static char capture_detail[64];
 static int capture_fds[1 + CAPTURE_PORTS_MAX], n_capture_fds = -1; /* -1: not bound yet */
 
-static int set_address(int s, unsigned long request, uint32_t addr) {
+static int set_address(int s, unsigned long request, uint32_t addr, int label) {
     struct ifreq ifr;
     struct sockaddr_in *a = (struct sockaddr_in *)&ifr.ifr_addr;
     memset(&ifr, 0, sizeof ifr);
-    memcpy(ifr.ifr_name, "lo:hcp", 7); /* a label of its own: "lo" would replace 127.0.0.1 */
+    /* a label of its own: "lo" would replace 127.0.0.1 */
+    memcpy(ifr.ifr_name, "lo:hcp", 7);
+    if (label > 0 && label <= CAPTURE_NETS_MAX) /* lo:hcp1 ... lo:hcp16 */
+        snprintf(ifr.ifr_name + 6, 3, "%u", (unsigned)label & 31u);
     a->sin_family = AF_INET;
     a->sin_addr.s_addr = htonl(addr);
     return ioctl(s, request, &ifr);
 }
 
+/* An IPv6 address on lo (struct in6_ifreq of linux/ipv6.h): a local route for it. */
+static int add_address6(const struct in6_addr *addr, uint32_t prefix) {
+    struct {
+        struct in6_addr addr;
+        uint32_t prefixlen;
+        int ifindex;
+    } req;
+    int r, saved, s = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    memset(&req, 0, sizeof req);
+    req.addr = *addr;
+    req.prefixlen = prefix;
+    req.ifindex = (int)if_nametoindex("lo");
+    r = req.ifindex ? ioctl(s, SIOCSIFADDR, &req) : -1;
+    saved = errno;
+    close(s);
+    errno = saved;
+    return r;
+}
+
+/* Each allow-list network of the plan made local on lo (labels lo:hcp1...). */
+static int capture_nets_local(int s) {
+    for (size_t i = 0; i < P.n_capture_nets; i++) {
+        const struct capture_net *net = &P.capture_nets[i];
+        struct in_addr v4;
+        struct in6_addr v6;
+        snprintf(capture_detail, sizeof capture_detail, "address %.45s/%u on lo", net->address,
+                 (unsigned)net->prefix);
+        if (inet_pton(AF_INET, net->address, &v4) == 1 && net->prefix >= 1 && net->prefix <= 32) {
+            uint32_t mask = ~0u << (32 - net->prefix);
+            if (set_address(s, SIOCSIFADDR, ntohl(v4.s_addr), (int)i + 1) < 0
+                || set_address(s, SIOCSIFNETMASK, mask, (int)i + 1) < 0)
+                return -1;
+        } else if (inet_pton(AF_INET6, net->address, &v6) == 1 && net->prefix <= 128) {
+            if (add_address6(&v6, (uint32_t)net->prefix) < 0)
+                return -1;
+        } else {
+            errno = EINVAL;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Whether the capture listeners take IPv6 too (an IPv6 address is captured): one socket on
+ * [::] with IPV6_V6ONLY off per port, IPv4 arriving as ::ffff:a.b.c.d. */
+static int capture_six(void) {
+    for (size_t i = 0; i < P.n_capture_nets; i++)
+        if (strchr(P.capture_nets[i].address, ':'))
+            return 1;
+    return 0;
+}
+
 static int bound_socket(int type, uint32_t addr, uint16_t port) {
     struct sockaddr_in a;
-    int one = 1, s = socket(AF_INET, type | SOCK_CLOEXEC, 0), saved;
+    struct sockaddr_in6 a6;
+    int one = 1, zero = 0, saved, six = type == SOCK_STREAM && capture_six();
+    int s = socket(six ? AF_INET6 : AF_INET, type | SOCK_CLOEXEC, 0);
     if (s < 0)
         return -1;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(addr);
+    memset(&a6, 0, sizeof a6);
+    a6.sin6_family = AF_INET6;
+    a6.sin6_port = htons(port); /* in6addr_any, with addr 0 (the listeners') */
     if ((type == SOCK_STREAM && setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
-        || bind(s, (struct sockaddr *)&a, sizeof a) < 0
+        || (six && setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0)
+        || (six ? bind(s, (struct sockaddr *)&a6, sizeof a6)
+                : bind(s, (struct sockaddr *)&a, sizeof a))
+               < 0
         || (type == SOCK_STREAM && listen(s, 128) < 0)) {
         saved = errno;
         close(s);
@@ -798,8 +873,8 @@ static int egress_bind(void) {
     snprintf(capture_detail, sizeof capture_detail, "address %u.%u.%u.%u/%d on lo",
              SYNTHETIC_ADDR >> 24, SYNTHETIC_ADDR >> 16 & 255, SYNTHETIC_ADDR >> 8 & 255,
              SYNTHETIC_ADDR & 255, SYNTHETIC_PREFIX);
-    if (set_address(s, SIOCSIFADDR, SYNTHETIC_ADDR) < 0
-        || set_address(s, SIOCSIFNETMASK, mask) < 0) {
+    if (set_address(s, SIOCSIFADDR, SYNTHETIC_ADDR, 0) < 0
+        || set_address(s, SIOCSIFNETMASK, mask, 0) < 0 || capture_nets_local(s) < 0) {
         saved = errno;
         close(s);
         errno = saved;
@@ -814,8 +889,8 @@ static int egress_bind(void) {
         capture_fds[n++] = fd;
         if (i == P.n_capture_ports)
             break;
-        snprintf(capture_detail, sizeof capture_detail, "listen 0.0.0.0:%u",
-                 (unsigned)P.capture_ports[i]);
+        snprintf(capture_detail, sizeof capture_detail, "listen %s:%u",
+                 capture_six() ? "[::]" : "0.0.0.0", (unsigned)P.capture_ports[i]);
         fd = bound_socket(SOCK_STREAM, 0, P.capture_ports[i]);
     }
     if (fd < 0) {

@@ -139,7 +139,8 @@ def view_bytes(plan: "Plan") -> bytes:
           | F["PROXY"] * plan.proxy | _ll_flags(plan))
     bpf = plan.seccomp.bpf if plan.seccomp is not None else b""
     return plan.derived(("view-bytes", vf, plan.pid_max, plan.tmp_options, plan.shm_options,
-                         plan.cap_last_cap, bpf, plan.capture_ports, tuple(plan.proc_fences)),
+                         plan.cap_last_cap, bpf, plan.capture_ports, plan.capture_nets,
+                         tuple(plan.proc_fences)),
                         lambda: _view_bytes(plan, vf, bpf))
 
 
@@ -191,6 +192,7 @@ def view_fields(plan: "Plan", vf: int, bpf: bytes) -> dict[str, Any]:
         # egress-capture binds these before a spare drops its capabilities (port 53 and the
         # address on lo need them), so they are part of what a spare is prepared for
         "capture_ports": plan.capture_ports,
+        "capture_nets": plan.capture_nets,  # (address, prefix)
         "cap_last_cap": plan.cap_last_cap, "bpf": bpf,
         "landlock": _landlock_fields(plan) if plan.landlock is not None else None,
     }

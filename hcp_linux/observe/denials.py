@@ -71,9 +71,13 @@ class SeccompListener:
     listener fd is closed (the runtime dies, or gives up on it), the kernel answers pending
     and later notified calls ENOSYS: still refused."""
 
-    def __init__(self, listener: int, profiles: tuple[str, ...]) -> None:
+    def __init__(self, listener: int, profiles: tuple[str, ...],
+                 local: tuple[tuple[bytes, int], ...] = ()) -> None:
         self.listener = listener
         self._profiles = profiles
+        # the allow list's networks the egress-capture step made local (plan.capture_nets):
+        # reached, not "no route"
+        self._local = local
         self.lock = threading.Lock()
         self.closed = False
         self.records: list[dict[str, Any]] = []
@@ -167,8 +171,7 @@ class SeccompListener:
                 "pid": n.pid, "errno": "ENETUNREACH", "reason": NO_ROUTE,
                 "hint": NO_ROUTE_UDP_HINT if udp else NO_ROUTE_HINT})
 
-    @staticmethod
-    def _destination(n: Any, what: str) -> "tuple[str, int, int] | None":
+    def _destination(self, n: Any, what: str) -> "tuple[str, int, int] | None":
         """(address, port, socket type) of the call's destination when it has no route and
         the call goes there; None otherwise. Reads the caller's memory (OSError as the
         kernel says): connect(fd, addr, len); sendto(fd, buf, size, flags, addr, len);
@@ -186,7 +189,7 @@ class SeccompListener:
 
         a = n.args
         if what == "connect":
-            found = routes.unrouted(read_sockaddr(a[1], a[2] & 0xFFFFFFFF))
+            found = routes.unrouted(read_sockaddr(a[1], a[2] & 0xFFFFFFFF), self._local)
             return None if found is None else (found[0], found[1], socket.SOCK_STREAM)
         if what == "sendto":
             flags, names = a[3], [(a[4], a[5] & 0xFFFFFFFF)]
@@ -203,7 +206,7 @@ class SeccompListener:
             return None
         for address, length in names:
             sockaddr = read_sockaddr(address, length)
-            found = routes.unrouted(sockaddr)
+            found = routes.unrouted(sockaddr, self._local)
             if found is not None:
                 kind = _sends_there(n.pid, a[0] & 0xFFFFFFFF, routes.sockaddr_family(sockaddr),
                                     flags & 0xFFFFFFFF)

@@ -26,7 +26,7 @@ from ..protocol import CANARY
 from .rulesets import POLICY_ABI, GrantedRuleset, landlock_ruleset
 
 __all__ = ["Bind", "Confinement", "DEVICES", "MASKED_PATHS", "PROC_FENCES", "cache_stats", "clear_cache",
-           "carved_read_only", "covered", "pinned_ancestors", "search_path", "shared_confinement"]
+           "carved_read_only", "covered", "merged_masks", "pinned_ancestors", "search_path", "shared_confinement"]
 
 #: Device files every tool expects; each is bound read-write from the host.
 #: The view's /etc/resolv.conf under network = "allow": names protocol.RESOLVER_ADDRESS (a
@@ -333,8 +333,8 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
     conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
     if view:
-        conf.masks = tuple(_masks(policy, [p for p, _, _, _, _, w in opened if not w])
-                           + _hidden(policy))
+        conf.masks = merged_masks(_masks(policy, [p for p, _, _, _, _, w in opened if not w])
+                                  + _hidden(policy))
     if template is not None:
         if view:
             conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
@@ -428,6 +428,19 @@ def _masks(policy: Policy, granted: Sequence[str]) -> list[tuple[bytes, bool]]:
                 continue
             out.append((os.fsencode(path), os.path.isdir(path)))
     return out
+
+
+def merged_masks(masks: Sequence[tuple[bytes, bool]]) -> tuple[tuple[bytes, bool], ...]:
+    """Each mask once, and none inside a masked directory: a hidden path may name a secret
+    of MASKED_PATHS (/etc/shadow) or lie inside one (/etc/ssl/private/x.key), and an empty
+    masked directory has nothing to mount on."""
+    dirs = [p for p, is_dir in masks if is_dir]
+    out: dict[bytes, bool] = {}
+    for path, is_dir in masks:
+        if any(d != path and path.startswith(d.rstrip(b"/") + b"/") for d in dirs):
+            continue
+        out.setdefault(path, is_dir)
+    return tuple(out.items())
 
 
 def _deepest(path: str, trees: Sequence[tuple[str, bool]]) -> bool | None:

@@ -68,6 +68,8 @@ class Plan:
     pid_max: int | None = None  # kernel.pid_max of the sandbox's pid namespace
     proxy: bool = False  # network = "allow": listen for the egress proxy inside the netns
     capture_ports: tuple[int, ...] = ()  # and capture these TCP ports (egress-capture step)
+    # and make these allow-list networks local on lo: (address, prefix length)
+    capture_nets: tuple[tuple[bytes, int], ...] = ()
     holds_setpcap: bool = True  # the child may drop the bounding set and lock securebits
     proc_fresh: bool = False
     pty: bool = False  # a private devpts instance at /dev/pts, /dev/ptmx -> pts/ptmx
@@ -215,8 +217,9 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         private_tmp=private_tmp,
     )
     if fields["proxy"]:
-        from ..egress.capture import capture_ports  # off the spawn path unless "allow"
+        from ..egress.capture import capture_nets, capture_ports  # only under "allow"
         fields["capture_ports"] = capture_ports(policy.egress())
+        fields["capture_nets"] = capture_nets(policy.egress())
     if shared is None:
         return Plan(**fields)
     seccomp = seccomp_filter(policy, layers)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from . import ladder, protected, unix_sockets, values
+from . import globs, ladder, protected, unix_sockets, values
 from .environment import check_explicit
 from ..errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
@@ -150,6 +150,16 @@ def field_table(data: Any, source: str) -> dict[str, Any]:
 DEFAULT_SECCOMP_PROFILES = ("baseline", "socket-families")
 
 
+class CarveOuts(tuple):  # type: ignore[type-arg]
+    """A carve-out list as a Policy holds it: the canonical paths (the tuple's items), with
+    the entries as written (``given``: patterns kept, so that ``dataclasses.replace`` with
+    another jail expands them again) and what each pattern matched (``patterns``: (pattern,
+    canonical paths)), for the receipt."""
+
+    given: tuple[str, ...] = ()
+    patterns: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
 @dataclass(frozen=True)
 class Policy:
     """The confinement of one command. Construct it; it validates itself.
@@ -158,9 +168,10 @@ class Policy:
     directory); with ``read_only_jail`` it is the working directory only, shown and granted
     read-only like a ``read_only_roots`` entry (the command reads its project and writes
     its private /tmp and the ``write_roots``). ``read_only_paths`` and ``hidden_paths`` are
-    carve-outs: existing paths inside a granted root, shown read-only or masked by the mount
-    view (docs/policy.md, "Carve-outs"). Paths must be absolute; they are canonicalised
-    once, here, so the plan opens exactly what was validated.
+    carve-outs: existing paths inside a granted root (hidden ones inside a system root too),
+    or glob patterns (relative ones from the jail) expanded here, shown read-only or masked
+    by the mount view (docs/policy.md, "Carve-outs"). Other paths must be absolute; all are
+    canonicalised once, here, so the plan opens exactly what was validated.
     """
 
     jail: str | None = None
@@ -323,40 +334,86 @@ class Policy:
 
     def _check_carve_outs(self, set_, mounts) -> None:  # type: ignore[no-untyped-def]
         """``read_only_paths`` and ``hidden_paths``: existing files or directories strictly
-        inside a granted root (the jail, a write or read-only root), made canonical. A path
-        that does not exist yet is refused: the view binds or masks an existing inode, and
-        creating one would write into the user's tree (docs/policy.md, "Carve-outs")."""
+        inside a granted root (the jail, a write or read-only root; for ``hidden_paths`` a
+        system root too), made canonical, or glob patterns expanded to such paths now
+        (hcp_linux.policy.globs). A path that does not exist yet is refused: the view binds
+        or masks an existing inode, and creating one would write into the user's tree
+        (docs/policy.md, "Carve-outs"). A relative entry is relative to the jail."""
         assert self.jail is not None
         roots = (self.jail,) + self.write_roots + self.read_only_roots
+        # a secret inside a system root (/etc/docker/key.json) is masked like /etc/shadow
+        system = tuple(r for r in dict.fromkeys(os.path.realpath(p) for p in self.system_roots)
+                       if os.path.isdir(r))
         seen: dict[str, str] = {}
         for name in ("read_only_paths", "hidden_paths"):
+            inside = roots + system if name == "hidden_paths" else roots
+            raw = getattr(self, name)
+            entries = raw.given if isinstance(raw, CarveOuts) else raw
             out: list[str] = []
-            for given in _path_tuple(getattr(self, name), name):
-                self._check_pinned(name, given)
-                real, shown, st = values.resolved(
-                    given, name, "a carve-out must exist when the policy is made (create it "
-                    "first: it is never created for you)")
-                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                    raise PolicyError(f"{name}: {shown} is neither a file nor a directory")
-                if real in roots:
-                    raise PolicyError(f"{name}: {shown} is a granted root itself; a carve-out "
-                                      f"lies inside one (for a read-only jail: "
-                                      f"--read-only-jail; else drop the root)")
-                if not any(_is_within(real, r) for r in roots):
-                    raise PolicyError(f"{name}: {shown} is not inside a granted root (the "
-                                      f"jail, write_roots, read_only_roots)")
-                values.check_grantable(real, name, mounts, given)
-                if real in seen:
-                    if seen[real] != name:
-                        raise PolicyError(f"{name}: {shown} is in {seen[real]} too; give it "
-                                          f"once")
-                    continue  # the same path twice in one list: once
-                seen[real] = name
-                out.append(real)
-            set_(name, tuple(out))
+            given_list: list[str] = []
+            patterns: list[tuple[str, tuple[str, ...]]] = []
+            for item in _items(entries, name, "a list of paths or patterns"):
+                given_list.append(values.file_name(item, name))  # relative kept: the jail's
+                given = self._carve_entry(item, name)
+                if not globs.is_glob(given):
+                    self._carve_out(name, given, inside, mounts, seen, out, None)
+                    continue
+                prefix, rest = globs.split(given)
+                self._check_pinned(name, prefix)
+                found = globs.expand(name, given, os.path.realpath(prefix), rest)
+                matched: list[str] = []
+                for path in found.matches:
+                    real = self._carve_out(name, path, inside, mounts, seen, out, given)
+                    matched.append(real)
+                patterns.append((given, tuple(dict.fromkeys(matched))))
+            value = CarveOuts(out)
+            value.given, value.patterns = tuple(given_list), tuple(patterns)
+            set_(name, value)
         if seen and self.native_local:
             raise PolicyError("read_only_paths/hidden_paths: carve-outs are enforced by the "
                               "sandbox's mount view; native-local has none")
+
+    def _carve_entry(self, item: Any, name: str) -> str:
+        """One entry of a carve-out list as an absolute, normalised path or pattern: a
+        relative one is taken from the jail."""
+        assert self.jail is not None
+        text = values.file_name(item, name)
+        if text and not text.startswith("/"):
+            text = os.path.join(self.jail, text)
+        return values.text_path(text, name)
+
+    def _carve_out(self, name: str, given: str, roots: tuple[str, ...],
+                   mounts: list[tuple[str, str]], seen: dict[str, str], out: list[str],
+                   pattern: str | None) -> str:
+        """Check one carve-out path (written, or matched by ``pattern``) and add its canonical
+        path to ``out``; returns that path. A match is judged exactly as the same path
+        written out would be (a symlink inside a writable root is refused)."""
+        try:
+            self._check_pinned(name, given)
+            real, shown, st = values.resolved(
+                given, name, "a carve-out must exist when the policy is made (create it "
+                "first: it is never created for you)")
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                raise PolicyError(f"{name}: {shown} is neither a file nor a directory")
+            if real in roots:
+                raise PolicyError(f"{name}: {shown} is a granted root itself; a carve-out "
+                                  f"lies inside one (for a read-only jail: "
+                                  f"--read-only-jail; else drop the root)")
+            if not any(_is_within(real, r) for r in roots):
+                where = "the jail, write_roots, read_only_roots" + (
+                    ", system_roots" if name == "hidden_paths" else "")
+                raise PolicyError(f"{name}: {shown} is not inside a granted root ({where})")
+            values.check_grantable(real, name, mounts, given)
+            if real in seen and seen[real] != name:
+                raise PolicyError(f"{name}: {shown} is in {seen[real]} too; give it once")
+        except PolicyError as e:
+            if pattern is None:
+                raise
+            raise PolicyError(f"{e} (matched by pattern {printable(pattern)})") from None
+        if real not in seen:  # the same path twice in one list: once
+            seen[real] = name
+            out.append(real)
+        return real
 
     def _check_sockets(self, set_) -> None:  # type: ignore[no-untyped-def]
         """``allow_unix_sockets`` and ``allow_dangerous_sockets`` (hcp_linux.policy.unix_sockets):

@@ -186,6 +186,7 @@ def _limits(limits: Limits) -> list[str]:
 # --- the fields, in the order of `run --help` -----------------------------------------------
 
 _ROOTS = "list of absolute paths"
+_CARVE = "list of paths or glob patterns"
 
 FIELDS: tuple[Field, ...] = (
     Field("jail", "--jail", ONCE, _replace("jail"), lambda jail: [f"--jail={jail}"],
@@ -208,17 +209,20 @@ FIELDS: tuple[Field, ...] = (
           _repeated("--read-only-root"), _ROOTS, "`[]`", "extra read-only roots",
           metavar="DIR", help="a directory the command may read, not write (repeatable)"),
     Field("read_only_paths", "--read-only-path", APPEND, _add("read_only_path"),
-          _repeated("--read-only-path"), _ROOTS, "`[]`",
-          "carve-outs: existing files or directories inside a granted root, bound read-only "
-          "over themselves in the view (see Carve-outs)", metavar="PATH",
-          help="an existing file or directory inside a granted root, shown read-only "
-               "(repeatable)"),
+          _repeated("--read-only-path"), _CARVE, "`[]`",
+          "carve-outs: existing files or directories inside a granted root, or glob "
+          "patterns (relative ones from the jail), bound read-only over themselves in the "
+          "view (see Carve-outs)", metavar="PATH",
+          help="an existing file or directory inside a granted root, or a glob (**/*.lock; "
+               "relative: from the jail), shown read-only (repeatable)"),
     Field("hidden_paths", "--hide-path", APPEND, _add("hide_path"),
-          _repeated("--hide-path"), _ROOTS, "`[]`",
-          "carve-outs: existing files or directories inside a granted root, covered by an "
-          "empty mode-000 mask in the view (see Carve-outs)", metavar="PATH",
-          help="an existing file or directory inside a granted root, hidden (masked by an "
-               "empty, unreadable node) (repeatable)"),
+          _repeated("--hide-path"), _CARVE, "`[]`",
+          "carve-outs: existing files or directories inside a granted root or a system "
+          "root, or glob patterns (relative ones from the jail), covered by an empty "
+          "mode-000 mask in the view (see Carve-outs)", metavar="PATH",
+          help="an existing file or directory inside a granted or system root, or a glob "
+               "(**/.env; relative: from the jail), hidden (masked by an empty, unreadable "
+               "node) (repeatable)"),
     Field("allow_write_protected", "--allow-write-protected", APPEND,
           _add("allow_write_protected"), _repeated("--allow-write-protected"),
           "list of names or absolute paths", "`[]`",

@@ -318,7 +318,7 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
                                   f"hand-over: the sandbox's monitor (pid {proc.pid}) {why} "
                                   f"before handing over the seccomp listener; this run alone "
                                   f"failed, the next starts afresh")
-        denials = SeccompListener(listener, plan.seccomp_names)
+        denials = SeccompListener(listener, plan.seccomp_names, plan.capture_nets)
         denials.start()
         # the Landlock records, where the init (or monitor) that made the domain is known
         watch = landlock_log.watch(maker, MAX_RECORDED) if plan.landlock_log and maker > 0 \
@@ -458,6 +458,8 @@ def _serve_proxy(plan: Plan, channel: int, receipt: dict[str, Any],
                                               resolver="%s:%d" % RESOLVER_ADDRESS,
                                               synthetic="%s/%d" % SYNTHETIC_NET,
                                               captured_ports=list(plan.capture_ports),
+                                              captured_nets=[f"{a.decode()}/{n}" for a, n
+                                                             in plan.capture_nets],
                                               **plan.policy.egress().describe()))
 
     def log(decision: dict[str, Any]) -> None:

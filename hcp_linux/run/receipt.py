@@ -142,13 +142,19 @@ def lost_text(rung: "ladder.Rung", degraded: Iterable[str]) -> str:
     return "; ".join(f"{k}: {LOST[k]}" for k in sorted(gone)) or "nothing"
 
 
+def _has_patterns(policy) -> bool:  # type: ignore[no-untyped-def]
+    """A glob that matched nothing is still listed: the receipt says it matched nothing."""
+    return any(getattr(getattr(policy, n), "patterns", ())
+               for n in ("read_only_paths", "hidden_paths"))
+
+
 def _carve_outs(plan) -> dict[str, Any]:
     """The policy's carve-outs and what keeps each (present only when it has some): a
     read-only bind of the path over itself, or the read-only tree it lies in already; a
     mask (an empty, read-only, mode-000 node of its kind) for a hidden path; and the
     directories between a carve-out and its root pinned as mount points (not renamable)."""
     policy = plan.policy
-    if not (policy.read_only_paths or policy.hidden_paths):
+    if not (policy.read_only_paths or policy.hidden_paths or _has_patterns(policy)):
         return {}
     from ..plan.confinement import carved_read_only, pinned_ancestors
     bound = set(carved_read_only(policy))
@@ -160,10 +166,20 @@ def _carve_outs(plan) -> dict[str, Any]:
     ro = {p: "read-only bind over itself (mount view)" if p in bound
           else f"inside hidden path {hidden_by(p)}" if hidden_by(p)
           else "inside a read-only tree of the mount view" for p in policy.read_only_paths}
+    def masked_by(p: str) -> str | None:
+        return next((m for m in masked if m != p and values.is_within(p, m)), None)
+
     hidden = {p: "mask: an empty read-only mode-000 node (mount view)" if p in masked
-              else f"inside hidden path {hidden_by(p)}" for p in policy.hidden_paths}
+              else f"inside hidden path {hidden_by(p)}" if hidden_by(p)
+              else f"inside masked path {masked_by(p)}" for p in policy.hidden_paths}
+    # what each glob matched when the policy was made (hcp_linux.policy.globs)
+    patterns = {name: {pattern: list(matches) for pattern, matches in
+                       getattr(getattr(policy, name), "patterns", ())}
+                for name in ("read_only_paths", "hidden_paths")}
     return {"carve_outs": {"read_only_paths": ro, "hidden_paths": hidden,
-                           "pinned": pinned_ancestors(policy)}}
+                           "pinned": pinned_ancestors(policy),
+                           **({"patterns": {k: v for k, v in patterns.items() if v}}
+                              if any(patterns.values()) else {})}}
 
 
 def _protected(plan) -> dict[str, Any]:
