@@ -51,11 +51,13 @@ def test_srt_import_maps_or_names_every_setting(project: Path) -> None:
         "network": "allow",
         "allow_hosts": ["example.invalid", "*.npmjs.org", "registry.example.invalid:443"],
         "deny_hosts": ["private.example.invalid"],
-        "hidden_paths": [str(project / ".env"), str(project / "secrets")],
-        "read_only_paths": [str(project / ".git"), str(project / "ci.yml")],
+        "hidden_paths": [str(project / ".env"), str(project / "secrets"), "/etc/shadow"],
+        "read_only_paths": [str(project / ".git"), str(project / "ci.yml"),
+                            str(project / "**/*.pem")],
     }
     notes = err(proc)
-    for fragment in ("/etc/shadow: inside a system root", "*.pem': a glob",
+    assert "/etc/shadow" not in notes and ".pem" not in notes, notes  # both carried over
+    for fragment in (
                      "docker.sock", "/tmp: the command has a private", "*:22: a port refused",
                      "network.httpProxyPort", "network.allowLocalBinding", "ignoreViolations",
                      "mandatoryDenySearchDepth", "read the whole file system"):
@@ -134,6 +136,7 @@ def test_bad_input_is_one_line(source: str, text: str, fragment: str, tmp_path: 
 
 SCRIPT = ("cat secrets/key >/dev/null 2>&1; echo secret=$?; "
           "(echo x >> ci.yml) 2>/dev/null; echo ci=$?; "
+          "(echo x >> sub/cert.pem) 2>/dev/null; echo pem=$?; "
           "echo y > new.txt; echo jail=$?")
 
 
@@ -149,13 +152,16 @@ def test_srt_import_runs_for_real(project: Path, tmp_path: Path) -> None:
     assert_ok(proc)
     policy = tmp_path / "imported.toml"
     policy.write_text(out(proc))
+    (project / "sub").mkdir()
+    (project / "sub" / "cert.pem").write_text("cert\n")  # srt's denyWrite "**/*.pem"
     before = (project / "ci.yml").read_text()
     run = run_cli(project, "/bin/sh", "-c", SCRIPT, extra=["--policy", policy])
     assert_ok(run)
-    assert out(run).split() == ["secret=1", "ci=2", "jail=0"], show(run)
+    assert out(run).split() == ["secret=1", "ci=2", "pem=2", "jail=0"], show(run)
     assert (project / "ci.yml").read_text() == before
+    assert (project / "sub" / "cert.pem").read_text() == "cert\n"
     control = sh(SCRIPT, cwd=project)
-    assert out(control).split() == ["secret=0", "ci=0", "jail=0"], show(control)
+    assert out(control).split() == ["secret=0", "ci=0", "pem=0", "jail=0"], show(control)
 
 
 def test_codex_import_runs_for_real(project: Path, tmp_path: Path) -> None:

@@ -22,13 +22,13 @@ import stat
 from typing import Any, Callable, Mapping
 
 from ..errors import PolicyError
+from . import globs
 from .environment import is_injection_key
 from .policy import DEFAULT_SYSTEM_ROOTS
 from .unix_sockets import danger
 from .values import is_within, show
 
 Notes = list[str]
-_GLOB = frozenset("*?[")
 
 
 class _Import:
@@ -51,14 +51,10 @@ class _Import:
             items.append(item)
 
     def path(self, setting: str, text: Any) -> str | None:
-        """``text`` as an absolute, normalised path (``~`` expanded, relative to the jail);
-        None, noted, for a non-string or a glob."""
+        """``text`` as an absolute, normalised path or glob pattern (``~`` expanded,
+        relative to the jail); None, noted, for a non-string."""
         if not isinstance(text, str) or not text:
             self.note(setting, f"{show(text)} is not a path; skipped")
-            return None
-        if _GLOB & set(text):
-            self.note(setting, f"{show(text)}: a glob; this version takes paths only "
-                               f"(name the files), skipped")
             return None
         path = os.path.expanduser(text)
         return os.path.normpath(os.path.join(self.jail, path))
@@ -199,9 +195,11 @@ def _srt_filesystem(imp: _Import, fs: Mapping[str, Any]) -> None:
         p = imp.path("filesystem.denyWrite", x)
         if p is None:
             continue
-        if not _in(p, imp.writable):
+        if not _in(globs.split(p)[0] if globs.is_glob(p) else p, imp.writable):
             continue  # outside every writable root: not writable here anyway
-        if p in imp.writable:
+        if globs.is_glob(p):  # a carve-out pattern, expanded when the policy is made
+            imp.add("read_only_paths", p)
+        elif p in imp.writable:
             imp.note("filesystem.denyWrite", f"{p}: a writable root itself; skipped (drop it "
                                              f"from allowWrite)")
         elif _kind(p) in ("dir", "file"):
@@ -225,7 +223,15 @@ def _srt_filesystem(imp: _Import, fs: Mapping[str, Any]) -> None:
 def _hide(imp: _Import, setting: str, p: str, hidden: list[str]) -> None:
     """A path the command must not read: a carve-out when it is in the view, nothing when
     the view does not hold it."""
-    if _in(p, imp.granted):
+    if globs.is_glob(p):
+        prefix = globs.split(p)[0]
+        if _in(prefix, imp.granted) or _in(prefix, DEFAULT_SYSTEM_ROOTS):
+            hidden.append(p)
+            imp.add("hidden_paths", p)  # expanded when the policy is made
+        else:
+            imp.note(setting, f"{p}: outside the view already (hcp-linux shows the system "
+                              f"roots, the jail and the roots granted); nothing to hide")
+    elif _in(p, imp.granted):
         if p in imp.granted:
             imp.note(setting, f"{p}: a granted root itself; skipped (a hidden path lies "
                               f"inside one)")
@@ -237,8 +243,15 @@ def _hide(imp: _Import, setting: str, p: str, hidden: list[str]) -> None:
             imp.note(setting, f"{p}: does not exist; a hidden path must exist when the "
                               f"policy is made, skipped")
     elif _in(p, DEFAULT_SYSTEM_ROOTS):
-        imp.note(setting, f"{p}: inside a system root, which this version shows whole; "
-                          f"not representable here")
+        if p in DEFAULT_SYSTEM_ROOTS:
+            imp.note(setting, f"{p}: a system root itself; hiding it would break every "
+                              f"program, skipped (drop it from system_roots instead)")
+        elif _kind(p) in ("dir", "file"):
+            if not _in(p, hidden):
+                hidden.append(p)
+                imp.add("hidden_paths", p)  # masked in the system root's view
+        else:
+            imp.note(setting, f"{p}: does not exist; nothing to hide, skipped")
 
 
 def _srt_credentials(imp: _Import, creds: Any) -> None:
