@@ -101,6 +101,41 @@ def test_cli_refuses_unknown_layer() -> None:
                                         "'nosuchlayer'"), p.stderr
 
 
+@pytest.mark.parametrize("preset", ["workspace-write", "workspace-write-net"])
+def test_a_preset_passes_conformance(preset: str) -> None:
+    """Every check's runs start from the preset (its network and hosts included): the
+    rules hold. workspace-write-net allows one loopback port no check listens on."""
+    hosts = ["--allow-host", "127.0.0.1:9"] if preset == "workspace-write-net" else []
+    p = _cli(["--preset", preset, *hosts, "--json"])
+    report = json.loads(p.stdout)
+    assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()
+    assert report["config"]["preset"]["name"] == preset, report["config"]
+
+
+def test_the_read_only_preset_fails_the_checks_that_write_the_jail() -> None:
+    """read-only is not §10's workspace: the checks whose rule or evidence needs a writable
+    jail fail, each on a write refused in the jail (EROFS), and the boundary checks pass."""
+    p = _cli(["--preset", "read-only", "--json"])
+    report = json.loads(p.stdout)
+    failed = {r["id"]: json.dumps(r) for r in report["checks"] if r["status"] == FAIL}
+    assert p.returncode == 1 and failed, p.stdout.decode()[-3000:]
+    for cid, text in failed.items():
+        assert "Read-only file system" in text or "read_only_jail" in text, (cid, text[:800])
+    assert len(failed) < len(CHECK_IDS) // 3, sorted(failed)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--preset", "read-onyl"], "unknown preset 'read-onyl'"),
+    (["--preset", "workspace-write-net"], "no host to allow"),
+    (["--allow-host", "example.invalid"], "--allow-host goes with --preset"),
+])
+def test_cli_refuses_a_bad_preset(args: list, fragment: str) -> None:
+    p = _cli(args)
+    lines = p.stderr.decode().splitlines()
+    assert p.returncode == 125 and len(lines) == 1 and fragment in lines[0], p.stderr
+    assert lines[0].startswith("error: sandbox: "), lines
+
+
 # --- weakened configurations ---------------------------------------------------------------
 
 _LAUNCHER = r"""

@@ -179,8 +179,16 @@ def _conformance(a: argparse.Namespace) -> int:
     if a.junit is not None:
         from ..run.receipt import check_output_path
         check_output_path(a.junit, "--junit")
+    preset = None
+    if a.preset is not None or a.allow_host:
+        from ..policy import presets
+        if a.preset is None:
+            raise PolicyError("conformance: --allow-host goes with --preset "
+                              "workspace-write-net")
+        preset = (a.preset, presets.table_with_hosts(presets.get(a.preset), a.allow_host))
     default_tmp_dir()
-    return conformance(a.allow_degraded, json_out=a.json, junit=a.junit, rung=a.rung)
+    return conformance(a.allow_degraded, json_out=a.json, junit=a.junit, rung=a.rung,
+                       preset=preset)
 
 
 def bare_usage(parser: argparse.ArgumentParser) -> int:

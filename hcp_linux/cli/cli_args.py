@@ -140,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rung", action=_Once, default="full", choices=ladder.NAMES,
                    help="the weakest fallback rung the checks' runs may fall to "
                         "(default full: strict)")
+    c.add_argument("--preset", action=_Once, metavar="NAME",
+                   help="check under a named policy: each check's runs start from it "
+                        "(hcp-linux policy list)")
+    c.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="the hosts of a preset that takes them (workspace-write-net)")
     r = sub.add_parser("run", help="run one command confined",
                        usage="hcp-linux run [OPTIONS] -- BIN [ARG...]", epilog=RUN_EPILOG)
     for f in FIELDS:  # the Policy fields' options (hcp_linux.policy.policy_flags)

@@ -22,7 +22,7 @@ import platform
 import sys
 import time
 import traceback
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..policy import ladder
 from ..errors import LayerUnavailableError
@@ -91,12 +91,14 @@ def _host_facts() -> dict:
 
 def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] | None = None,
                     timeout: float = DEFAULT_TIMEOUT, base_dir: str | None = None,
-                    rung: str = ladder.DEFAULT) -> Report:
+                    rung: str = ladder.DEFAULT,
+                    preset: tuple[str, Mapping[str, Any]] | None = None) -> Report:
     """Run the checks (all, or the ids in ``only``) under the configuration that lets
     ``allow_degraded`` layers, and those of the fallback ladder's ``rung``, degrade. The
     report's configuration names the rung the runs reached (hcp_linux.policy.ladder), so a pass is
-    read against what that rung keeps. Raises PolicyError for an unknown layer, rung or
-    check id."""
+    read against what that rung keeps. ``preset``: (name, table), the policy every check's
+    runs start from (hcp_linux.policy.presets; a check's own fields go over it). Raises
+    PolicyError for an unknown layer, rung or check id."""
     from ..errors import PolicyError
 
     if rung not in ladder.BY_NAME:
@@ -112,12 +114,14 @@ def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] |
                               f"(known: {', '.join(CHECK_IDS)})")
         selected = [c for c in CHECKS if c.id in only]
     t0 = time.monotonic()
-    with Harness(allow_degraded, timeout=timeout, base_dir=base_dir) as h:
+    with Harness(allow_degraded, timeout=timeout, base_dir=base_dir, preset=preset) as h:
         host = _host_facts()
         results = [run_check(h, c) for c in selected]
         config = {"allow_degraded": list(h.allow_degraded), "timeout": timeout,
                   "degraded_in_runs": dict(h.degraded_seen), "interpreter": h.python,
                   "rung": _rung_verdict(rung, h.degraded_seen)}
+        if preset is not None:
+            config["preset"] = {"name": preset[0], "table": dict(preset[1])}
     return Report(results, host, config, round(time.monotonic() - t0, 3))
 
 
@@ -132,10 +136,11 @@ def _rung_verdict(allowed: str, degraded: Iterable[str]) -> dict[str, str]:
 
 
 def main(allow_degraded: Sequence[str] = (), *, json_out: bool = False,
-         junit: str | None = None, rung: str = ladder.DEFAULT) -> int:
+         junit: str | None = None, rung: str = ladder.DEFAULT,
+         preset: tuple[str, Mapping[str, Any]] | None = None) -> int:
     """The CLI's `conformance` subcommand: print the report, write JUnit, exit 1 on a
     failure."""
-    report = run_conformance(allow_degraded, rung=rung)
+    report = run_conformance(allow_degraded, rung=rung, preset=preset)
     if junit:
         write_junit(report, junit)
     print(to_json(report) if json_out else format_text(report))

@@ -168,8 +168,11 @@ class Harness:
     """
 
     def __init__(self, allow_degraded: Iterable[str] = (), *, timeout: float = DEFAULT_TIMEOUT,
-                 base_dir: str | None = None) -> None:
+                 base_dir: str | None = None,
+                 preset: tuple[str, Mapping[str, Any]] | None = None) -> None:
         self.allow_degraded: tuple[str, ...] = tuple(allow_degraded)
+        #: (name, table): the named policy each check's runs start from, or None
+        self.preset = preset
         expand_layers(self.allow_degraded)  # unknown layer names: PolicyError, here
         self.timeout = float(timeout)
         self.python = system_python()
@@ -242,8 +245,28 @@ class Harness:
     # --- the configuration under test -----------------------------------------------------
 
     def policy(self, **fields: Any) -> Policy:
+        """The check's fields over the preset's (if any), with the configuration's degraded
+        layers. A check that sets its own network drops the preset's hosts with it."""
+        if self.preset is not None:
+            base = dict(self.preset[1])
+            if "network" in fields:
+                base.pop("allow_hosts", None)
+            fields = {**base, **fields}
         fields["allow_degraded"] = tuple(fields.get("allow_degraded", ())) + self.allow_degraded
         return Policy(**fields)
+
+    def run_flags(self, args: Sequence[str]) -> list[str]:
+        """The flags this configuration adds to a check's `run ARGS`: ``--allow-degraded``
+        for each layer, and ``--preset`` (with its hosts, unless the check names its own
+        network)."""
+        out = self.degraded_flags()
+        if self.preset is not None:
+            out += ["--preset", self.preset[0]]
+            own_network = any(a == "--network" or a.startswith("--network=") for a in args)
+            if not own_network:
+                for host in self.preset[1].get("allow_hosts", ()):
+                    out += ["--allow-host", host]
+        return out
 
     def degraded_flags(self) -> list[str]:
         out: list[str] = []
@@ -286,7 +309,7 @@ class Harness:
         for a missing layer makes the check not applicable."""
         args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
         if args and args[0] == "run":
-            args = ["run"] + self.degraded_flags() + args[1:]
+            args = ["run"] + self.run_flags(args[1:]) + args[1:]
         argv = [sys.executable, "-m", "hcp_linux"] + args
         full_env = dict(os.environ if env is None else env)
         full_env.update(_NO_CONFIG)
@@ -305,7 +328,7 @@ class Harness:
         """argv and env of a CLI run, for a check that starts it itself (Popen)."""
         args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
         if args and args[0] == "run":
-            args = ["run"] + self.degraded_flags() + args[1:]
+            args = ["run"] + self.run_flags(args[1:]) + args[1:]
         env = dict(os.environ)
         env.update(_NO_CONFIG)
         parent = _package_parent()
