@@ -399,3 +399,23 @@ def test_a_placeholder_that_cannot_be_made_refuses_the_run(jail: Path, tmp_path:
 def test_protect_missing_is_checked(jail: Path) -> None:
     r = run_cli(jail, "true", extra=["--protect-missing", "always"])
     assert r.returncode != 0 and "--protect-missing" in r.stderr.decode(), show(r)
+
+
+def test_found_is_a_frozen_hashable_value() -> None:
+    """Found keys the confinement cache: equal by its fields, hashable, frozen, and copied
+    or pickled whole (it is written out by hand, not a dataclass: issue 35)."""
+    import copy
+    import pickle
+
+    from hcp_linux.policy.protected import Found
+    a = Found(read_only=("/j/.git/hooks",), how=(("/j/.git/hooks", "read-only bind"),),
+              sweep=(("/j/.envrc", None, False),))
+    b = Found(read_only=("/j/.git/hooks",), how=(("/j/.git/hooks", "read-only bind"),),
+              sweep=(("/j/.envrc", None, False),))
+    assert a == b and hash(a) == hash(b) and a != Found() and Found() == Found()
+    assert {a: 1}[b] == 1
+    assert pickle.loads(pickle.dumps(a)) == a and copy.deepcopy(a) == a
+    assert a.pins == () and "read_only=('/j/.git/hooks',)" in repr(a)
+    with pytest.raises(AttributeError):
+        a.pins = ("/x",)  # type: ignore[misc]
+    assert a != ("/j/.git/hooks",)

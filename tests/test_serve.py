@@ -21,7 +21,8 @@ from typing import Iterator
 
 import pytest
 
-from sandboxing import (IS_ROOT, TIMEOUT, caller_env, default_stop_signals, hcp_argv, jail,  # noqa: F401
+from sandboxing import (IS_ROOT, TIMEOUT, caller_env, default_stop_signals, hcp_argv,  # noqa: F401
+                        imported_by_run, jail,
                         kill_by_pid, out, processes_with, run_cli, show, sleep_token, wait_for)
 
 @pytest.fixture(autouse=True)
@@ -83,6 +84,18 @@ def both(server: Server, jail: Path, *cmd: str, extra: list[str] | None = None,
     plain = run_cli(jail, *cmd, extra=extra or [], **kw)
     served = run_cli(jail, *cmd, extra=extra or [], env=server.env(), **kw)
     return plain, served
+
+
+def test_a_served_run_imports_only_the_light_path(server: Server, jail: Path) -> None:
+    """Issue 35: the served client's start-up is the point of the server. None of the
+    engine, nor dataclasses, typing, argparse, subprocess, threading or hashlib, which the
+    in-process run needs and the client does not (the sweep's module included)."""
+    done, imported = imported_by_run(jail, "true", env=server.env())
+    assert done.returncode == 0, show(done)
+    assert "hcp_linux.cli.serve_client" in imported, imported
+    heavy = {"hcp_linux.sandbox", "hcp_linux.cli.cli", "dataclasses", "typing", "argparse",
+             "subprocess", "threading", "hashlib", "_hashlib", "inspect"}
+    assert not heavy & set(imported), sorted(heavy & set(imported))
 
 
 PROBE = ("id -u; id -g; pwd; umask; echo \"HCP_SANDBOX=$HCP_SANDBOX\"; "

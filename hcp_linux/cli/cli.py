@@ -6,7 +6,6 @@ the README's table of exit statuses, and nothing spawned or written.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import stat
@@ -101,6 +100,7 @@ def _probe(a: argparse.Namespace) -> int:
         set_default(a.executor)
     report = probe()
     if a.json:
+        import json
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
         print(format_table(report))
