@@ -188,7 +188,8 @@ def bare_usage(parser: argparse.ArgumentParser) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    # `run` parses the same with its own subparser alone, and a run pays for the rest
+    parser = build_parser("run" if args_list[:1] == ["run"] else None)
     if not args_list:
         return bare_usage(parser)
     args = parser.parse_args(args_list)
