@@ -63,7 +63,18 @@ def _run(a: argparse.Namespace) -> int:
     if end.signum is not None:
         end_by_signal(end.signum, receipt, a.receipt, status)
     assert receipt is not None and status is not None
-    return end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain)
+    code = end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain)
+    global run_over
+    run_over = True
+    return code
+
+
+#: Set once a plain `run` has ended: its command and every process of it are gone (the
+#: init said), the receipt is written, the proxy's log closed. The program then ends at once
+#: (hcp_linux.cli.launch.entry): the interpreter's finalisation of the engine's ~200 modules
+#: costs the caller 10 ms or more and does nothing for it (no atexit hook, no non-daemon
+#: thread, no file left open to flush).
+run_over = False
 
 
 class _WinchForwarder:
@@ -187,6 +198,8 @@ def bare_usage(parser: argparse.ArgumentParser) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global run_over
+    run_over = False
     args_list = list(sys.argv[1:] if argv is None else argv)
     # `run` parses the same with its own subparser alone, and a run pays for the rest
     parser = build_parser("run" if args_list[:1] == ["run"] else None)
