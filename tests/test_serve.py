@@ -94,8 +94,39 @@ def test_a_served_run_imports_only_the_light_path(server: Server, jail: Path) ->
     assert done.returncode == 0, show(done)
     assert "hcp_linux.cli.serve_client" in imported, imported
     heavy = {"hcp_linux.sandbox", "hcp_linux.cli.cli", "dataclasses", "typing", "argparse",
-             "subprocess", "threading", "hashlib", "_hashlib", "inspect"}
+             "subprocess", "threading", "hashlib", "_hashlib", "inspect", "json", "re", "enum"}
     assert not heavy & set(imported), sorted(heavy & set(imported))
+
+
+def test_the_sweep_crosses_the_wire_as_it_was() -> None:
+    """The server sends the run's sweep beside the receipt (protocol 2), so that a client
+    writing no receipt never parses JSON: every entry comes back as it was, and anything
+    else is refused with ValueError (the client then runs nothing of it)."""
+    from hypothesis import given, settings, strategies as st
+
+    from hcp_linux.cli.serve_wire import decode_sweep, encode_sweep
+    name = st.text(min_size=1).map(lambda t: "/" + t.replace("\0", ""))
+    target = st.none() | st.text(min_size=1).map(lambda t: t.replace("\0", "") or "x")
+    entries = st.lists(st.tuples(name, target, st.booleans()), max_size=6).map(tuple)
+
+    @settings(max_examples=300, deadline=None)
+    @given(entries)
+    def round_trip(e: tuple) -> None:
+        assert decode_sweep(encode_sweep(e)) == e
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.binary(max_size=64) | entries.map(encode_sweep).flatmap(
+        lambda b: st.integers(0, max(0, len(b) - 1)).map(lambda n: b[:n])))
+    def refused_or_read(blob: bytes) -> None:
+        try:
+            decode_sweep(blob)
+        except ValueError:
+            pass
+
+    round_trip()
+    refused_or_read()
+    surrogate = os.fsdecode(b"/j/\xff.envrc")
+    assert decode_sweep(encode_sweep(((surrogate, None, False),))) == ((surrogate, None, False),)
 
 
 PROBE = ("id -u; id -g; pwd; umask; echo \"HCP_SANDBOX=$HCP_SANDBOX\"; "
