@@ -12,9 +12,11 @@ stdlib: the served client's light path writes ``end``, ``protected_sweep`` and `
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the served path
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Sequence
 
-Receipt = dict[str, Any]
+    Receipt = dict[str, Any]
 
 __all__ = ["set_executor", "set_denial_layers", "set_denial_layer", "add_spawn_note",
            "set_egress", "set_denials", "set_protected_sweep", "set_end", "set_exit",

@@ -358,3 +358,19 @@ def accepted_unix(s: socket.socket, wait: float = 0.0) -> int:
         n += 1
         wait = 0.0
     return n
+
+
+def imported_by_run(jail: "Arg", *cmd: Arg, env: Mapping[str, str] | None = None
+                    ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``hcp-linux run`` as run_cli runs it, under ``python -X importtime``: the result, and
+    the modules it imported from its own package's first import on (what the interpreter's
+    start-up imported is not its doing)."""
+    argv = hcp_argv(jail, *cmd)
+    argv[1:1] = ["-X", "importtime"]
+    done = subprocess.run(argv, capture_output=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL,
+                          env=caller_env() if env is None else dict(env), cwd="/")
+    names = [line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines()
+             if line.startswith("import time:") and line.count("|") == 2]
+    start = names.index("hcp_linux") if "hcp_linux" in names else len(names)
+    return done, names[start:]

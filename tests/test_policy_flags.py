@@ -62,3 +62,25 @@ def test_doc_flag_summary_lists_every_field_once() -> None:
     summary = text.split("## `hcp-linux run`", 1)[1].split("```", 2)[1]
     for f in FIELDS:
         assert _count(f.flag, summary) == 1, f.flag
+
+
+def test_the_run_parser_alone_parses_as_the_whole() -> None:
+    """The CLI builds `run`'s subparser alone when given `run` (issue 35): every command
+    line parses to the same namespace, or fails the same way, as with the whole parser."""
+    import contextlib
+    import io
+
+    lines = [["run", "--", "true"], ["run", "--network", "none", "--timeout", "5s", "--", "x"],
+             ["run", "--jail", "/tmp", "--allow-bin", "ls", "--", "ls", "-l"],
+             ["run", "--netwrk", "none", "--", "true"], ["run"], ["run", "--version"],
+             ["run", "--timeout", "1", "--timeout", "2", "--", "true"]]
+    for line in lines:
+        results = []
+        for parser in (build_parser(), build_parser("run")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    results.append(vars(parser.parse_args(line)))
+                except SystemExit as e:
+                    results.append((e.code, err.getvalue()))
+        assert results[0] == results[1], (line, results)

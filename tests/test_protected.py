@@ -629,3 +629,23 @@ def test_a_placeholder_belongs_to_the_owner_of_its_directory(jail: Path) -> None
         for name in (".git/hooks", ".git/commondir", ".envrc"):
             st = (repo / name).lstat()
             assert (st.st_uid, st.st_gid) == (nobody, nobody), name
+
+
+def test_found_is_a_frozen_hashable_value() -> None:
+    """Found keys the confinement cache: equal by its fields, hashable, frozen, and copied
+    or pickled whole (it is written out by hand, not a dataclass: issue 35)."""
+    import copy
+    import pickle
+
+    from hcp_linux.policy.protected import Found
+    a = Found(read_only=("/j/.git/hooks",), how=(("/j/.git/hooks", "read-only bind"),),
+              sweep=(("/j/.envrc", None, False),))
+    b = Found(read_only=("/j/.git/hooks",), how=(("/j/.git/hooks", "read-only bind"),),
+              sweep=(("/j/.envrc", None, False),))
+    assert a == b and hash(a) == hash(b) and a != Found() and Found() == Found()
+    assert {a: 1}[b] == 1
+    assert pickle.loads(pickle.dumps(a)) == a and copy.deepcopy(a) == a
+    assert a.pins == () and "read_only=('/j/.git/hooks',)" in repr(a)
+    with pytest.raises(AttributeError):
+        a.pins = ("/x",)  # type: ignore[misc]
+    assert a != ("/j/.git/hooks",)

@@ -21,10 +21,25 @@ from pathlib import Path
 import pytest
 
 from sandboxing import (EXECUTOR_ARGS, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND,  # noqa: F401
-                        EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT, assert_ok, err, hcp_argv, jail, out, read_receipt,
+                        EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT, assert_ok, err, hcp_argv, imported_by_run,
+                        jail, out, read_receipt,
                         run_cli, sh, show, single_error_line, snapshot)
 
 SECRET = "hcp-test-secret-c41d2e"
+
+
+def test_a_default_run_imports_nothing_it_does_not_use(jail: Path) -> None:
+    """Issue 35: every `hcp-linux run` pays for what it imports before the command starts.
+    A default run parses no size or duration (fractions, decimal), hashes with the
+    interpreter's own SHA-256 (not OpenSSL's, through hashlib), and needs neither the probe,
+    the driver nor the egress proxy (tomllib is not listed: a cold seccomp cache compiles
+    the profiles, which are TOML). Modules, not milliseconds: a test never times."""
+    done, imported = imported_by_run(jail, "true")
+    assert done.returncode == 0, show(done)
+    assert "hcp_linux.sandbox" in imported, imported  # it ran in-process, as meant
+    unused = {"fractions", "decimal", "hashlib", "_hashlib", "hcp_linux.probe",
+              "hcp_linux.driver", "hcp_linux.egress"}
+    assert not unused & set(imported), sorted(unused & set(imported))
 
 # --- 15. exit statuses and the allow-list ------------------------------------------------
 

@@ -132,3 +132,13 @@ def test_profile_digest() -> None:
     assert sp.profile_digest([sp.load_profile("baseline").path]) == d  # by content, not by name
     with pytest.raises(sp.ProfileNotFoundError):
         sp.profile_digest(["nope"])
+
+
+def test_the_builtin_sha256_is_sha256() -> None:
+    """The cache keys and the policy digest use the interpreter's own SHA-256 (issue 35:
+    hashlib's OpenSSL costs every run ~3 ms of start-up): the same digests as hashlib's."""
+    import hashlib
+
+    from hcp_linux._sha256 import sha256
+    for data in (b"", b"hcp-linux", bytes(range(256)) * 300):
+        assert sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()

@@ -21,7 +21,8 @@ from typing import Iterator
 
 import pytest
 
-from sandboxing import (IS_ROOT, TIMEOUT, caller_env, default_stop_signals, hcp_argv, jail,  # noqa: F401
+from sandboxing import (IS_ROOT, TIMEOUT, caller_env, default_stop_signals, hcp_argv,  # noqa: F401
+                        imported_by_run, jail,
                         kill_by_pid, out, processes_with, run_cli, show, sleep_token, wait_for)
 
 @pytest.fixture(autouse=True)
@@ -83,6 +84,49 @@ def both(server: Server, jail: Path, *cmd: str, extra: list[str] | None = None,
     plain = run_cli(jail, *cmd, extra=extra or [], **kw)
     served = run_cli(jail, *cmd, extra=extra or [], env=server.env(), **kw)
     return plain, served
+
+
+def test_a_served_run_imports_only_the_light_path(server: Server, jail: Path) -> None:
+    """Issue 35: the served client's start-up is the point of the server. None of the
+    engine, nor dataclasses, typing, argparse, subprocess, threading or hashlib, which the
+    in-process run needs and the client does not (the sweep's module included)."""
+    done, imported = imported_by_run(jail, "true", env=server.env())
+    assert done.returncode == 0, show(done)
+    assert "hcp_linux.cli.serve_client" in imported, imported
+    heavy = {"hcp_linux.sandbox", "hcp_linux.cli.cli", "dataclasses", "typing", "argparse",
+             "subprocess", "threading", "hashlib", "_hashlib", "inspect", "json", "re", "enum"}
+    assert not heavy & set(imported), sorted(heavy & set(imported))
+
+
+def test_the_sweep_crosses_the_wire_as_it_was() -> None:
+    """The server sends the run's sweep beside the receipt (protocol 2), so that a client
+    writing no receipt never parses JSON: every entry comes back as it was, and anything
+    else is refused with ValueError (the client then runs nothing of it)."""
+    from hypothesis import given, settings, strategies as st
+
+    from hcp_linux.cli.serve_wire import decode_sweep, encode_sweep
+    name = st.text(min_size=1).map(lambda t: "/" + t.replace("\0", ""))
+    target = st.none() | st.text(min_size=1).map(lambda t: t.replace("\0", "") or "x")
+    entries = st.lists(st.tuples(name, target, st.booleans()), max_size=6).map(tuple)
+
+    @settings(max_examples=300, deadline=None)
+    @given(entries)
+    def round_trip(e: tuple) -> None:
+        assert decode_sweep(encode_sweep(e)) == e
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.binary(max_size=64) | entries.map(encode_sweep).flatmap(
+        lambda b: st.integers(0, max(0, len(b) - 1)).map(lambda n: b[:n])))
+    def refused_or_read(blob: bytes) -> None:
+        try:
+            decode_sweep(blob)
+        except ValueError:
+            pass
+
+    round_trip()
+    refused_or_read()
+    surrogate = os.fsdecode(b"/j/\xff.envrc")
+    assert decode_sweep(encode_sweep(((surrogate, None, False),))) == ((surrogate, None, False),)
 
 
 PROBE = ("id -u; id -g; pwd; umask; echo \"HCP_SANDBOX=$HCP_SANDBOX\"; "

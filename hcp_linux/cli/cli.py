@@ -6,7 +6,6 @@ the README's table of exit statuses, and nothing spawned or written.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import stat
@@ -67,7 +66,18 @@ def _run(a: argparse.Namespace) -> int:
     if end.signum is not None:
         end_by_signal(end.signum, receipt, a.receipt, status)
     assert receipt is not None and status is not None
-    return end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain)
+    code = end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain)
+    global run_over
+    run_over = True
+    return code
+
+
+#: Set once a plain `run` has ended: its command and every process of it are gone (the
+#: init said), the receipt is written, the proxy's log closed. The program then ends at once
+#: (hcp_linux.cli.launch.entry): the interpreter's finalisation of the engine's ~200 modules
+#: costs the caller 10 ms or more and does nothing for it (no atexit hook, no non-daemon
+#: thread, no file left open to flush).
+run_over = False
 
 
 class _WinchForwarder:
@@ -106,6 +116,7 @@ def _probe(a: argparse.Namespace) -> int:
     from .config import describe
     configs = describe()
     if a.json:
+        import json
         print(json.dumps({**report.as_dict(), "configs": configs}, indent=2, sort_keys=True))
     else:
         print(format_table(report))
@@ -202,8 +213,11 @@ def bare_usage(parser: argparse.ArgumentParser) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global run_over
+    run_over = False
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    # `run` parses the same with its own subparser alone, and a run pays for the rest
+    parser = build_parser("run" if args_list[:1] == ["run"] else None)
     if not args_list:
         return bare_usage(parser)
     args = parser.parse_args(args_list)

@@ -122,77 +122,86 @@ Every refusal is one line on stderr, 'error: sandbox: ...'. Every flag and polic
 docs/policy.md."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of `hcp-linux` and its subcommands; it holds no state between parses."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `hcp-linux` and its subcommands; it holds no state between parses.
+    ``only``: that subcommand's alone (the CLI given ``run`` builds no other: ~1 ms of
+    every run's start-up); what it parses is the same."""
     p = _Parser(prog="hcp-linux", description="Linux confinement backend for HCP §10 Sandbox.")
     p.add_argument("--version", action="version", version=f"hcp-linux {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_SubParser)
-    pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
-    pr.add_argument("--json", action="store_true", help="machine-readable output")
-    pr.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
-                    help=argparse.SUPPRESS)
-    c = sub.add_parser("conformance", help="check the HCP §10 rules on this host, with evidence")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.add_argument("--junit", action=_Once, metavar="FILE",
-                   help="also write a JUnit XML report to FILE")
-    c.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER",
-                   help="let LAYER degrade in every run the checks make (repeatable)")
-    c.add_argument("--rung", action=_Once, default="full", choices=ladder.NAMES,
-                   help="the weakest fallback rung the checks' runs may fall to "
-                        "(default full: strict)")
-    c.add_argument("--preset", action=_Once, metavar="NAME",
-                   help="check under a named policy: each check's runs start from it "
-                        "(hcp-linux policy list)")
-    c.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
-                   help="the hosts of a preset that takes them (workspace-write-net)")
-    r = sub.add_parser("run", help="run one command confined",
-                       usage="hcp-linux run [OPTIONS] -- BIN [ARG...]", epilog=RUN_EPILOG)
-    for f in FIELDS:  # the Policy fields' options (hcp_linux.policy.policy_flags)
-        _add_field(r, f)
-        if f.name == "allow_bins":  # where --policy has always stood in the help
-            r.add_argument("--policy", action=_Once, metavar="FILE",
-                           help="TOML policy file (keys as in Policy)")
-            r.add_argument("--preset", action=_Once, metavar="NAME",
-                           help="a named policy under the configs, the file and the flags "
-                                "(hcp-linux policy list)")
-            r.add_argument("--no-config", action="store_true",
-                           help="read no config (/etc/hcp-linux/policy.toml, "
-                                "$XDG_CONFIG_HOME/hcp-linux/policy.toml); also "
-                                "HCP_LINUX_NO_CONFIG=1")
-    r.add_argument("--receipt", action=_Once, metavar="FILE|-",
-                   help="write the receipt as JSON ('-': stderr)")
-    r.add_argument("--explain", action="store_true",
-                   help="after the run, print one line per denial on stderr (what was "
-                        "blocked, by which layer, and what to change)")
-    r.add_argument("--pack", action=_Once, metavar="FILE",
-                   help="HCP pack manifest: run via the driver")
-    r.add_argument("--principal", action=_Once, metavar="NAME",
-                   help="whose workspace (with --pack)")
-    r.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
-                   help=argparse.SUPPRESS)
-    r.add_argument("command", nargs=argparse.REMAINDER)
-    _add_policy_parser(sub)
-    g = sub.add_parser("gc", help="remove what runs that died left: ephemeral jails, "
-                                  "staging in idle workspaces, temp files beside outputs")
-    g.add_argument("--dry-run", action="store_true", help="list, remove nothing")
-    g.add_argument("--tmp-dir", action=_Once, metavar="DIR",
-                   help="where ephemeral jails live (default: the system temp dir)")
-    g.add_argument("--state-dir", action=_Once, metavar="DIR",
-                   help="where workspaces live (default: $XDG_STATE_HOME/hcp-linux)")
-    g.add_argument("paths", nargs="*", metavar="PATH",
-                   help="a directory that outputs were written back to: its temp files")
-    pf = sub.add_parser("profile", help="print a profile shipped with the package (the "
-                                        "container runtime's seccomp profile, the AppArmor "
-                                        "profile for hcp-exec), to copy it out of an image")
-    pf.add_argument("kind", choices=("seccomp", "apparmor"),
-                    help="seccomp: Docker's default profile plus the calls hcp-linux needs "
-                         "(docker/podman --security-opt seccomp=FILE, a Kubernetes "
-                         "Localhost profile); apparmor: the profile giving hcp-exec the "
-                         "userns rule (Ubuntu 23.10+), its build directory filled in")
-    sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
-                                      "(clients: HCP_LINUX_SERVER=SOCKET)")
-    sv.add_argument("--socket", action=_Once, required=True, metavar="PATH",
-                    help="the unix socket to listen on (made mode 0600)")
+    if only in (None, "probe"):
+        pr = sub.add_parser("probe", help="which confinement layers this host can enforce")
+        pr.add_argument("--json", action="store_true", help="machine-readable output")
+        pr.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                        help=argparse.SUPPRESS)
+    if only in (None, "conformance"):
+        c = sub.add_parser("conformance", help="check the HCP §10 rules on this host, with evidence")
+        c.add_argument("--json", action="store_true", help="machine-readable output")
+        c.add_argument("--junit", action=_Once, metavar="FILE",
+                       help="also write a JUnit XML report to FILE")
+        c.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER",
+                       help="let LAYER degrade in every run the checks make (repeatable)")
+        c.add_argument("--rung", action=_Once, default="full", choices=ladder.NAMES,
+                       help="the weakest fallback rung the checks' runs may fall to "
+                            "(default full: strict)")
+        c.add_argument("--preset", action=_Once, metavar="NAME",
+                       help="check under a named policy: each check's runs start from it "
+                            "(hcp-linux policy list)")
+        c.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                       help="the hosts of a preset that takes them (workspace-write-net)")
+    if only in (None, "run"):
+        r = sub.add_parser("run", help="run one command confined",
+                           usage="hcp-linux run [OPTIONS] -- BIN [ARG...]", epilog=RUN_EPILOG)
+        for f in FIELDS:  # the Policy fields' options (hcp_linux.policy.policy_flags)
+            _add_field(r, f)
+            if f.name == "allow_bins":  # where --policy has always stood in the help
+                r.add_argument("--policy", action=_Once, metavar="FILE",
+                               help="TOML policy file (keys as in Policy)")
+                r.add_argument("--preset", action=_Once, metavar="NAME",
+                               help="a named policy under the configs, the file and the "
+                                    "flags (hcp-linux policy list)")
+                r.add_argument("--no-config", action="store_true",
+                               help="read no config (/etc/hcp-linux/policy.toml, "
+                                    "$XDG_CONFIG_HOME/hcp-linux/policy.toml); also "
+                                    "HCP_LINUX_NO_CONFIG=1")
+        r.add_argument("--receipt", action=_Once, metavar="FILE|-",
+                       help="write the receipt as JSON ('-': stderr)")
+        r.add_argument("--explain", action="store_true",
+                       help="after the run, print one line per denial on stderr (what was "
+                            "blocked, by which layer, and what to change)")
+        r.add_argument("--pack", action=_Once, metavar="FILE",
+                       help="HCP pack manifest: run via the driver")
+        r.add_argument("--principal", action=_Once, metavar="NAME",
+                       help="whose workspace (with --pack)")
+        r.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                       help=argparse.SUPPRESS)
+        r.add_argument("command", nargs=argparse.REMAINDER)
+    if only in (None, "policy"):
+        _add_policy_parser(sub)
+    if only in (None, "gc"):
+        g = sub.add_parser("gc", help="remove what runs that died left: ephemeral jails, "
+                                      "staging in idle workspaces, temp files beside outputs")
+        g.add_argument("--dry-run", action="store_true", help="list, remove nothing")
+        g.add_argument("--tmp-dir", action=_Once, metavar="DIR",
+                       help="where ephemeral jails live (default: the system temp dir)")
+        g.add_argument("--state-dir", action=_Once, metavar="DIR",
+                       help="where workspaces live (default: $XDG_STATE_HOME/hcp-linux)")
+        g.add_argument("paths", nargs="*", metavar="PATH",
+                       help="a directory that outputs were written back to: its temp files")
+    if only in (None, "profile"):
+        pf = sub.add_parser("profile", help="print a profile shipped with the package (the "
+                                            "container runtime's seccomp profile, the AppArmor "
+                                            "profile for hcp-exec), to copy it out of an image")
+        pf.add_argument("kind", choices=("seccomp", "apparmor"),
+                        help="seccomp: Docker's default profile plus the calls hcp-linux needs "
+                             "(docker/podman --security-opt seccomp=FILE, a Kubernetes "
+                             "Localhost profile); apparmor: the profile giving hcp-exec the "
+                             "userns rule (Ubuntu 23.10+), its build directory filled in")
+    if only in (None, "serve"):
+        sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
+                                          "(clients: HCP_LINUX_SERVER=SOCKET)")
+        sv.add_argument("--socket", action=_Once, required=True, metavar="PATH",
+                        help="the unix socket to listen on (made mode 0600)")
     return p
 
 

@@ -25,11 +25,12 @@ if TYPE_CHECKING:
 
 
 def entry() -> None:
-    """The program (`hcp-linux`, `python -m hcp_linux`). A served run ends at once: it
-    imported next to nothing and started no thread, and Python's finalisation alone would
-    cost ~3 ms more than the run's own overhead."""
+    """The program (`hcp-linux`, `python -m hcp_linux`). A run, served or in-process, ends
+    at once once it is over: Python's finalisation would cost a served run ~3 ms more than
+    its own overhead (it imported next to nothing and started no thread), an in-process
+    one 10 ms or more (hcp_linux.cli.cli.run_over says why that is safe)."""
     code = main()
-    if _served:
+    if _at_once:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -39,7 +40,7 @@ def entry() -> None:
     sys.exit(code)
 
 
-_served = False
+_at_once = False
 
 
 def _configs(args: "list[str]") -> bool:
@@ -53,7 +54,7 @@ def _configs(args: "list[str]") -> bool:
 
 
 def main(argv: "Sequence[str] | None" = None) -> int:
-    global _served
+    global _at_once
     args = list(sys.argv[1:] if argv is None else argv)
     server = os.environ.get("HCP_LINUX_SERVER")
     if server and args[:1] == ["run"] and not _configs(args):
@@ -64,7 +65,9 @@ def main(argv: "Sequence[str] | None" = None) -> int:
             from .interrupt import die_by
             die_by(2)
         if code is not None:
-            _served = True
+            _at_once = True
             return code
-    from .cli import main as cli_main
-    return cli_main(args)
+    from . import cli
+    code = cli.main(args)
+    _at_once = cli.run_over
+    return code

@@ -44,8 +44,9 @@ from ..observe.denials import complete, denial_layers
 from ..plan.plan import Plan
 from ..plan.rulesets import answered_by_filter
 from ..policy.policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
+from ..policy.protected import sweep_of_receipt
 from ..sandbox import Sandbox
-from .serve_wire import PROTOCOL, encode, recv_frame
+from .serve_wire import PROTOCOL, encode, encode_sweep, recv_frame
 
 #: A client that says nothing for this long is dropped (the server is sequential).
 REQUEST_TIMEOUT = 10.0
@@ -307,7 +308,8 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             say(b"plan", os.fsencode(native.binary() or ""), blob,
                 json.dumps(receipt).encode(),
                 b"" if policy.timeout is None else repr(policy.timeout).encode(),
-                b"%d" % child.KILL_REQUEST, (a.receipt or "").encode())
+                b"%d" % child.KILL_REQUEST, (a.receipt or "").encode(),
+                encode_sweep(sweep_of_receipt(receipt)))
             try:
                 report = recv_frame(conn)
             except ConnectionError:  # it ran: the client closed

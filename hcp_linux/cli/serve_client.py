@@ -11,7 +11,7 @@ import sys
 from ..proc.hcp_spawn import hard_limits, memfd, spawn_hcp_exec
 from ..proc.peer import bad_server_path, more_confined, peer, process_status, same_place
 from .run_end import end_of_run
-from .serve_wire import PROTOCOL, encode, recv_frame
+from .serve_wire import PROTOCOL, decode_sweep, encode, recv_frame
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the start-up path
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ class _Client:
 
     def ask(self, items: "Sequence[bytes]") -> list[bytes]:
         self.sock.sendall(encode(items))
+        _import_the_rest()  # while the server plans: on another CPU, or idle time here
         reply = recv_frame(self.sock)
         if not reply:
             raise ValueError("empty reply")
@@ -114,9 +115,10 @@ class _Client:
                     sys.stderr.write(reply[2].decode(errors="replace"))
                     sys.stderr.flush()
                     return int(reply[1])
-                if kind != b"plan" or len(reply) != 7:
+                if kind != b"plan" or len(reply) != 8:
                     raise ValueError(f"unexpected reply {kind!r}")
-                exe, plan, receipt, timeout, _kill_request, receipt_to = reply[1:]
+                exe, plan, receipt, timeout, _kill_request, receipt_to, swept = reply[1:]
+                entries = decode_sweep(swept)
                 import time
                 from ..proc.teardown import SETUP_TIMEOUT, Monitor, read_to_eof
                 pid = _spawn(exe, plan, pipes)
@@ -139,7 +141,7 @@ class _Client:
                 if not record:
                     self.sock.close()  # the server is free for the next client
                     return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,
-                                 receipt, receipt_to.decode())
+                                 receipt, receipt_to.decode(), entries)
                 monitor.over()  # it exits 125 after its report: nothing ran
                 monitor.wait(None)
                 monitor.close()
@@ -152,6 +154,15 @@ class _Client:
                                   b"%d" % pipes.done_w])
         finally:
             pipes.close()
+
+
+def _import_the_rest() -> None:
+    """Import what the run's end needs (the sweep, the teardown) while the server plans:
+    imported after the command exits instead, they add to every served run's wall time
+    (issue 35). A reply that ends in the in-process run wastes them; that run imports them
+    too. The receipt's JSON is parsed only when it is written (--receipt)."""
+    from ..policy import protected  # noqa: F401
+    from ..proc import teardown  # noqa: F401
 
 
 class _Pipes:
@@ -204,10 +215,11 @@ def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
 
 
 def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore
-          receipt_to: str) -> int:
+          receipt_to: str, entries: "tuple[tuple[str, str | None, bool], ...]") -> int:
     """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
     and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then the
-    receipt, and the exit status."""
+    sweep of ``entries`` (the protected names'), the receipt when it is written, and the
+    exit status."""
     import _signal
     import time
     from _struct import unpack
@@ -242,13 +254,16 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
     if len(data) == 4:
         status = unpack("<i", data)[0]
     timed_out = by == "timeout"
-    import json
-    rec = json.loads(receipt)
-    from ..policy.protected import sweep, sweep_of_receipt
-    from ..receipt_keys import set_end, set_protected_sweep
-    # every process of the run is gone (the init said)
-    set_protected_sweep(rec, sweep(sweep_of_receipt(rec)))
-    set_end(rec, by, monitor.notes)
+    from ..policy.protected import sweep
+    done = sweep(entries)  # every process of the run is gone (the init said)
+    rec: dict = {}  # end_of_run reads it only to write it
+    if receipt_to:
+        import json
+
+        from ..receipt_keys import set_end, set_protected_sweep
+        rec = json.loads(receipt)
+        set_protected_sweep(rec, done)
+        set_end(rec, by, monitor.notes)
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
         end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status))

@@ -42,11 +42,10 @@ def check(name: str) -> str:
 
 def source_digest() -> str:
     """Of hcp_exec.c and the protocol header the build generates for it."""
-    import hashlib
-
+    from .._sha256 import sha256
     from ..protocol import c_header
     with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read() + c_header().encode()).hexdigest()[:16]
+        return sha256(f.read() + c_header().encode()).hexdigest()[:16]
 
 
 def artifact_name() -> str:

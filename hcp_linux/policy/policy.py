@@ -6,7 +6,6 @@ here; nothing below it reads configuration. Every error names the offending fiel
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from . import globs, ladder, protected, unix_sockets, values
 from .environment import check_explicit
 from ..errors import PolicyError, printable
 from .limits import Limits, cgroup_v2_status
+from .._sha256 import sha256
 
 #: Read-only system roots of the default policy (docs/policy.md). Missing ones are simply absent.
 DEFAULT_SYSTEM_ROOTS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt")
@@ -517,7 +517,7 @@ class Policy:
         data["allow_degraded"] = sorted(self.allow_degraded)
         data["limits"] = self.limits.as_dict()
         blob = json.dumps(data, sort_keys=True, default=list).encode()
-        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        digest = "sha256:" + sha256(blob).hexdigest()
         object.__setattr__(self, "_digest", digest)
         return digest
 

@@ -31,8 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import threading
-from dataclasses import dataclass
+import _thread  # threading.Lock without importing threading (the served path)
 
 from .protected_names import NAMES
 
@@ -77,7 +76,7 @@ ALLOWED = "writable: allow_write_protected"
 #: would widen the next run, so they are protected like the names, in every run of this
 #: process, while they lie in a writable root (:func:`protect_file`).
 _config_files: list[str] = []
-_config_lock = threading.Lock()
+_config_lock = _thread.allocate_lock()
 
 
 def protect_file(path: str) -> None:
@@ -103,20 +102,54 @@ def check_allowed(entries: tuple[str, ...], error: type[Exception]) -> tuple[str
     return tuple(dict.fromkeys(out))
 
 
-@dataclass(frozen=True)
 class Found:
     """What one run protects, found right before it (hashable: part of the confinement
     cache's key). ``read_only``: existing files and directories to bind read-only;
     ``pins``: existing directories between a protected path and its root, bound over
     themselves so that none can be renamed away; ``how``: each path and how it is kept;
     ``sweep``: (path, symlink target or None for missing, file_only) for the sweep;
-    ``stopped``: (root, why) for each writable root whose nested search stopped early."""
+    ``stopped``: (root, why) for each writable root whose nested search stopped early.
 
-    read_only: tuple[str, ...] = ()
-    pins: tuple[str, ...] = ()
-    how: tuple[tuple[str, str], ...] = ()
-    sweep: tuple[tuple[str, str | None, bool], ...] = ()
-    stopped: tuple[tuple[str, str], ...] = ()
+    A frozen value written out rather than a dataclass: the served client imports this
+    module for the sweep, and dataclasses (with inspect) cost it ~5 ms at start-up."""
+
+    __slots__ = ("read_only", "pins", "how", "sweep", "stopped")
+    read_only: tuple[str, ...]
+    pins: tuple[str, ...]
+    how: tuple[tuple[str, str], ...]
+    sweep: tuple[tuple[str, str | None, bool], ...]
+    stopped: tuple[tuple[str, str], ...]
+
+    def __init__(self, read_only: tuple[str, ...] = (), pins: tuple[str, ...] = (),
+                 how: tuple[tuple[str, str], ...] = (),
+                 sweep: tuple[tuple[str, str | None, bool], ...] = (),
+                 stopped: tuple[tuple[str, str], ...] = ()) -> None:
+        for name, value in zip(self.__slots__, (read_only, pins, how, sweep, stopped)):
+            object.__setattr__(self, name, value)
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")  # frozen, as it was
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"Found({inner})"
+
+    def __reduce__(self) -> tuple:
+        return (Found, self._fields())  # pickle and copy: through __init__ (frozen)
 
 
 def _within(path: str, tree: str) -> bool:

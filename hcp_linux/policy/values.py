@@ -19,10 +19,12 @@ import math
 import os
 import re
 import stat
-from fractions import Fraction
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import PolicyError, printable
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 __all__ = ["show", "bounded_int", "size", "duration", "decimal", "file_name", "text_path",
            "is_within", "pseudo_fs_reason", "mount_table", "existing_dir", "check_grantable",
@@ -54,8 +56,9 @@ _INT = re.compile(r"\s*([+-]?[0-9]+)\s*", re.ASCII)
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*", re.ASCII | re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h)?\s*", re.ASCII)
-_DURATION_UNITS: dict[str | None, Fraction | int] = {None: 1, "ms": Fraction(1, 1000), "s": 1,
-                                                     "m": 60, "h": 3600}
+#: seconds per unit, as (numerator, denominator): exact
+_DURATION_UNITS: dict[str | None, tuple[int, int]] = {None: (1, 1), "ms": (1, 1000),
+                                                     "s": (1, 1), "m": (60, 1), "h": (3600, 1)}
 _DECIMAL = re.compile(r"\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*", re.ASCII)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -75,7 +78,7 @@ def show(value: Any, limit: int = 80) -> str:
 
 def _num(x: float | int | Fraction) -> str:
     """A bound as exact text: ``2147483``, ``0.01``, never ``2.14748e+06``."""
-    if isinstance(x, Fraction):
+    if not isinstance(x, (int, float)):  # a Fraction
         x = int(x) if x.denominator == 1 else float(x)
     if isinstance(x, float) and x.is_integer():
         x = int(x)
@@ -129,6 +132,7 @@ def size(value: Any, field: str, lo: int = 1, hi: int = SIZE_MAX, *, hint: str =
     elif isinstance(value, int):
         n = value
     elif isinstance(value, str) and (m := _SIZE.fullmatch(value)) and len(m.group(1)) <= _DIGITS:
+        from fractions import Fraction  # here: 2 ms of imports, rarely needed
         exact = Fraction(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
         if exact.denominator == 1:
             n = int(exact)
@@ -153,6 +157,7 @@ def duration(value: Any, field: str, hi: float, *, whole: bool = False,
     ``whole``: only whole seconds (RLIMIT_CPU counts seconds), returned as an ``int``."""
     unit = "whole seconds" if whole else "seconds"
     expected = f"{unit} > 0 and <= {_num(hi)} (a number, or like '30s', '2m', '1h')"
+    from fractions import Fraction  # here: 2 ms of imports (decimal), off a default run
     seconds: Fraction | None = None
     if isinstance(value, bool):
         seconds = None
@@ -162,7 +167,7 @@ def duration(value: Any, field: str, hi: float, *, whole: bool = False,
         seconds = Fraction(value) if math.isfinite(value) else None
     elif isinstance(value, str) and (m := _DURATION.fullmatch(value)) \
             and len(m.group(1)) <= _DIGITS:
-        seconds = Fraction(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        seconds = Fraction(m.group(1)) * Fraction(*_DURATION_UNITS[m.group(2)])
     if seconds is None or not 0 < seconds <= Fraction(hi) \
             or (whole and seconds.denominator != 1):
         raise _refuse(field, expected, value, hint)

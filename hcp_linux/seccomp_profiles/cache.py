@@ -12,11 +12,11 @@ Any failure to create, read or write the cache degrades to memory-only, silently
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from typing import Iterable, Optional, Sequence
 
+from .._sha256 import sha256
 from .errors import SeccompCompileError, SeccompProfileError
 from .machines import Machine, native_machine
 from .registry import ProfileRef, build_profile, read_source
@@ -90,7 +90,7 @@ def profile_digest(names: Sequence[ProfileRef]) -> str:
 
 
 def _digest(contents: Iterable[bytes]) -> str:
-    h = hashlib.sha256(b"hcp-linux seccomp profiles\n")
+    h = sha256(b"hcp-linux seccomp profiles\n")
     for data in contents:
         h.update(len(data).to_bytes(8, "big") + data)
     return "sha256:" + h.hexdigest()
@@ -128,7 +128,7 @@ def _system_dir(path: str) -> bool:
 def _disk_key(machine: Machine, contents: Sequence[bytes], notify: bool = False) -> str:
     from .syscalls import libseccomp_version
 
-    h = hashlib.sha256(f"format={FORMAT}\nmachine={machine.name}\n".encode())
+    h = sha256(f"format={FORMAT}\nmachine={machine.name}\n".encode())
     if notify:
         h.update(b"notify\n")
     h.update(f"libseccomp={libseccomp_version()}\ncode={_code()}\n".encode())
@@ -140,7 +140,7 @@ def _disk_key(machine: Machine, contents: Sequence[bytes], notify: bool = False)
 def _code() -> str:
     global _code_digest
     if _code_digest is None:
-        h = hashlib.sha256()
+        h = sha256()
         here = os.path.dirname(os.path.abspath(__file__))
         for name in _CODE_FILES:
             try:
@@ -179,7 +179,7 @@ def _disk_load(key: str) -> Optional[bytes]:
     if not blob.startswith(_MAGIC) or len(blob) <= head:
         return None
     program = blob[head:]
-    if hashlib.sha256(program).digest() != blob[len(_MAGIC):head] or len(program) % 8:
+    if sha256(program).digest() != blob[len(_MAGIC):head] or len(program) % 8:
         return None
     return program
 
@@ -197,7 +197,7 @@ def _disk_store(key: str, program: bytes) -> None:
 
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".bpf", dir=directory)
         with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + hashlib.sha256(program).digest() + program)
+            f.write(_MAGIC + sha256(program).digest() + program)
         os.replace(tmp, os.path.join(directory, key + ".bpf"))
         tmp = None
         stats.disk_writes += 1

@@ -1,0 +1,115 @@
+"""Every way a user starts a confined /bin/true, beside the alternatives, in one interleaved run.
+
+    python bench/cli.py [--runs N] [--json FILE]
+
+Rows (each in four passes over all rows, so that the host's drift falls on every row alike):
+this venv's `python -c pass` (the interpreter's own start-up: the unit of issue #35's goal),
+util-linux `unshare -Urnmpi --fork --mount-proc` (the namespaces alone), bubblewrap with
+isolation equivalent to the default policy (bench/spawn.py's), then hcp-linux:
+
+- ``in-process``: ``Sandbox(policy).run([...])`` from this (warm) process;
+- ``session``: ``Session.run`` in one long-lived session (the confinement made once);
+- ``CLI, cold caches``: `hcp-linux run -- /bin/true`, a fresh process with an empty
+  ``XDG_CACHE_HOME`` (its seccomp programs compiled by libseccomp, then cached);
+- ``CLI``: the same with that cache filled, as every run after a user's first;
+- ``CLI, served``: with ``HCP_LINUX_SERVER`` naming a warm `hcp-linux serve`.
+
+There is no separate plan cache (docs/changelog.md: issue #35's measurements): the CLI's
+warm-cache row is the seccomp program cache's. Reports medians and p95 (ms) and the ratios
+the goals are stated in. Timing only: nothing here asserts a limit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from hcp_linux import Policy, Sandbox  # noqa: E402
+from hcp_linux.session import Session  # noqa: E402
+from spawn import NAMESPACES_ALONE, PY, TRUE, _server, bwrap, checked  # noqa: E402
+from timing import measure_rows, summary  # noqa: E402
+
+PASS = "python -c pass (same venv)"
+BWRAP = "bubblewrap (equivalent isolation + seccomp)"
+COLD = "hcp-linux run, CLI, cold caches"
+CLI = "hcp-linux run, CLI (seccomp cache warm)"
+SERVED = "hcp-linux run, CLI, served"
+IN_PROCESS = "hcp-linux in-process (Sandbox.run)"
+SESSION = "hcp-linux session (Session.run)"
+
+
+def cold_cli(argv: list[str], where: str) -> Callable[[], None]:
+    """The CLI with an empty cache directory of its own, each time."""
+    def run() -> None:
+        cache = tempfile.mkdtemp(prefix="cache-", dir=where)
+        try:
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL,
+                           env=dict(os.environ, XDG_CACHE_HOME=cache))
+        finally:
+            shutil.rmtree(cache)
+    return run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=60, help="samples per row")
+    ap.add_argument("--json", default=os.path.join(HERE, "results", "cli.json"))
+    args = ap.parse_args()
+    n = args.runs
+    jail = tempfile.mkdtemp(prefix="hcp-bench-cli-")
+    caches = tempfile.mkdtemp(prefix="hcp-bench-caches-")
+    cli = os.path.join(os.path.dirname(PY), "hcp-linux")
+    try:
+        sandbox = Sandbox(Policy(jail=jail))
+        run_true = [cli, "run", "--jail", jail, "--", TRUE]
+        rows: list[tuple[str, Callable[[], object], int]] = [(PASS, checked([PY, "-c", "pass"]), n)]
+        if shutil.which("unshare"):
+            rows.append((NAMESPACES_ALONE, checked(["unshare", "-Urnmpi", "--fork",
+                                                    "--kill-child", "--mount-proc", TRUE]), n))
+        if shutil.which("bwrap"):
+            from hcp_linux import seccomp_profiles
+            rows.append((BWRAP, bwrap(jail, seccomp_profiles.compile_profiles(("baseline",)),
+                                      [TRUE]), n))
+        rows += [(IN_PROCESS, lambda: sandbox.run([TRUE], stdout=subprocess.DEVNULL), n),
+                 (COLD, cold_cli(run_true, caches), max(10, n // 2)),
+                 (CLI, checked(run_true), n)]
+        with _server(jail) as served_env, Session(sandbox) as session:
+            rows += [(SERVED, checked(run_true, env=served_env), n),
+                     (SESSION, lambda: session.run([TRUE]), n)]
+            samples = measure_rows(rows)
+        results = {name: summary(s) for name, s in samples.items()}
+    finally:
+        shutil.rmtree(jail, ignore_errors=True)
+        shutil.rmtree(caches, ignore_errors=True)
+    med = {name: r["median_ms"] for name, r in results.items()}
+    ratios = {f"{name} / python -c pass": round(med[name] / med[PASS], 3)
+              for name in (COLD, CLI, SERVED) if name in med}
+    if BWRAP in med:
+        ratios.update({f"{name} / bubblewrap": round(med[name] / med[BWRAP], 3)
+                       for name in (CLI, SERVED, IN_PROCESS, SESSION) if name in med})
+    w = max(len(name) for name in results) + 2
+    print(f"{'/bin/true':<{w}}  {'median ms':>9}  {'p95 ms':>8}  runs")
+    for name, r in results.items():
+        print(f"{name:<{w}}  {r['median_ms']:>9.3f}  {r['p95_ms']:>8.3f}  {r['runs']}")
+    print()
+    for k, v in ratios.items():
+        print(f"{k}: {v}")
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"results": results, "ratios": ratios, "uname": os.uname().release,
+                   "euid": os.geteuid(), "cpus": os.cpu_count()}, f, indent=2)
+    print(f"(json: {args.json})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
