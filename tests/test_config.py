@@ -182,7 +182,8 @@ def test_the_library_reads_no_config(cfg: dict, jail: Path, monkeypatch) -> None
         monkeypatch.setenv(key, cfg["env"][key])
     monkeypatch.delenv("HCP_LINUX_NO_CONFIG")
     assert Policy(jail=str(jail)).read_only_jail is False
-    root = Path(__file__).resolve().parent.parent / "hcp_linux"
+    import hcp_linux  # the package under test, wherever it is installed (the wheel leg)
+    root = Path(hcp_linux.__file__).resolve().parent
     readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                      if "XDG_CONFIG_HOME" in p.read_text())
     assert "cli/config.py" in readers and all(r.startswith("cli/") for r in readers), readers
