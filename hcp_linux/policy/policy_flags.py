@@ -232,16 +232,21 @@ FIELDS: tuple[Field, ...] = (
                "writable root) or path (repeatable)"),
     Field("protect_missing", "--protect-missing", ONCE, _replace("protect_missing"),
           lambda how: [] if how == DEFAULT_PROTECT_MISSING else [f"--protect-missing={how}"],
-          r'`"git"` \| `"sweep"` \| `"placeholders"`', f'`"{DEFAULT_PROTECT_MISSING}"`',
+          r'`"quiet"` \| `"git"` \| `"sweep"` \| `"placeholders"`',
+          f'`"{DEFAULT_PROTECT_MISSING}"`',
           "how a missing protected name is kept missing: an empty placeholder made once and "
-          "bound read-only inside existing git directories and removed after the run "
-          "elsewhere (`git`), removed after the run everywhere (`sweep`), or placeholders "
-          "everywhere (`placeholders`) (see Protected names)",
-          help="missing protected names: placeholders inside git directories, the rest "
-               "removed after the run (git, default); all removed after the run (sweep); "
-               "empty read-only placeholders everywhere, so none can be created "
-               "(placeholders)",
-          choices=("git", "sweep", "placeholders")),
+          "bound read-only where none shows (inside existing git directories, and `.vscode`, "
+          "`.idea`, `.claude`, `.cursor` as empty directories in a root holding `.git`) and "
+          "the rest removed after "
+          "the run (`quiet`), placeholders inside git directories only (`git`), removed "
+          "after the run everywhere (`sweep`), or placeholders everywhere (`placeholders`) "
+          "(see Protected names)",
+          help="missing protected names: placeholders inside git directories and for "
+               ".vscode .idea .claude .cursor, the rest removed after the run (quiet, "
+               "default); placeholders inside git directories only (git); all removed "
+               "after the run (sweep); empty read-only placeholders everywhere, so none "
+               "can be created (placeholders)",
+          choices=("quiet", "git", "sweep", "placeholders")),
     Field("protect_depth", "--protect-depth", ONCE, _replace("protect_depth"),
           lambda depth: [] if depth == DEFAULT_PROTECT_DEPTH else [f"--protect-depth={depth}"],
           "integer, 0 to 16", f"`{DEFAULT_PROTECT_DEPTH}`",

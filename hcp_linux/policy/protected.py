@@ -10,13 +10,16 @@ tasks and MCP servers named in their settings. So, at the top level of every wri
 - an existing file or directory is bound read-only over itself in the mount view (the
   carve-out machinery of hcp_linux.plan.confinement), its parents inside the root pinned;
 - a missing one cannot be a mount point without creating a file in the user's tree. By
-  default (``protect_missing = "git"``) a missing name inside an existing git directory
-  (``hooks``, ``commondir``...: git never shows what is there) gets an empty placeholder,
-  made once (and left: a new inode each run would defeat the confinement cache and the
-  spares) and bound read-only like an existing one, so nothing can be created there during
-  the run; whatever appears at any other missing name is removed once the run has ended
-  (every process of it gone), without following a symlink. ``"placeholders"`` makes them
-  at every missing name; ``"sweep"`` at none;
+  default (``protect_missing = "quiet"``) a missing name inside an existing git directory
+  (``hooks``, ``commondir``...: git never shows what is there) and a missing editor or agent
+  directory at the top level of a repository (``.vscode``, ``.claude``...: git lists no
+  empty directory)
+  gets an empty placeholder, made once (and left: a new inode each run would defeat the
+  confinement cache and the spares) and bound read-only like an existing one, so nothing
+  can be created there during the run; whatever appears at any other missing name is
+  removed once the run has ended (every process of it gone), without following a symlink.
+  ``"placeholders"`` makes them at every missing name; ``"git"`` inside git directories
+  only; ``"sweep"`` at none;
 - a symlink is restored to what it named (and its target, when inside a writable root, is
   bound read-only).
 
@@ -39,11 +42,14 @@ from .protected_names import NAMES
 _FILE_ONLY = frozenset({".git"})
 
 #: ``protect_missing``: what keeps a missing name missing during a run (docs/policy.md):
-#: ``git`` (the default) makes placeholders inside existing git directories only, where git
-#: never shows them, and sweeps the rest; ``sweep`` makes none; ``placeholders`` makes
-#: them at every missing name of the top level too.
-PROTECT_MISSING = ("git", "sweep", "placeholders")
-DEFAULT_PROTECT_MISSING = "git"
+#: ``quiet`` (the default) makes placeholders only where nobody sees them: inside existing
+#: git directories (git never shows what is there) and, at the top level, the directories
+#: an editor or agent reads while it runs beside the sandbox (:data:`_QUIET_NAMES`: an empty
+#: directory is invisible to git, and none of these tools reads an empty one as anything);
+#: the rest is swept. ``git``: inside git directories only; ``sweep``: none;
+#: ``placeholders``: at every missing name of the top level.
+PROTECT_MISSING = ("quiet", "git", "sweep", "placeholders")
+DEFAULT_PROTECT_MISSING = "quiet"
 
 #: ``protect_depth``: how many directory levels below each writable root's top are searched
 #: for names that exist (nested repositories, a subproject's ``.envrc`` or ``.vscode``). The
@@ -53,6 +59,17 @@ MAX_DEPTH = 16
 
 #: Names whose placeholder is an empty directory (the tools that read them expect one).
 _DIR_NAMES = frozenset({".git/hooks", ".vscode", ".idea", ".claude", ".cursor", ".ssh"})
+
+#: The top-level names ``quiet`` gives a placeholder in a root holding ``.git`` (a project
+#: an editor may have open; a bare jail gets none, so what a driver lists there is its own):
+#: read live by an editor or an agent harness open on the project while a sandboxed command
+#: runs (VS Code applies a changed ``.vscode/settings.json`` at once, an agent re-reads
+#: ``.claude/settings.json`` hooks), so a window until the after-run sweep is one they can
+#: act in. Directories: git lists no empty directory, so nothing shows in ``git status`` or
+#: ``git add -A``. Left to the sweep: files
+#: (an empty ``.envrc`` or ``.mcp.json`` shows in git and direnv blocks it), ``.ssh`` (a
+#: project has none), ``.git`` (a placeholder would stop ``git init`` in the jail).
+_QUIET_NAMES = frozenset({".vscode", ".idea", ".claude", ".cursor"})
 
 #: A placeholder's content where empty is not what the tool reads as absent: ``.`` makes
 #: git's common dir the repository itself (an empty commondir makes git die).
@@ -64,7 +81,7 @@ _NO_PLACEHOLDER = frozenset({".git"})
 
 #: How each protected path is kept (the receipt's ``protected`` values).
 BOUND = "read-only bind"
-PLACED = "read-only bind (placeholder made by protect_missing = placeholders)"
+PLACED = "read-only bind (placeholder made by protect_missing)"
 REMOVED = "removed after the run"
 RESTORED = "restored after the run"
 REMOVED_NO_VIEW = "removed after the run (no mount view: the sweep is the only protection)"
@@ -164,8 +181,10 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     # here, not at the top: the served client imports this module for the sweep alone
     from . import protected_search
     allowed = policy.allow_write_protected
-    place = view and policy.protect_missing == "placeholders"
-    place_git = view and policy.protect_missing in ("git", "placeholders")
+    mode = policy.protect_missing
+    place = view and mode == "placeholders"
+    place_quiet = view and mode == "quiet"
+    place_git = view and mode in ("quiet", "git", "placeholders")
     covered = policy.read_only_paths + policy.hidden_paths
     read_only: list[str] = []
     pins: list[str] = []
@@ -178,6 +197,9 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     # (root, path, key of NAMES or the path, whether a missing one is swept): the top level's
     # names (missing ones swept), then what the nested search finds existing
     entries: list[tuple[str | None, str, str, bool]] = []
+    # the roots ``quiet`` makes top-level placeholders in: a project (a repository, where git
+    # hides an empty directory), not a bare jail a driver fills and lists
+    projects = {r for r in roots if place_quiet and os.path.lexists(_join(r, ".git"))}
     for root in roots:
         entries.extend((root, _join(root, n), n, True) for n in NAMES)
         search = protected_search.Search(root, policy.protect_depth, set(roots) | set(covered))
@@ -203,8 +225,9 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
         if not sweep_missing and kind in ("missing", "missing-parent"):
             continue  # a nested name that is not there: the search found it, then it went
         placed = False
+        top = path == _join(root, name)
         if kind == "missing" and name in NAMES and name not in _NO_PLACEHOLDER and (
-                (place and path == _join(root, name))
+                (place and top) or (top and root in projects and name in _QUIET_NAMES)
                 or (place_git and name.startswith(".git/"))):  # in an existing git dir
             placed = _make_placeholder(path, name)
             kind, target, parents = _look(root, path)  # made, or what appeared meanwhile
