@@ -682,3 +682,31 @@ def test_found_is_a_frozen_hashable_value() -> None:
     with pytest.raises(AttributeError):
         a.pins = ("/x",)  # type: ignore[misc]
     assert a != ("/j/.git/hooks",)
+
+
+#: A repository the run makes below the top level, with an fsmonitor command, and a gitlink
+#: to it in the superproject's index (writable: `git add` needs it). The host's `git status`
+#: in the superproject then runs `git status` in the submodule: its fsmonitor.
+NEW_NESTED_REPO = r"""
+git init -q sub && git -C sub commit -q --allow-empty -m s \
+  && git -C sub config core.fsmonitor "touch {marker}; false" \
+  && git update-index --add --cacheinfo 160000,$(git -C sub rev-parse HEAD),sub \
+  && echo planted=ok || echo planted=denied
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28, open: a repository the run creates below "
+                   "the top level keeps its config (a missing nested name is not swept)")
+def test_a_repository_made_below_the_top_level_plants_nothing_for_the_host(
+        jail: Path, tmp_path: Path) -> None:
+    """Known gap, kept failing until it is closed: the run makes ``sub/.git`` with
+    ``core.fsmonitor`` and registers it as a submodule in the index; the user's next
+    ``git status`` on the host must not run the command. Today it does (the nested search
+    protects what exists before the run only). The attack's own control is the first
+    assertion: the plant is written."""
+    repo = _repo(jail)
+    marker = tmp_path / "pwned-by-nested-fsmonitor"
+    r = run_cli(repo, "sh", "-c", NEW_NESTED_REPO.format(marker=marker), extra=_envs())
+    assert r.returncode == 0 and _statuses(out(r)) == {"planted": "ok"}, show(r)
+    _git(repo, "status")  # the user's next git status, on the host
+    assert not marker.exists()
