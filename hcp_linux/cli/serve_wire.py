@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 #: The protocol's name and version; a server that does not say it is not talked to.
 #: 2: a plan's reply carries the run's sweep (encode_sweep), so that a client that writes no
 #: receipt never parses it (json, with re and enum: ~7 ms of a served run's start-up).
-PROTOCOL = b"hcp-linux/serve 2"
+#: 3: and the after-run search for what the run made below the top level (encode_after).
+PROTOCOL = b"hcp-linux/serve 3"
 MAX_FRAME = 16 << 20
 
 
@@ -64,6 +65,45 @@ def decode_sweep(item: bytes) -> "tuple[tuple[str, str | None, bool], ...]":
         out.append((os.fsdecode(path), None if how == b"-" else os.fsdecode(how[1:]),
                     flag == b"1"))
     return tuple(out)
+
+
+def encode_after(after, since: int) -> bytes:  # type: ignore[no-untyped-def]
+    """The after-run search (hcp_linux.policy.protected.After, or None) and the run's start
+    as one item: the start, then the roots (each: root, depth, skipped paths), the known
+    paths and the opted-out names, each a nested list of items."""
+    import os
+    if after is None:
+        return encode([b"%d" % since])[4:]
+    roots = [encode([os.fsencode(r), b"%d" % d, encode([os.fsencode(p) for p in skip])[4:]])[4:]
+             for r, d, skip in after.roots]
+    return encode([b"%d" % since, encode(roots)[4:],
+                   encode([os.fsencode(p) for p in after.known])[4:],
+                   encode([os.fsencode(p) for p in after.allowed])[4:]])[4:]
+
+
+def decode_after(item: bytes):  # type: ignore[no-untyped-def]
+    """encode_after's (After or None, start) back (ValueError on anything else)."""
+    import os
+
+    from ..policy.protected import After
+    items = decode(item)
+    if not items or not items[0].lstrip(b"-").isdigit():
+        raise ValueError("a malformed after-run search")
+    since = int(items[0])
+    if len(items) == 1:
+        return None, since
+    if len(items) != 4:
+        raise ValueError("a malformed after-run search")
+    roots = []
+    for entry in decode(items[1]):
+        parts = decode(entry)
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[0].startswith(b"/"):
+            raise ValueError("a malformed after-run root")
+        roots.append((os.fsdecode(parts[0]), int(parts[1]),
+                      tuple(os.fsdecode(p) for p in decode(parts[2]))))
+    known = tuple(os.fsdecode(p) for p in decode(items[2]))
+    allowed = tuple(os.fsdecode(p) for p in decode(items[3]))
+    return After(tuple(roots), known, allowed), since
 
 
 def recv_frame(sock) -> list[bytes]:  # type: ignore[no-untyped-def]

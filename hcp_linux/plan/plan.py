@@ -91,6 +91,9 @@ class Plan:
     facts: dict = field(default_factory=dict)
     # the protected names found for this run (hcp_linux.policy.protected): bound, or swept after it
     protect: "protected.Found | None" = None
+    # when the run starts, for the after-run search (hcp_linux.policy.protected.sweep_made):
+    # what it made below the top level is what changed since
+    protect_since: int = 0
     # without a mount view: the private tmp in the first writable root (HOME, TMPDIR), made
     # at the spawn (prepare), not while compiling
     private_tmp: str | None = None
@@ -224,7 +227,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         return Plan(**fields)
     seccomp = seccomp_filter(policy, layers)
     fields.update(
-        _shared=shared, protect=found,
+        _shared=shared, protect=found, protect_since=protected.now(),
         binds=shared.binds, symlinks=shared.symlinks, masks=shared.masks,
         late_rules=shared.late_rules, canary=shared.canary,
         landlock=shared.ruleset.copy() if shared.ruleset is not None else None,  # no fd

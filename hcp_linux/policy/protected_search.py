@@ -6,14 +6,15 @@ rest, by listing directories: every git directory (a submodule's, a worktree's, 
 repository's) and the names that exist down to ``protect_depth`` levels. Listings are kept
 between runs of a process while their directory's ctime holds, so a runtime, a session or
 ``hcp-linux serve`` reads each directory once. Imported by ``find`` only: the served client,
-which imports hcp_linux.policy.protected for the after-run sweep, does not pay for it.
+which imports hcp_linux.policy.protected for the after-run sweep, loads it only once the
+run is over (:func:`hcp_linux.policy.protected.sweep_made`), and then only the stdlib's
+lightest modules.
 """
 from __future__ import annotations
 
 import os
-import threading
 import time
-from dataclasses import dataclass
+import _thread  # threading.Lock without importing threading (the served client's sweep)
 
 from .protected_names import GIT_DIR_NAMES, NAMES
 
@@ -37,7 +38,7 @@ ENTRY_BUDGET = 20_000
 #: plus the clock's coarseness (a change in the same tick would not move it): RACY_NS, as
 #: git's index treats racily clean files.
 _listings: dict[tuple[int, int], tuple[int, int, "Listing"]] = {}
-_listings_lock = threading.Lock()
+_listings_lock = _thread.allocate_lock()
 _LISTINGS_MAX = 65_536
 RACY_NS = 1_000_000_000
 
@@ -50,15 +51,20 @@ _WATCHED = frozenset({n.split("/", 1)[0] for n in NAMES} | set(GIT_DIR_NAMES)
 _NESTED = tuple((n, n.split("/", 1)[0]) for n in NAMES if not n.startswith(".git/"))
 
 
-@dataclass(frozen=True)
 class Listing:
-    """What a search needs of one directory: which watched names it holds, and its
-    subdirectories (not links), sorted."""
+    """What a search needs of one directory: which watched names it holds, its
+    subdirectories (not links) sorted, and how many entries it read. A plain class, not a
+    dataclass: the served client's after-run search imports this module, and dataclasses
+    (with inspect) cost ~7 ms to import."""
 
-    present: frozenset[str]
-    dirs: tuple[str, ...]
-    dir_set: frozenset[str]
-    size: int  # entries read
+    __slots__ = ("present", "dirs", "dir_set", "size")
+
+    def __init__(self, present: frozenset[str], dirs: tuple[str, ...],
+                 dir_set: frozenset[str], size: int) -> None:
+        self.present = present
+        self.dirs = dirs
+        self.dir_set = dir_set
+        self.size = size
 
 
 def _listing(fd: int) -> Listing:

@@ -305,7 +305,9 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
                           args=[a.decode() for a in plan.argv] if args is None else args,
                           stdio=stdio)
     keys.set_executor(proc.receipt, started.ran)
-    proc.observe(sweep=plan.protect.sweep if plan.protect is not None else ())
+    if plan.protect is not None:
+        proc.observe(sweep=plan.protect.sweep, after=plan.protect.after,
+                     since=plan.protect_since)
     if started.notify_end >= 0:
         listener, maker = receive_listener(started.notify_end)
         if listener < 0:  # its blocked calls would wait for an answer that never comes

@@ -57,8 +57,11 @@ class SandboxProcess:
         # process of the run is gone, before the namespaces are torn down
         self._done = done
         self._ended_by: str | None = None  # "kill", "timeout": who ended the run early
-        # the protected names to sweep once the run is over (hcp_linux.policy.protected.sweep)
+        # the protected names to sweep once the run is over (hcp_linux.policy.protected.sweep),
+        # and the search for what it made below the top level (sweep_made), since when
         self._sweep: tuple = ()
+        self._after: Any = None
+        self._since = 0
 
     @property
     def universal_newlines(self) -> bool:
@@ -102,14 +105,16 @@ class SandboxProcess:
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to do
             pass
 
-    def observe(self, *, sweep: tuple | None = None, denials: Any = None,
-                landlock: Any = None, proxy: Any = None) -> None:
+    def observe(self, *, sweep: tuple | None = None, after: Any = None, since: int = 0,
+                denials: Any = None, landlock: Any = None, proxy: Any = None) -> None:
         """Attach what watches this run, as the spawn makes it (each given once): the
         protected names to sweep at its end, the seccomp listener answering its denials,
         the watch on its Landlock audit records, the egress proxy serving it. Each is
         finished when the run's end is seen (:meth:`_set_status`)."""
         if sweep is not None:
             self._sweep = sweep
+        if after is not None:
+            self._after, self._since = after, since
         if denials is not None:
             self._denials = denials
         if landlock is not None:
@@ -126,7 +131,13 @@ class SandboxProcess:
         """Sweep the run's missing protected names now, while it goes on (a session, after
         each command); the run's end sweeps again. Returns each path acted on and what was
         done (hcp_linux.policy.protected.sweep)."""
-        return protected.sweep(self._sweep) if self._sweep else {}
+        return self._swept(self._sweep, self._after)
+
+    def _swept(self, sweep: tuple, after: Any) -> dict[str, str]:
+        done = protected.sweep(sweep) if sweep else {}
+        if after is not None:
+            done.update(protected.sweep_made(after, self._since))
+        return done
 
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
@@ -139,8 +150,10 @@ class SandboxProcess:
             complete(self.receipt, self._denials, self._landlock)
             self._denials = self._landlock = None
         sweep, self._sweep = self._sweep, ()
-        if sweep:  # every process of the run is gone: what it left at a protected name goes
-            keys.set_protected_sweep(self.receipt, protected.sweep(sweep))
+        after, self._after = self._after, None
+        if sweep or after is not None:  # every process of the run is gone: what it left at
+            # a protected name goes
+            keys.set_protected_sweep(self.receipt, self._swept(sweep, after))
         keys.set_end(self.receipt, self._ended_by or "exit", self._monitor.notes)
         return self.returncode
 
