@@ -814,3 +814,51 @@ def test_a_worktree_the_run_adds_still_works_after_it(jail: Path) -> None:
     status = _git(repo / "wt", "status", "--porcelain")
     assert status.returncode == 0, status
     assert not (repo / ".git" / "worktrees" / "evil" / "commondir").exists()
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_hooks_path_in_the_work_tree_is_protected(jail: Path, tmp_path: Path,
+                                                    allowed: bool) -> None:
+    """``core.hooksPath = tools/githooks`` (a hook manager's layout): that directory is
+    ``.git/hooks`` under another name, so a hook planted there must not run on the user's
+    next commit. Negative control: opted out as ``.git/hooks``, the hook lands and runs."""
+    repo = _repo(jail)
+    (repo / "tools" / "githooks").mkdir(parents=True)
+    assert _git(repo, "config", "core.hooksPath", "tools/githooks").returncode == 0
+    marker = tmp_path / "pwned-by-hooks-path"
+    extra = [*_envs()] + (["--allow-write-protected", ".git/hooks"] if allowed else [])
+    r = run_cli(repo, "sh", "-c", f"printf '#!/bin/sh\\ntouch {marker}\\n' > "
+                "tools/githooks/pre-commit && chmod +x tools/githooks/pre-commit "
+                "&& echo hook=ok || echo hook=denied", extra=extra)
+    assert _statuses(out(r)) == {"hook": "ok" if allowed else "denied"}, show(r)
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "next")  # the user's, on the host
+    assert marker.exists() == allowed
+
+
+@pytest.mark.parametrize("mode", ["existing", "missing", "allowed"])
+def test_an_included_config_is_protected(jail: Path, tmp_path: Path, mode: str) -> None:
+    """``include.path = ../shared.gitconfig`` (a tracked, shared config): git reads it as
+    part of .git/config, so an fsmonitor appended there would run on the next `git status`.
+    Existing, it is read-only; missing, what the run makes there is removed after it.
+    Negative control: opted out as ``.git/config``, the plant lands and git runs it."""
+    repo = _repo(jail)
+    shared = repo / "shared.gitconfig"
+    if mode != "missing":
+        shared.write_text("[user]\n\tname = shared\n")
+    assert _git(repo, "config", "include.path", "../shared.gitconfig").returncode == 0
+    marker = tmp_path / "pwned-by-include"
+    receipt = tmp_path / "r.json"
+    extra = [*_envs(), "--receipt", receipt]
+    if mode == "allowed":
+        extra += ["--allow-write-protected", ".git/config"]
+    r = run_cli(repo, "sh", "-c", f"printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n'"
+                " >> shared.gitconfig && echo plant=ok || echo plant=denied", extra=extra)
+    assert _statuses(out(r)) == {"plant": "denied" if mode == "existing" else "ok"}, show(r)
+    _git(repo, "status")  # the user's next git status, on the host
+    assert marker.exists() == (mode == "allowed")
+    how = read_receipt(receipt)["protected"]
+    if mode == "missing":
+        assert not shared.exists()
+        assert how[str(shared)] == "removed after the run", how
+    elif mode == "existing":
+        assert how[str(shared)] == "read-only bind", how

@@ -249,6 +249,8 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
         if search.stopped:
             stopped.append((root, search.stopped))
     entries.extend(configs)
+    derived = _redirected(entries)
+    entries.extend((None, path, key, True) for path, key in derived.items())
     seen: set[str] = set()
     for root, path, name, sweep_missing in entries:
         if path in seen:
@@ -268,7 +270,8 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
             continue  # a nested name that is not there: the search found it, then it went
         placed = False
         top = path == _join(root, name)
-        if kind == "missing" and name in NAMES and name not in _NO_PLACEHOLDER and (
+        if kind == "missing" and name in NAMES and name not in _NO_PLACEHOLDER \
+                and path not in derived and (
                 (place and top) or (top and root in projects and name in _QUIET_NAMES)
                 or (place_git and name.startswith(".git/"))):  # in an existing git dir
             placed = _make_placeholder(path, name)
@@ -305,6 +308,29 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                   tuple(allowed)) if roots else None
     return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
                  how=tuple(how), sweep=tuple(sweep), stopped=tuple(stopped), after=after)
+
+
+def _redirected(entries: list[tuple[str | None, str, str, bool]]) -> dict[str, str]:
+    """What each repository's config (a root's, a nested one's, a submodule's) makes git
+    read or run from elsewhere (hcp_linux.policy.git_config): the directory
+    ``core.hooksPath`` names, kept as ``.git/hooks`` is, and each included config file,
+    kept as ``.git/config`` is (opted out under those names). Path -> key."""
+    from . import git_config
+    out: dict[str, str] = {}
+    for root, path, name, _ in entries:
+        if name != ".git/config" or root is None:
+            continue
+        gitdir = os.path.dirname(path)
+        # git runs hooks in the work tree's top: the directory holding .git (a submodule's
+        # git directory under .git/modules says where in core.worktree: its hooksPath is
+        # not followed, its includes are)
+        worktree = os.path.dirname(gitdir) if os.path.basename(gitdir) == ".git" else None
+        hooks, included = git_config.redirects(path, worktree or gitdir)
+        for hook_dir in hooks if worktree is not None else ():
+            out.setdefault(hook_dir, ".git/hooks")
+        for config in included:
+            out.setdefault(config, ".git/config")
+    return out
 
 
 def _join(root: str, name: str) -> str:

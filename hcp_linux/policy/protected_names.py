@@ -18,6 +18,11 @@ NAMES: dict[str, str] = {
     ".git": "as a file (a gitdir pointer) it names the repository git uses, with its "
             "hooks and config; as a directory only .git/hooks and .git/config are protected",
     ".gitmodules": "submodule URLs and update commands git runs on submodule update",
+    ".husky": "git hooks husky runs (core.hooksPath = .husky/_ runs .husky/pre-commit...)",
+    ".pre-commit-config.yaml": "pre-commit's hooks, run by git on the user's next commit "
+                               "(a local hook's entry is any command)",
+    "lefthook.yml": "lefthook's hooks, run by git on the user's next commit",
+    ".lefthook.yml": "lefthook's hooks, run by git on the user's next commit",
     ".gitconfig": "git's user config, when a writable root is a home directory",
     ".bashrc": "sourced by bash", ".bash_profile": "sourced by bash",
     ".bash_login": "sourced by bash", ".bash_logout": "sourced by bash",
