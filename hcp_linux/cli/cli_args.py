@@ -149,6 +149,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                             "(hcp-linux policy list)")
         c.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
                        help="the hosts of a preset that takes them (workspace-write-net)")
+        c.add_argument("--policy", action=_Once, metavar="FILE",
+                       help="check under a TOML policy file (over --preset): each check's runs "
+                            "start from it, its project's paths fitted to the checks' own "
+                            "jails (the report lists what changed)")
+        c.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
+                       help=argparse.SUPPRESS)
     if only in (None, "run"):
         r = sub.add_parser("run", help="run one command confined",
                            usage="hcp-linux run [OPTIONS] -- BIN [ARG...]", epilog=RUN_EPILOG)

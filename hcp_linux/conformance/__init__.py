@@ -29,6 +29,7 @@ from ..errors import LayerUnavailableError
 from .checks import CHECKS, Check
 from .harness import (DEFAULT_TIMEOUT, FAIL, NOT_APPLICABLE, PASS, Evidence, Fail, Harness,
                       NotApplicable)
+from .policy_base import PolicyBase
 from .report import CheckResult, Report, format_text, to_json, to_junit, write_junit
 
 __all__ = ["run_conformance", "run_check", "CHECKS", "CHECK_IDS", "Check", "CheckResult",
@@ -36,6 +37,11 @@ __all__ = ["run_conformance", "run_check", "CHECKS", "CHECK_IDS", "Check", "Chec
            "PASS", "FAIL", "NOT_APPLICABLE"]
 
 CHECK_IDS: tuple[str, ...] = tuple(c.id for c in CHECKS)
+
+#: What the report says of a read-only jail (docs/conformance.md, "Under a read-only jail").
+READ_ONLY_NOTE = ("the jail is read-only: the checks take their evidence out through a "
+                  "separate write root of their own (outbox), and 10.2.2-cwd-jail checks that "
+                  "a write in the jail is refused")
 
 
 def run_check(h: Harness, c: Check) -> CheckResult:
@@ -92,13 +98,18 @@ def _host_facts() -> dict:
 def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] | None = None,
                     timeout: float = DEFAULT_TIMEOUT, base_dir: str | None = None,
                     rung: str = ladder.DEFAULT,
-                    preset: tuple[str, Mapping[str, Any]] | None = None) -> Report:
+                    preset: tuple[str, Mapping[str, Any]] | None = None,
+                    policy_file: PolicyBase | None = None,
+                    executor: str | None = None) -> Report:
     """Run the checks (all, or the ids in ``only``) under the configuration that lets
     ``allow_degraded`` layers, and those of the fallback ladder's ``rung``, degrade. The
     report's configuration names the rung the runs reached (hcp_linux.policy.ladder), so a pass is
     read against what that rung keeps. ``preset``: (name, table), the policy every check's
-    runs start from (hcp_linux.policy.presets; a check's own fields go over it). Raises
-    PolicyError for an unknown layer, rung or check id."""
+    runs start from (hcp_linux.policy.presets; a check's own fields go over it).
+    ``policy_file``: a user's policy file fitted to the checks' jails (.policy_base.load),
+    over the preset. ``executor``: the one every run uses (None: the process default).
+    Raises PolicyError for an unknown layer, rung or check id, or a preset and file that
+    make no valid policy (before any check runs)."""
     from ..errors import PolicyError
 
     if rung not in ladder.BY_NAME:
@@ -114,7 +125,15 @@ def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] |
                               f"(known: {', '.join(CHECK_IDS)})")
         selected = [c for c in CHECKS if c.id in only]
     t0 = time.monotonic()
-    with Harness(allow_degraded, timeout=timeout, base_dir=base_dir, preset=preset) as h:
+    with Harness(allow_degraded, timeout=timeout, base_dir=base_dir, preset=preset,
+                 policy_file=policy_file, executor=executor) as h:
+        if preset is not None or policy_file is not None:
+            try:  # one line now, not the same refusal in every check
+                h.policy(jail=str(h.base))
+            except PolicyError as e:
+                what = ([f"preset {preset[0]}"] if preset else []) + (
+                    [f"policy file {policy_file.path}"] if policy_file else [])
+                raise PolicyError(f"conformance: {' with '.join(what)}: {e}") from None
         host = _host_facts()
         results = [run_check(h, c) for c in selected]
         config = {"allow_degraded": list(h.allow_degraded), "timeout": timeout,
@@ -122,6 +141,10 @@ def run_conformance(allow_degraded: Iterable[str] = (), *, only: Sequence[str] |
                   "rung": _rung_verdict(rung, h.degraded_seen)}
         if preset is not None:
             config["preset"] = {"name": preset[0], "table": dict(preset[1])}
+        if policy_file is not None:
+            config["policy"] = policy_file.as_dict()
+        if h.read_only_jail:
+            config["read_only_jail"] = READ_ONLY_NOTE
     return Report(results, host, config, round(time.monotonic() - t0, 3))
 
 
@@ -137,10 +160,12 @@ def _rung_verdict(allowed: str, degraded: Iterable[str]) -> dict[str, str]:
 
 def main(allow_degraded: Sequence[str] = (), *, json_out: bool = False,
          junit: str | None = None, rung: str = ladder.DEFAULT,
-         preset: tuple[str, Mapping[str, Any]] | None = None) -> int:
+         preset: tuple[str, Mapping[str, Any]] | None = None,
+         policy_file: PolicyBase | None = None, executor: str | None = None) -> int:
     """The CLI's `conformance` subcommand: print the report, write JUnit, exit 1 on a
     failure."""
-    report = run_conformance(allow_degraded, rung=rung, preset=preset)
+    report = run_conformance(allow_degraded, rung=rung, preset=preset,
+                             policy_file=policy_file, executor=executor)
     if junit:
         write_junit(report, junit)
     print(to_json(report) if json_out else format_text(report))

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..policy.allowlist import SANDBOX_PATH
+from ..policy.layers import POLICY_FILE, PRESET, Layer, combine
 from ..policy.policy import Policy, expand_layers
 from .observers import Listener
+from .policy_base import PolicyBase
 
 #: Seconds any single run, control or wait of a check may take.
 DEFAULT_TIMEOUT = 30.0
@@ -109,7 +111,15 @@ def layer_refusal(stderr: bytes | str | None) -> str | None:
     return None
 
 
-def _base_parent() -> str:
+def _fitted(table: Mapping[str, Any], own_network: bool, native: bool) -> dict[str, Any]:
+    """A base layer's table for one of a check's runs: for a check that sets its own
+    network, the hosts go with it; for a native-local run, the carve-outs (no mount view)."""
+    drop = (("allow_hosts", "deny_hosts") if own_network else ()) \
+        + (("read_only_paths", "hidden_paths") if native else ())
+    return {k: v for k, v in table.items() if k not in drop}
+
+
+def base_parent() -> str:
     """Scratch space outside /tmp when possible: the sandbox's /tmp is a private tmpfs, so a
     jail under /tmp has a parent that exists (empty) inside the sandbox; one under /var/tmp
     has a parent on the view's read-only root, the stricter and more telling case."""
@@ -169,16 +179,33 @@ class Harness:
 
     def __init__(self, allow_degraded: Iterable[str] = (), *, timeout: float = DEFAULT_TIMEOUT,
                  base_dir: str | None = None,
-                 preset: tuple[str, Mapping[str, Any]] | None = None) -> None:
+                 preset: tuple[str, Mapping[str, Any]] | None = None,
+                 policy_file: PolicyBase | None = None, executor: str | None = None) -> None:
         self.allow_degraded: tuple[str, ...] = tuple(allow_degraded)
         #: (name, table): the named policy each check's runs start from, or None
         self.preset = preset
+        #: a user's policy file, fitted to the checks' jails (.policy_base), over the preset
+        self.policy_file = policy_file
+        #: the executor every run uses (the CLI's hidden --executor), None: the default
+        self.executor = executor
         expand_layers(self.allow_degraded)  # unknown layer names: PolicyError, here
         self.timeout = float(timeout)
         self.python = system_python()
         self.base = Path(tempfile.mkdtemp(prefix="hcp-conformance-",
-                                          dir=base_dir or _base_parent()))
+                                          dir=base_dir or base_parent()))
         os.chmod(self.base, 0o755)
+        self._layers: list[Layer] = []
+        if preset is not None:
+            self._layers.append(Layer(PRESET, preset[0], preset[1]))
+        #: (own network, native-local) -> the fitted file a CLI run of that kind reads
+        self._policy_files: dict[tuple[bool, bool], str] = {}
+        if policy_file is not None:
+            self._layers.append(Layer(POLICY_FILE, policy_file.path, policy_file.table))
+            for own_network in (False, True):
+                for native in (False, True):
+                    self._policy_files[own_network, native] = self._write_policy(
+                        _fitted(policy_file.table, own_network, native),
+                        f"policy-{int(own_network)}{int(native)}.toml")
         self.dir = self.base
         self.ev = Evidence()
         self._procs: list[subprocess.Popen] = []
@@ -244,28 +271,70 @@ class Harness:
 
     # --- the configuration under test -----------------------------------------------------
 
+    def _write_policy(self, table: Mapping[str, Any], name: str) -> str:
+        """The fitted policy file's table as a file the checks' CLI runs read (--policy)."""
+        from ..policy import toml_text
+        assert self.policy_file is not None
+        path = self.base / name
+        path.write_text(toml_text.dump(table, [f"{self.policy_file.path}, fitted to the "
+                                               "conformance checks' jails"]))
+        os.chmod(path, 0o644)
+        return str(path)
+
+    def base_fields(self, own_network: bool = False, native: bool = False) -> dict[str, Any]:
+        """Policy's keyword arguments of the preset and the policy file (composed as `run`
+        composes them: hcp_linux.policy.layers): without their hosts for a check that sets its
+        own network, without their carve-outs for a check's native-local run (native-local
+        has no mount view to enforce them, and refuses a policy that has some)."""
+        return combine([Layer(x.kind, x.name, _fitted(x.table, own_network, native))
+                        for x in self._layers])
+
+    @property
+    def read_only_jail(self) -> bool:
+        """The configuration keeps the jail read-only (preset read-only, or a policy file
+        saying so): the checks take their evidence out through :meth:`outbox`."""
+        return bool(self.base_fields().get("read_only_jail"))
+
+    def outbox(self, jail: "str | os.PathLike[str]") -> tuple[Path, list[str]]:
+        """Where a sandboxed command leaves what it found or did, and the `run` flags that
+        let it: the jail itself when the configuration leaves it writable (the checks' runs
+        are exactly as without a preset); under a read-only jail, a separate directory of the
+        check, beside the jail, granted to that run alone as a write root
+        (``--write-root``; for the API, ``write_roots``). The jail stays read-only."""
+        if not self.read_only_jail:
+            return Path(jail), []
+        box = self.dir / "outbox"
+        if not box.exists():
+            self.mkdir("outbox")
+        return box, ["--write-root", str(box)]
+
     def policy(self, **fields: Any) -> Policy:
-        """The check's fields over the preset's (if any), with the configuration's degraded
-        layers. A check that sets its own network drops the preset's hosts with it."""
-        if self.preset is not None:
-            base = dict(self.preset[1])
-            if "network" in fields:
-                base.pop("allow_hosts", None)
-            fields = {**base, **fields}
+        """The check's fields over the preset's and the policy file's (if any), composed as
+        layers compose (a list adds, a scalar replaces), with the configuration's degraded
+        layers. A check that sets its own network drops the base's hosts with it."""
+        if self._layers:
+            native = fields.get("sandbox") is False or fields.get("native_local") is True
+            fields = combine([Layer(PRESET, "", self.base_fields("network" in fields, native)),
+                              Layer("conformance check", "", fields)])
         fields["allow_degraded"] = tuple(fields.get("allow_degraded", ())) + self.allow_degraded
         return Policy(**fields)
 
     def run_flags(self, args: Sequence[str]) -> list[str]:
-        """The flags this configuration adds to a check's `run ARGS`: ``--allow-degraded``
-        for each layer, and ``--preset`` (with its hosts, unless the check names its own
-        network)."""
+        """The flags this configuration adds to a check's `run ARGS`: ``--executor``, ``--allow-degraded``
+        for each layer, ``--preset`` (with its hosts, unless the check names its own
+        network) and ``--policy`` (the fitted file; without its hosts likewise)."""
         out = self.degraded_flags()
+        if self.executor is not None:
+            out += ["--executor", self.executor]
+        own_network = any(a == "--network" or a.startswith("--network=") for a in args)
         if self.preset is not None:
             out += ["--preset", self.preset[0]]
-            own_network = any(a == "--network" or a.startswith("--network=") for a in args)
             if not own_network:
                 for host in self.preset[1].get("allow_hosts", ()):
                     out += ["--allow-host", host]
+        if self._policy_files:
+            native = "--native-local" in args or "--no-sandbox" in args
+            out += ["--policy", self._policy_files[own_network, native]]
         return out
 
     def degraded_flags(self) -> list[str]:

@@ -71,6 +71,21 @@ def _rung_line(rung: Any) -> list[str]:
             f"{rung['loses']}"]
 
 
+def _base_lines(cfg: dict[str, Any]) -> list[str]:
+    """The preset and policy file every check's runs started from, and what of the file
+    could not apply to the checks' own jails."""
+    out = []
+    if cfg.get("preset"):
+        out.append(f"preset: {cfg['preset']['name']}")
+    if cfg.get("policy"):
+        pol = cfg["policy"]
+        out.append(f"policy file: {pol['file']} (its project: {pol['project']})")
+        out.extend(f"  {line}" for line in pol.get("changes", ()))
+    if cfg.get("read_only_jail"):
+        out.append(f"read-only jail: {cfg['read_only_jail']}")
+    return out
+
+
 def format_text(report: Report) -> str:
     h, cfg = report.host, report.config
     out = [f"HCP §10 conformance of hcp-linux {h.get('version')} on Linux {h.get('kernel')} "
@@ -82,6 +97,7 @@ def format_text(report: Report) -> str:
                                 if cfg.get("allow_degraded") else
                                 "strict (no layer may degrade)"),
            *_rung_line(cfg.get("rung")),
+           *_base_lines(cfg),
            ""]
     rows = [("CHECK", "RULE", "RESULT", "WHAT HAPPENED")]
     for r in report.results:

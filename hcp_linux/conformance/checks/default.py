@@ -71,18 +71,22 @@ def native_local_opt_in(h: Harness, ev: Evidence) -> str:
             ev.saw(f"policy file {text.strip()!r} refused: {e}")
     both = Policy(jail=str(jail), sandbox=False, native_local=True).mode
     ev.require(both == "native-local", f"both switches give mode {both!r}")
-    marker = jail / "ran"
+    # the marker: in the jail, or (read-only jail) in the check's outbox, a write root
+    box, box_flags = h.outbox(jail)
+    marker = box / "ran"
+    target = "ran" if box == jail else str(marker)
     for flags in (["--no-sandbox"], ["--native-local"]):
-        ev.try_(f"hcp-linux run {' '.join(flags)} -- sh -c 'echo ran > ran'")
-        c = h.cli(["run", "--jail", jail, *flags, "--", "sh", "-c", "echo ran > ran"])
+        ev.try_(f"hcp-linux run {' '.join(flags)} -- sh -c 'echo ran > {target}'")
+        c = h.cli(["run", "--jail", jail, *box_flags, *flags, "--", "sh", "-c",
+                   f"echo ran > {target}"])
         ev.saw(f"CLI {' '.join(flags)} alone: {proc_summary(c)}")
         ev.require(c.returncode == 125, f"CLI {' '.join(flags)} alone: exit {c.returncode}, "
                                         "expected 125 (refused)")
         ev.require(_stderr(c).startswith("error: sandbox: ") and _stderr(c).count("\n") == 1,
                    f"CLI {' '.join(flags)} alone: not a one-line refusal: {_stderr(c)!r}")
         ev.require(not marker.exists(), f"CLI {' '.join(flags)} alone: the command ran")
-    c = h.cli(["run", "--jail", jail, "--no-sandbox", "--native-local", "--", "sh", "-c",
-               'echo "$HCP_SANDBOX" > ran'])
+    c = h.cli(["run", "--jail", jail, *box_flags, "--no-sandbox", "--native-local", "--",
+               "sh", "-c", f'echo "$HCP_SANDBOX" > {target}'])
     if _ran(ev, "CLI --no-sandbox --native-local", c):
         seen = marker.read_text() if marker.exists() else None
         ev.require(seen == "native-local\n", f"both flags: child saw HCP_SANDBOX={seen!r}")

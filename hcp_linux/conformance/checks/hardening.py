@@ -570,12 +570,13 @@ with open(sys.argv[1], "w") as f:
 def proc_fences(h: Harness, ev: Evidence) -> str:
     secret = _token()
     jail = h.mkdir("jail")
-    found = jail / "found.json"
+    box, box_flags = h.outbox(jail)  # the jail, or (read-only jail) a write root of its own
+    found = box / "found.json"
     log = h.write(h.mkdir("host") / "stdout.log", secret + "\n")
     core = "/proc/sys/kernel/core_pattern"
     with open(core) as f:
         core_before = f.read()
-    argv, env = h.cli_argv(["run", "--jail", jail, "--", h.python, "-I", "-c",
+    argv, env = h.cli_argv(["run", "--jail", jail, *box_flags, "--", h.python, "-I", "-c",
                             _PROC_FENCE_PROBE, found])
     ev.try_("the command opens /proc/sys/kernel/core_pattern, /proc/sysrq-trigger and "
             "/proc/sys/vm/drop_caches O_WRONLY and /proc/1/mem and its parent's mem O_RDWR "

@@ -18,8 +18,10 @@ def native_local(h: Harness, ev: Evidence) -> str:
     jail, shared = h.mkdir("jail"), h.mkdir("shared")
     env = dict(os.environ, GITHUB_TOKEN=secret, HCP_CONFORMANCE_AMBIENT=secret)
     nl = ["--no-sandbox", "--native-local"]
-    c = h.cli(["run", "--jail", jail, *nl, "--", "sh", "-c", 'echo "$HCP_SANDBOX"; env'],
-              env=env)
+    # a read-only jail: native-local's HOME and TMPDIR need a write root (the outbox)
+    box_flags = h.outbox(jail)[1]
+    c = h.cli(["run", "--jail", jail, *box_flags, *nl, "--", "sh", "-c",
+               'echo "$HCP_SANDBOX"; env'], env=env)
     if _ran(ev, "CLI native-local", c):
         ev.require(_stdout(c).splitlines()[:1] == ["native-local"],
                    f"child saw HCP_SANDBOX={_stdout(c).splitlines()[:1]}")

@@ -107,10 +107,18 @@ def allowlist_binaries(h: Harness, ev: Evidence) -> str:
     marker = h.mkdir("shared") / "planted-shell-ran"
     shell = shutil.which("dash", path="/usr/bin:/bin") or "/bin/sh"
     script = f"echo ran > {marker}"
-    ev.try_(f"allow_bins = (cp, printf); cp {shell} printf in the jail; run ./printf -c ...")
-    r = h.run(["cp", shell, "printf"], jail=jail, allow_bins=("cp", "printf"))
-    if not _ran(ev, "cp of a shell into the jail as printf", r):
-        return _verdict(ev, "")
+    if h.read_only_jail:
+        # the command cannot plant it in a read-only jail: the harness does, from outside;
+        # the rule judged is the same (a file named like a listed bin does not run)
+        ev.try_(f"allow_bins = (cp, printf); the jail is read-only: {shell} copied into it "
+                "as printf from outside; run ./printf -c ...")
+        shutil.copy(shell, jail / "printf")
+    else:
+        ev.try_(f"allow_bins = (cp, printf); cp {shell} printf in the jail; run ./printf "
+                "-c ...")
+        r = h.run(["cp", shell, "printf"], jail=jail, allow_bins=("cp", "printf"))
+        if not _ran(ev, "cp of a shell into the jail as printf", r):
+            return _verdict(ev, "")
     for request in ("./printf", str(jail / "printf")):
         try:
             h.run([request, "-c", script], jail=jail, allow_bins=("cp", "printf"),
@@ -151,7 +159,11 @@ def cwd_jail(h: Harness, ev: Evidence) -> str:
     jail = h.mkdir("jail")
     beside = jail.parent / f"beside-{tok}.txt"
     real = os.path.realpath(jail)
-    ev.try_(f"sh -c {script!r} with jail {jail} (API, then CLI)")
+    # §10's workspace is writable; a read-only jail (preset read-only) promises the opposite,
+    # and that promise is what is judged then: the write in the jail is refused
+    writable = not h.read_only_jail
+    ev.try_(f"sh -c {script!r} with jail {jail} (API, then CLI)"
+            + ("" if writable else "; the jail is read-only: the write in it must be refused"))
     for what, r in (("API", lambda: h.run(["sh", "-c", script], jail=jail)),
                     ("CLI", lambda: h.cli(["run", "--jail", jail, "--", "sh", "-c", script],
                                           expect_run=True))):
@@ -159,8 +171,12 @@ def cwd_jail(h: Harness, ev: Evidence) -> str:
         if _ran(ev, what, res):
             lines = _stdout(res).splitlines()
             ev.require(lines[:1] == [real], f"{what}: cwd was {lines[:1]}, expected {real}")
-            ev.require((jail / "inside.txt").exists(), f"{what}: a write in the jail did not "
-                                                       "land in the jail")
+            if writable:
+                ev.require((jail / "inside.txt").exists(), f"{what}: a write in the jail did "
+                                                           "not land in the jail")
+            else:
+                ev.require(not (jail / "inside.txt").exists(),
+                           f"{what}: a write in the read-only jail landed in the jail")
         ev.require(not beside.exists(), f"{what}: a write beside the jail reached the host "
                                         f"({beside})")
         if not ev.require(not os.path.exists(f"/beside-{tok}.txt"),
@@ -186,6 +202,11 @@ def cwd_jail(h: Harness, ev: Evidence) -> str:
     ev.ctl(f"unconfined in {ctl_dir}: {proc_summary(c)}")
     ev.control_ok((ctl_dir.parent / f"beside-{tok}.txt").exists(),
                   "unconfined, the write beside the directory failed too")
+    if not writable:
+        ev.control_ok((ctl_dir / "inside.txt").exists(),
+                      "unconfined, the write in the directory failed too")
+        return _verdict(ev, "cwd is the jail (API, CLI, driver); the read-only jail refuses "
+                            "writes, and writes beside it never reach the host")
     return _verdict(ev, "cwd is the jail (API, CLI, driver); writes beside it never reach "
                         "the host")
 
@@ -350,19 +371,23 @@ def env_mocks_ignored(h: Harness, ev: Evidence) -> str:
     mocked = dict(clean, **MOCK_ENV)
     ev.try_("the same CLI run with and without " + ", ".join(f"{k}={v}" for k, v in
                                                              MOCK_ENV.items()))
-    script = ('echo "$HCP_SANDBOX"; echo real > ran.txt; env | grep -c -E '
+    script = ('echo "$HCP_SANDBOX"; echo real > {ran}; env | grep -c -E '
               '"^(HCP_MOCK|MOCK|HCP_DRIVER|HCP_NATIVE|HCP_NO_SANDBOX|HCP_LINUX|HCP_ALLOW)" || true')
+    # the proof that it ran: in the jail, or (read-only jail) in the check's outbox
+    box, box_flags = h.outbox(jail)
+    ran = box / "ran.txt"
     runs = {}
     for what, env in (("clean env", clean), ("mock env", mocked)):
         receipt = h.dir / f"receipt-{what.split()[0]}.json"
-        (jail / "ran.txt").unlink(missing_ok=True)
-        c = h.cli(["run", "--jail", jail, "--receipt", receipt, "--", "sh", "-c", script],
+        ran.unlink(missing_ok=True)
+        c = h.cli(["run", "--jail", jail, *box_flags, "--receipt", receipt, "--", "sh", "-c",
+                   script.format(ran="ran.txt" if box == jail else ran)],
                   env=env, expect_run=True)
         if _ran(ev, what, c):
             ev.require(_stdout(c) == "sandbox\n0\n",
                        f"{what}: child printed {_stdout(c)!r}, expected marker sandbox and no "
                        "mock variable")
-            ev.require((jail / "ran.txt").exists(), f"{what}: the command did not really run")
+            ev.require(ran.exists(), f"{what}: the command did not really run")
             rec = json.loads(receipt.read_text())
             runs[what] = (rec.get("mode"), rec.get("policy"),
                           {k: v.get("status") for k, v in rec.get("layers", {}).items()})
@@ -379,7 +404,7 @@ def env_mocks_ignored(h: Harness, ev: Evidence) -> str:
     saved = {k: os.environ.get(k) for k in MOCK_ENV}
     try:
         os.environ.update(MOCK_ENV)
-        d = h.drive(h.driver(), manifest, ["sh", "-c", script])
+        d = h.drive(h.driver(), manifest, ["sh", "-c", script.format(ran="ran.txt")])
     finally:
         for k, v in saved.items():
             if v is None:
