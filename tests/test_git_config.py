@@ -1,4 +1,4 @@
-"""hcp_linux.policy.git_config reads git's config syntax as git does: on generated files
+"""hcp_linux.policy.protected.git_config reads git's config syntax as git does: on generated files
 that `git config --list` accepts, the variables are git's own, in order; on any bytes it
 returns, never raises; redirects() follows includes as git would and says where hooks go."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from hcp_linux.policy.git_config import entries, redirects
+from hcp_linux.policy.protected.git_config import entries, redirects
 
 
 def _git_list(data: bytes) -> list[tuple[str, str]] | None:

@@ -1,4 +1,4 @@
-"""hcp_linux.policy.git_index: the gitlinks of real indexes git writes (versions 2, 3 and
+"""hcp_linux.policy.protected.git_index: the gitlinks of real indexes git writes (versions 2, 3 and
 4, extended flags, names longer than the 12-bit length, SHA-256 repositories) are what
 `git ls-files --stage` lists; any bytes (random, or a real index cut or flipped) give None
 or a list, never an exception."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hcp_linux.policy.git_index import gitlinks, hash_size
+from hcp_linux.policy.protected.git_index import gitlinks, hash_size
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@example.com",
        "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@example.com"}

@@ -576,7 +576,7 @@ def test_the_search_does_not_enter_a_symlink_or_a_dependency_tree(jail: Path,
 
 
 def test_a_search_over_budget_says_where_it_stopped(jail: Path, tmp_path: Path) -> None:
-    from hcp_linux.policy.protected_search import SEARCH_BUDGET
+    from hcp_linux.policy.protected.search import SEARCH_BUDGET
     many = jail / "many"
     many.mkdir()
     for i in range(SEARCH_BUDGET + 8):

@@ -1,8 +1,8 @@
 """The names protected in every writable root (hcp_linux.policy.protected), each with why.
 
-Apart from the code that protects them so that both its halves read them: the lookup before a
-run and the after-run sweep (hcp_linux.policy.protected) and the search below the top level
-(hcp_linux.policy.protected_search). Only data.
+Apart from the code that protects them so that all of it reads them: the lookup before a run
+and the sweep (the package), the search below the top level (.search) and the after-run
+search (.after). Only data.
 """
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ NAMES: dict[str, str] = {
     ".cursor": "an editor agent's rules, settings and MCP servers",
     ".ssh": "authorized_keys, config (ProxyCommand) of a home directory",
 }
+
+#: A name protected only when it is not a directory (its protected children are listed).
+FILE_ONLY = frozenset({".git"})
 
 #: What protects a git directory, relative to it: the repository's own ``.git``, a
 #: submodule's under ``.git/modules/``, a linked worktree's under ``.git/worktrees/`` (each

@@ -16,7 +16,7 @@ import os
 import time
 import _thread  # threading.Lock without importing threading (the served client's sweep)
 
-from .protected_names import GIT_DIR_NAMES, NAMES
+from .names import GIT_DIR_NAMES, NAMES
 
 #: Directories the nested search does not enter: dependency trees, virtual environments and
 #: caches, where no tool of the user's looks for settings to run, and which hold most of a

@@ -1,0 +1,92 @@
+"""The file-system walks of the protected names' code, shared by the lookup and sweep
+(hcp_linux.policy.protected) and the after-run search (.after): paths reached from / one
+component at a time without following a symlink, and trees removed through fds. Only os
+and stat: the served client imports this for its sweep."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+
+def within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def join(root: str, name: str) -> str:
+    return root + "/" + name if root != "/" else "/" + name
+
+
+def open_dir_path(path: str, dirs: dict[str, int | None]) -> int | None:
+    """An O_PATH fd of the directory ``path``, reached from / one component at a time, none
+    of them a symlink (O_NOFOLLOW), kept in ``dirs``; None when a component is missing or
+    is not a directory (nothing can be at a path below it)."""
+    if path in dirs:
+        return dirs[path]
+    if path == "/":
+        fd: int | None = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        parent, name = path.rsplit("/", 1)
+        up = open_dir_path(parent or "/", dirs)
+        fd = None
+        if up is not None:
+            try:
+                fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=up)
+            except (FileNotFoundError, NotADirectoryError):
+                fd = None
+            except OSError as e:
+                if e.errno != errno.ELOOP:  # a symlink where a directory was: nothing there
+                    raise
+    dirs[path] = fd
+    return fd
+
+
+def remove(dir_fd: int, name: str, st: os.stat_result) -> None:
+    """Remove ``name`` under ``dir_fd``: a file or link unlinked, a directory emptied
+    through fds (each opened O_NOFOLLOW and checked to be the inode listed), made
+    searchable and writable first (the run may have left it mode 000), then removed.
+    Iterative: a deep tree costs one fd per level, not the interpreter's stack."""
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    stack: list[tuple[int, str, int, list[str]]] = []  # (parent fd, name, fd, entries left)
+    stack.append((dir_fd, name, _open_dir(dir_fd, name, st), []))
+    stack[-1][3].extend(os.listdir(stack[-1][2]))
+    try:
+        while stack:
+            parent, dname, fd, left = stack[-1]
+            if not left:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(dname, dir_fd=parent)
+                continue
+            entry = left.pop()
+            est = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(est.st_mode):
+                child = _open_dir(fd, entry, est)
+                stack.append((fd, entry, child, os.listdir(child)))
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        for _, _, fd, _ in stack:
+            os.close(fd)
+
+
+def _open_dir(dir_fd: int, name: str, st: os.stat_result) -> int:
+    if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+        os.chmod(name, 0o700, dir_fd=dir_fd)  # a directory (lstat): chmod follows nothing
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=dir_fd)
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise OSError(f"{name}: changed while it was removed")
+    return fd
+
+
+def real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
