@@ -48,15 +48,17 @@ def _import(source: str, settings: Path, project: Path, *extra: str) -> Path:
 
 @pytest.fixture(scope="module", params=["srt", "codex"])
 def imported_report(request: pytest.FixtureRequest, project: Path) -> tuple[str, dict]:
-    """The import of one fixture, checked: `conformance --policy FILE --json` from the
-    project, as its user would run it after `policy import`."""
+    """The import of one fixture, checked from the project: srt's as two commands
+    (`policy import` to a file, then `conformance --policy FILE --json`), Codex's in one
+    (`conformance --policy config.toml --from codex`)."""
     if request.param == "srt":
         f = _import("srt", FIXTURES / "srt-settings.json", project)
+        args = ["--policy", str(f)]
     else:  # a Codex user's network_access, with the host they give (a loopback port no
         # check listens on)
-        f = _import("codex", FIXTURES / "codex-config.toml", project, "--allow-host",
-                    "127.0.0.1:9")
-    p = _cli(["--policy", str(f), "--json"], cwd=str(project))
+        args = ["--policy", str(FIXTURES / "codex-config.toml"), "--from", "codex",
+                "--allow-host", "127.0.0.1:9"]
+    p = _cli([*args, "--json"], cwd=str(project))
     assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()
     return request.param, json.loads(p.stdout)
 
@@ -83,6 +85,19 @@ def test_an_imported_policy_passes_conformance(imported_report: tuple[str, dict]
         assert pol["table"]["env"] == {"CI": "1"}
         assert pol["table"]["allow_hosts"] == ["127.0.0.1:9"]
         assert f"write_roots: {project / 'cache'} dropped" in changes, changes
+        # imported in the same command: the import's notes lead the changes
+        assert pol["changes"][0].startswith("import: "), pol["changes"]
+
+
+def test_from_goes_with_policy(tmp_path: Path) -> None:
+    """`--from` without `--policy`, and `--allow-host` without a preset or `--from codex`:
+    one line, exit 125, no check run."""
+    for args, fragment in ((["--from", "srt"], "--from srt goes with --policy"),
+                           (["--allow-host", "x:1", "--policy", str(FIXTURES / "srt-settings.json"),
+                             "--from", "srt"], "--allow-host goes with")):
+        p = _cli(args, cwd=str(tmp_path))
+        line = single_error_line(p)
+        assert p.returncode == EXIT_REFUSED and fragment in line and p.stdout == b"", line
 
 
 def test_the_fitted_file_keeps_what_applies(tmp_path: Path) -> None:

@@ -191,17 +191,23 @@ def _conformance(a: argparse.Namespace) -> int:
         from ..run.receipt import check_output_path
         check_output_path(a.junit, "--junit")
     preset = None
-    if a.preset is not None or a.allow_host:
+    codex_hosts = a.policy_from == "codex"
+    if a.policy_from is not None and a.policy is None:
+        raise PolicyError(f"conformance: --from {a.policy_from} goes with --policy FILE "
+                          f"(the {a.policy_from} settings to import and check)")
+    if a.preset is not None or (a.allow_host and not codex_hosts):
         from ..policy import presets
         if a.preset is None:
             raise PolicyError("conformance: --allow-host goes with --preset "
-                              "workspace-write-net")
-        preset = (a.preset, presets.table_with_hosts(presets.get(a.preset), a.allow_host))
+                              "workspace-write-net or --from codex")
+        preset = (a.preset, presets.table_with_hosts(
+            presets.get(a.preset), () if codex_hosts else a.allow_host))
     policy_file = None
     if a.policy is not None:
         from ..conformance.harness import base_parent
         from ..conformance.policy_base import load
-        policy_file = load(a.policy, base_parent())
+        policy_file = load(a.policy, base_parent(), source_kind=a.policy_from,
+                           hosts=tuple(a.allow_host) if codex_hosts else ())
     if a.executor is not None:  # hidden: the test suite runs once per executor
         from ..native import set_default
         set_default(a.executor)

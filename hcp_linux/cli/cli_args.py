@@ -148,11 +148,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                        help="check under a named policy: each check's runs start from it "
                             "(hcp-linux policy list)")
         c.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
-                       help="the hosts of a preset that takes them (workspace-write-net)")
+                       help="the hosts of a preset that takes them (workspace-write-net), "
+                            "or of an imported Codex config (--from codex)")
         c.add_argument("--policy", action=_Once, metavar="FILE",
                        help="check under a TOML policy file (over --preset): each check's runs "
                             "start from it, its project's paths fitted to the checks' own "
                             "jails (the report lists what changed)")
+        c.add_argument("--from", dest="policy_from", action=_Once, choices=("srt", "codex"),
+                       help="--policy FILE is an srt settings.json or a Codex config.toml: "
+                            "imported first, as 'hcp-linux policy import' does")
         c.add_argument("--executor", action=_Once, choices=("auto", "native", "ctypes"),
                        help=argparse.SUPPRESS)
     if only in (None, "run"):

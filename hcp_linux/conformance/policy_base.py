@@ -69,13 +69,31 @@ def _within(path: str, root: str) -> bool:
     return values.is_within(path, root)
 
 
-def load(path: str, scratch: str, cwd: str | None = None) -> PolicyBase:
+def load(path: str, scratch: str, cwd: str | None = None, *, source_kind: str | None = None,
+         hosts: tuple[str, ...] = ()) -> PolicyBase:
     """Read the policy file at ``path`` and fit it to the harness, whose scratch directories
     are made under ``scratch``. PolicyError (one line naming the file) for a file `run
-    --policy` would refuse to read, or for a native-local policy."""
+    --policy` would refuse to read, or for a native-local policy. ``source_kind``: "srt" or
+    "codex" when the file is that tool's settings, imported first as `hcp-linux policy
+    import --from KIND FILE` would (``hosts``: codex's, as its ``--allow-host``), so that
+    a user checks an existing configuration in one command; the import's notes lead the
+    report's changes."""
     text = values.file_name(path, "conformance: --policy")
-    source = f"policy file {printable(text)}"
-    data = values.parse_document(values.read_document(text, source), source, "toml")
+    imported: list[str] = []
+    if source_kind is None:
+        source = f"policy file {printable(text)}"
+        data = values.parse_document(values.read_document(text, source), source, "toml")
+    else:
+        from ..policy import imports
+        source = f"{source_kind} settings {printable(text)}"
+        doc = values.parse_document(values.read_document(text, source), source,
+                                    "json" if source_kind == "srt" else "toml")
+        here = os.getcwd() if cwd is None else cwd
+        if source_kind == "srt":
+            data, notes = imports.from_srt(doc, here)
+        else:
+            data, notes = imports.from_codex(doc, here, hosts)
+        imported = [f"import: {printable(n)}" for n in notes]
     kwargs = field_table(data, source)
     if kwargs.get("sandbox") is False or kwargs.get("native_local") is True:
         raise PolicyError(f"conformance: {source}: sets native-local mode (sandbox = false, "
@@ -88,7 +106,8 @@ def load(path: str, scratch: str, cwd: str | None = None) -> PolicyBase:
     if cwd is None:
         cwd = os.getcwd()
     project = os.path.realpath(os.path.join(cwd, os.path.expanduser(jail or ".")))
-    changes = [f"jail: {printable(jail or project)} replaced by each check's own jail"]
+    changes = imported + [f"jail: {printable(jail or project)} replaced by each check's own "
+                          f"jail"]
     scratch = os.path.realpath(scratch)
     table: dict[str, Any] = {}
 
