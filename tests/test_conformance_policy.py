@@ -8,38 +8,28 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hcp_linux.conformance import CHECK_IDS, FAIL
 from hcp_linux.conformance.policy_base import load
-from sandboxing import EXIT_REFUSED, TIMEOUT, assert_ok, out, single_error_line
+from sandboxing import EXIT_REFUSED, assert_ok, out, single_error_line
 from test_conformance import _cli
+from test_policy_import import make_project, policy_import
 
 FIXTURES = Path(__file__).resolve().parent / "imports"
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project as the import fixtures expect it: a secret, a git dir, a CI file, a cache."""
-    p = tmp_path_factory.mktemp("conformance-policy") / "project"
-    (p / "secrets").mkdir(parents=True)
-    (p / "secrets" / "key").write_text("s3cret\n")
-    (p / ".env").write_text("TOKEN=s3cret\n")
-    (p / ".git").mkdir()
-    (p / "ci.yml").write_text("steps: []\n")
-    (p / "cache").mkdir()
-    return p
+    """A project as the import fixtures expect it (test_policy_import's), for the module."""
+    return make_project(tmp_path_factory.mktemp("conformance-policy") / "project")
 
 
 def _import(source: str, settings: Path, project: Path, *extra: str) -> Path:
     """`policy import --from SOURCE SETTINGS` in the project, its output in a file."""
-    proc = subprocess.run([sys.executable, "-m", "hcp_linux", "policy", "import", "--from",
-                           source, str(settings), *extra], capture_output=True,
-                          timeout=TIMEOUT, cwd=project, stdin=subprocess.DEVNULL)
+    proc = policy_import(source, settings, project, *extra)
     assert_ok(proc)
     f = project.parent / f"{source}-imported.toml"
     f.write_text(out(proc))

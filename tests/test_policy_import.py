@@ -32,8 +32,11 @@ def policy_import(source: str, path: Path, cwd: Path, *extra: str) -> subprocess
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path / "project")
+
+
+def make_project(p: Path) -> Path:
     """A project as the fixtures expect it: a secret, a git dir, a CI file, a cache."""
-    p = tmp_path / "project"
     (p / "secrets").mkdir(parents=True)
     (p / "secrets" / "key").write_text("s3cret\n")
     (p / ".env").write_text("TOKEN=s3cret\n")
