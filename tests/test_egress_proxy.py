@@ -809,6 +809,61 @@ def test_stop_closes_everything(echo_server) -> None:
     assert proxy.sock.fileno() == -1
 
 
+def _queue_before_start(sock: socket.socket, payloads: Sequence[bytes]) -> None:
+    """Clients that connect, send, and are gone before the proxy turns its loop once: their
+    connections wait in the listen backlog, as a run's last ones do when it ends."""
+    for payload in payloads:
+        with socket.create_connection(sock.getsockname()[:2], timeout=TIMEOUT) as c:
+            if payload:
+                c.sendall(payload)
+
+
+def test_stop_records_what_the_ended_clients_left_queued(echo_server) -> None:
+    """A run's last connections may still be queued when it ends: each is decided and
+    recorded at stop (drain), none is dialled. The proxy is cancelled from its ready callback,
+    so the stop comes before its loop ever reads the backlog, every time. Control,
+    drain_timeout=0: the same queue is dropped unrecorded -- what --explain missed before."""
+    from hcp_linux.egress.proxy import EgressProxy
+    denied = b"CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n\r\n"
+    allowed = (b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n"
+               % ((echo_server.authority.encode(),) * 2))
+    payloads = [b""] * 10 + [denied] * 10 + [allowed] * 5
+
+    async def serve_and_stop(sock: socket.socket, proxy: EgressProxy) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        with pytest.raises(asyncio.CancelledError):
+            await proxy.serve(sock, ready=task.cancel)
+
+    logs = {}
+    for drain in (0.5, 0.0):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        _queue_before_start(sock, payloads)
+        log: list[dict] = []
+        proxy = EgressProxy(EgressPolicy.parse([echo_server.authority], ()), log=log.append,
+                            drain_timeout=drain)
+        asyncio.run(serve_and_stop(sock, proxy))
+        assert sock.fileno() == -1
+        logs[drain] = log
+    assert echo_server.accepts == 0  # nothing dialled after the stop
+    log = logs[0.5]
+    assert len(log) == len(payloads), log
+    assert all(not r["allowed"] for r in log)
+    reasons = [r["reason"] for r in log]
+    assert reasons.count("client closed without sending a request") == 10
+    assert sum("denied.test" == r["host"] for r in log) == 10
+    ended = [r for r in log if r["reason"].startswith("not connected to ")]
+    assert len(ended) == 5 and all(r["reason"].endswith("the run ended before the proxy "
+                                                        "dialled") for r in ended)
+    from hcp_linux.observe.denials import explain, network_records
+    lines = [explain(d) for d in network_records(ended)]
+    assert all("not a sandbox refusal" in line and "--allow-host" not in line
+               for line in lines), lines
+    assert logs[0.0] == []  # negative control: without the drain every one is lost
+
+
 def test_log_callback_failure_does_not_break_the_proxy(echo_server, capfd) -> None:
     def broken(record: dict) -> None:
         raise RuntimeError("log sink down")

@@ -121,11 +121,13 @@ class EgressProxy:
                  connect_timeout: float = 10.0, idle_timeout: float = 60.0,
                  header_timeout: float = 10.0, max_header_bytes: int = 16384,
                  max_connections: int = 256, stream_limit: int = 65536,
-                 resolver_threads: int = 4) -> None:
+                 resolver_threads: int = 4, drain_timeout: float = 0.5) -> None:
         for name, value in (("connect_timeout", connect_timeout), ("idle_timeout", idle_timeout),
                             ("header_timeout", header_timeout)):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, not {value!r}")
+        if not drain_timeout >= 0:
+            raise ValueError(f"drain_timeout must be 0 or more, not {drain_timeout!r}")
         for name, count in (("max_header_bytes", max_header_bytes),
                             ("max_connections", max_connections), ("stream_limit", stream_limit),
                             ("resolver_threads", resolver_threads)):
@@ -140,12 +142,14 @@ class EgressProxy:
         self.max_connections = max_connections
         self.stream_limit = stream_limit
         self.resolver_threads = resolver_threads
+        self.drain_timeout = float(drain_timeout)
         self.connections = 0
         self.upstream_connects = 0
         self._tasks: dict[asyncio.Task[None], _Conn] = {}  # live sessions
         self._listening: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = False
+        self._draining = False  # stopping: decide and record what is queued, dial nothing
         self._captured: set[int] = set()  # fds of the capture listeners
         self.names = SyntheticNames()  # the run's fake-IP map (transparent egress)
         self.resolver = Resolver(policy, self.names, log)
@@ -189,6 +193,7 @@ class EgressProxy:
                 ready()
             await loop.create_future()  # until cancelled
         finally:
+            await self._drain(listening_socks, resolver)
             self._closing = True
             for sock in listening_socks:
                 if sock.fileno() != -1:
@@ -197,7 +202,27 @@ class EgressProxy:
             await self._cancel_sessions()
             self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _accept(self, listening: socket.socket) -> None:
+    async def _drain(self, listening_socks: tuple[socket.socket, ...],
+                     resolver: socket.socket | None) -> None:
+        """Stopping: the run is over, but what its processes sent before they ended is still
+        queued (a connection in the listen backlog, a request not yet read, a DNS query). Decide
+        and record each, so that the receipt and ``--explain`` miss none of the run's refusals;
+        dial nothing (the run's way out ends with it: an allowed request gets "the run ended
+        first"). Bounded by ``drain_timeout``; what is left then is cancelled unrecorded."""
+        if self.drain_timeout == 0:
+            return
+        self._draining = True
+        for sock in listening_socks:
+            if sock.fileno() == -1:
+                continue
+            if sock is resolver:
+                self._answer_queries(sock)
+            else:
+                self._accept(sock, limit=self.max_connections)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.drain_timeout)
+
+    def _accept(self, listening: socket.socket, limit: int = 64) -> None:
         """Readiness callback of a listening socket: accept what is queued, start sessions.
 
         A plain reader callback rather than asyncio's Server or sock_accept(): with those, a
@@ -205,7 +230,7 @@ class EgressProxy:
         swallowed inside asyncio, or a cancelled future), leaking its socket. Here each
         accepted socket is ours at once, and remove_reader() cancels any pending callback.
         """
-        for _ in range(64):  # bounded per loop turn, for fairness with the sessions
+        for _ in range(limit):  # bounded per loop turn, for fairness with the sessions
             try:
                 conn, _ = listening.accept()
             except (BlockingIOError, InterruptedError):
@@ -432,6 +457,10 @@ class EgressProxy:
     async def _dial(self, decision: Decision, port: int
                     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
         """Connect to the checked addresses in order, by number only; first success wins."""
+        if self._draining:
+            raise _Refusal(f"not connected to {_hostport(decision.addresses[0], port)}: the run "
+                           f"ended before the proxy dialled", 502, socks.GENERAL_FAILURE,
+                           address=decision.addresses[0])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.connect_timeout
         failure: OSError | None = None

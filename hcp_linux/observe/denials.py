@@ -526,6 +526,8 @@ def _explain_egress(denial: dict[str, Any]) -> str:
         hint = "it is on the deny list (deny_hosts)"
     elif reason.startswith("connecting to "):
         hint = "allowed, but the host did not answer: not a sandbox refusal"
+    elif reason.startswith("not connected to "):
+        hint = "allowed, but the command ended first: not a sandbox refusal"
     elif reason.startswith("captured connection to "):
         hint = "connect to a name the sandbox's resolver answered, not to an address"
     else:
