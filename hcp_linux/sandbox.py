@@ -23,6 +23,7 @@ from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError, H
 from .run.executor import DEVNULL, PIPE, STDOUT, SandboxProcess
 from .plan.plan import Plan, clear_cache, compile_plan
 from .policy.policy import LAYERS, Policy
+from .policy.resolve import resolve
 from .policy.policy_flags import flags_of
 from .run.receipt import build_receipt
 from .host.remedies import remedy
@@ -111,7 +112,8 @@ class Sandbox:
             shown = repr(policy) if isinstance(policy, (str, os.PathLike)) else "..."
             raise TypeError(f"Sandbox() takes a Policy, not {type(policy).__name__}: "
                             f"Sandbox(Policy(jail={shown})) or Sandbox(jail={shown})")
-        self.policy = policy if policy is not None else Policy(**policy_fields)
+        # checked against this host once, here: a Sandbox keeps what its paths meant then
+        self.policy = resolve(policy if policy is not None else Policy(**policy_fields))
         # "native" (hcp-exec), "ctypes" (the fallback), "auto" (native when built); None: the
         # process default (hcp_linux.native.set_default)
         self.executor = None if executor is None else native.check(executor)
@@ -303,9 +305,12 @@ def confine(argv: Any, policy: Policy) -> list[str]:
     other languages): every field of the policy as its flag (``--flag=VALUE``, so that no
     value is taken for an option), so that the CLI builds this very policy. A policy the
     CLI cannot express is refused (PolicyError naming the field), never run with less.
-    Writes nothing. ``argv`` as :meth:`Sandbox.spawn` takes it (a str is one program)."""
+    Writes nothing. ``argv`` as :meth:`Sandbox.spawn` takes it (a str is one program).
+    The policy is resolved first (its jail, when not given, is the current directory now),
+    so that a path error is raised here, and the flags name what was checked."""
     command, _ = popen.command(argv, False, None)
-    return [sys.executable, "-m", "hcp_linux", "run", *flags_of(policy), "--", *command]
+    return [sys.executable, "-m", "hcp_linux", "run", *flags_of(resolve(policy)), "--",
+            *command]
 
 
 def release_resources(timeout: float = 5.0) -> bool:

@@ -41,6 +41,7 @@ from .run import popen
 from .errors import SandboxError
 from .plan.plan import compile_plan, prepare
 from .policy.policy import LAYERS, Policy
+from .policy.resolve import resolve
 from .sandbox import Sandbox
 
 __all__ = ["Session", "SessionEnded", "SessionResult"]
@@ -247,7 +248,7 @@ class Session:
         policy = self.policy
         if ours and policy.allow_bins:
             if self._unlisted is None:
-                self._unlisted = dataclasses.replace(policy, allow_bins=())
+                self._unlisted = resolve(dataclasses.replace(policy, allow_bins=()))
             policy = self._unlisted
         plan = compile_plan(policy, list(argv), layers=self.layers,
                             env=popen.granted_env(env), cwd=popen.working_dir(cwd))

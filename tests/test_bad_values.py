@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from hcp_linux import Policy
+from hcp_linux import Policy, Sandbox
 from hcp_linux.errors import PolicyError, printable
 from hcp_linux.policy.limits import CPU_SECONDS_MAX, PID_MAX_LIMIT, Limits, nr_open
 from hcp_linux.policy.pack import PackError, load_pack
+from hcp_linux.policy.resolve import resolve
 from hcp_linux.policy.values import MAX_DEPTH, MAX_DOCUMENT, RLIM_MAX
 
 from sandboxing import (EXECUTOR_ARGS, EXIT_REFUSED, EXIT_USAGE, IS_ROOT, TIMEOUT,  # noqa: F401
@@ -481,11 +482,12 @@ def _bad_api_cases(jail: Path) -> list:
         (lambda: Policy(jail=j, limits=[]), "limits"),
         (lambda: Policy(jail=j, limits={"nproc": [1]}), "limits.nproc"),
         (lambda: Policy(jail=j, limits={"as": "1.5"}), "limits.as"),
-        (lambda: Policy(jail=j, network="allow", allow_hosts=["example.com"],
-                        proxy_log="/nonexistent-dir/log"), "proxy_log"),
-        (lambda: Policy(jail=j, network="allow", allow_hosts=["example.com"],
-                        proxy_log=j), "proxy_log"),
-        (lambda: Policy(jail="/sys"), "jail"),
+        # what the host says about a path: when resolved (Sandbox(policy) resolves)
+        (lambda: resolve(Policy(jail=j, network="allow", allow_hosts=["example.com"],
+                                proxy_log="/nonexistent-dir/log")), "proxy_log"),
+        (lambda: resolve(Policy(jail=j, network="allow", allow_hosts=["example.com"],
+                                proxy_log=j)), "proxy_log"),
+        (lambda: Sandbox(Policy(jail="/sys")), "jail"),
         (lambda: Policy.from_mapping(["jail"]), "policy"),
     ]
 

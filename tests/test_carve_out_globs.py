@@ -19,6 +19,7 @@ from hcp_linux import Policy
 from hcp_linux.errors import PolicyError
 from hcp_linux.policy import globs
 from hcp_linux.policy.policy import DEFAULT_SYSTEM_ROOTS
+from hcp_linux.policy.resolve import resolve
 from sandboxing import (EXIT_REFUSED, assert_ok, out, read_receipt, run_cli, sh, show,
                         single_error_line)
 
@@ -134,7 +135,7 @@ def test_the_walk_never_enters_a_symlinked_directory(tmp_path: Path) -> None:
     (elsewhere / "deep").mkdir(parents=True)
     (elsewhere / "deep" / ".env").write_text("ELSEWHERE\n")
     os.symlink(elsewhere, project / "linked")
-    policy = Policy(jail=str(project), hidden_paths=["**/.env"])
+    policy = resolve(Policy(jail=str(project), hidden_paths=["**/.env"]))
     assert str(elsewhere / "deep" / ".env") not in policy.hidden_paths
     assert all(p.startswith(str(project) + "/") for p in policy.hidden_paths)
 
@@ -149,7 +150,7 @@ def test_bounds_refuse_naming_the_pattern(tmp_path: Path, monkeypatch) -> None: 
     assert f"pattern {project}/many/*.pem matches more than {globs.MAX_MATCHES}" in line, line
     # exactly the bound is accepted
     (many / "f0.pem").unlink()
-    assert len(Policy(jail=str(project), hidden_paths=["many/*.pem"]).hidden_paths) \
+    assert len(resolve(Policy(jail=str(project), hidden_paths=["many/*.pem"])).hidden_paths) \
         == globs.MAX_MATCHES
     deep = project / "deep"
     d = deep
@@ -161,13 +162,13 @@ def test_bounds_refuse_naming_the_pattern(tmp_path: Path, monkeypatch) -> None: 
     monkeypatch.setattr(globs, "MAX_ENTRIES", 100)
     with pytest.raises(PolicyError, match=r"hidden_paths: pattern .*/many/\*\*/x reads more than "
                                           r"100 directory entries"):
-        Policy(jail=str(project), hidden_paths=["many/**/x"])
+        resolve(Policy(jail=str(project), hidden_paths=["many/**/x"]))
 
 
 def test_matches_are_fixed_at_run_start(tmp_path: Path) -> None:
     """A file made during a run is not hidden in that run (the match set is made before it
-    starts); the next run's expansion finds and hides it. Within one Policy object the set
-    is the one made with the object."""
+    starts); the next run's expansion finds and hides it. Within one Sandbox the set is the
+    one made when it resolved its policy."""
     project = _project(tmp_path / "project")
     p = run_cli(project, "sh", "-c", "echo NEW > a/b/new.pem && cat a/b/new.pem",
                 extra=["--hide-path", "**/*.pem"])
@@ -186,13 +187,14 @@ def test_relative_patterns_follow_the_jail(tmp_path: Path) -> None:
     other = _project(tmp_path / "other")
     toml = tmp_path / "p.toml"
     toml.write_text(f'jail = "{project}"\nhidden_paths = ["**/.env", "{project}/x.pem"]\n')
-    policy = Policy.from_toml(toml)
+    policy = resolve(Policy.from_toml(toml))
     assert policy.hidden_paths == tuple(str(project / r) for r in
                                         (".env", "a/.env", "a/b/.env", "x.pem"))
-    moved = dataclasses.replace(policy, jail=str(other), hidden_paths=("**/.env",))
+    moved = resolve(dataclasses.replace(policy, jail=str(other), hidden_paths=("**/.env",)))
     assert moved.hidden_paths == tuple(str(other / r) for r in (".env", "a/.env", "a/b/.env"))
-    again = dataclasses.replace(Policy(jail=str(project), hidden_paths=["**/.env"]),
-                                jail=str(other))
+    again = resolve(dataclasses.replace(resolve(Policy(jail=str(project),
+                                                       hidden_paths=["**/.env"])),
+                                        jail=str(other)))
     assert again.hidden_paths == moved.hidden_paths
     assert again.hidden_paths.patterns == ((f"{other}/**/.env", moved.hidden_paths),)
 

@@ -18,6 +18,7 @@ import pytest
 from hcp_linux import Policy
 from hcp_linux.plan.confinement import cache_stats, clear_cache, shared_confinement
 from hcp_linux.errors import PolicyError
+from hcp_linux.policy.resolve import resolve
 from sandboxing import (EXIT_REFUSED, assert_ok, deny_run_cli, out, read_receipt, run_cli,
                         show, single_error_line, snapshot)
 
@@ -253,8 +254,8 @@ def test_missing_outside_and_root_carve_outs_are_refused(tmp_path: Path) -> None
                                                     "--read-only-path", project / ".env"]))
     assert "hidden_paths" in line and "read_only_paths too" in line, line
     with pytest.raises(PolicyError, match="native-local has none"):
-        Policy(jail=str(project), sandbox=False, native_local=True,
-               hidden_paths=(str(project / ".env"),))
+        resolve(Policy(jail=str(project), sandbox=False, native_local=True,
+                       hidden_paths=(str(project / ".env"),)))
 
 
 def test_without_a_mount_view_carve_outs_refuse_the_run(tmp_path: Path) -> None:
@@ -280,7 +281,7 @@ def test_toml_keys_and_canonical_paths(tmp_path: Path) -> None:
     toml = tmp_path / "p.toml"
     toml.write_text(f'jail = "{project}"\nread_only_paths = ["{tmp_path}/link"]\n'
                     f'hidden_paths = ["{project}/.env", "{project}/.env"]\n')
-    policy = Policy.from_toml(toml)
+    policy = resolve(Policy.from_toml(toml))
     assert policy.read_only_paths == (str(project / "secrets"),)
     assert policy.hidden_paths == (str(project / ".env"),)
 
@@ -289,9 +290,9 @@ def test_the_confinement_is_cached_per_carve_outs(tmp_path: Path) -> None:
     """Carve-outs are in the cache key: a repeat reuses, a different set makes anew."""
     project = _secrets(tmp_path / "project")
     layers = frozenset({"userns", "mountns"})
-    plain = Policy(jail=str(project))
-    carved = plain.replace(hidden_paths=(str(project / ".env"),),
-                           read_only_paths=(str(project / "secrets"),))
+    plain = resolve(Policy(jail=str(project)))
+    carved = resolve(plain.replace(hidden_paths=(str(project / ".env"),),
+                                   read_only_paths=(str(project / "secrets"),)))
     clear_cache()
     a = shared_confinement(carved, (), layers, ())
     reused = cache_stats["reused"]

@@ -22,6 +22,7 @@ from hcp_linux import Policy, PolicyError
 from hcp_linux.cli import cli_args
 from hcp_linux.policy.limits import Limits
 from hcp_linux.sandbox import confine
+from hcp_linux.policy.resolve import resolve
 from sandboxing import TIMEOUT
 
 FIELDS = [f.name for f in dataclasses.fields(Policy)]
@@ -137,16 +138,16 @@ def test_field_round_trips(name: str, tmp_path: Path) -> None:
         kw = {"jail": jail, **kw}
         limits = kw.get("limits", {})
         if set(limits) & set(_CGROUP_LIMITS):
-            # cgroup limits exist in a Policy only where they can be applied: elsewhere the
-            # Policy itself refuses them, so confine never sees one
+            # cgroup limits exist in a resolved Policy only where they can be applied:
+            # elsewhere resolving refuses them, so confine never sees one
             try:
-                policy = Policy(**kw)
+                policy = resolve(Policy(**kw))
             except PolicyError as e:
                 assert "not supported in this version" in str(e)
                 continue
         else:
-            policy = Policy(**kw)
-        default = Policy(jail=jail) if name != "jail" else Policy(jail=str(tmp_path))
+            policy = resolve(Policy(**kw))
+        default = resolve(Policy(jail=jail) if name != "jail" else Policy(jail=str(tmp_path)))
         assert getattr(policy, name) != getattr(default, name), (name, kw)  # a real change
         for argv in (["true"], ["sh", "-c", 'echo "$1"', "--", "--jail=/", "-"]):
             _same(_round_trip(policy, argv), policy)

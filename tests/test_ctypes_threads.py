@@ -28,6 +28,7 @@ from hcp_linux import Policy, Sandbox
 from hcp_linux.ctypes_executor import child_main
 from hcp_linux.proc import teardown
 from hcp_linux.errors import BinNotFoundError, ChildSetupError, SetupTimeoutError
+from hcp_linux.policy.resolve import resolve
 from sandboxing import (TIMEOUT, jail, pid_alive, processes_with, ro_root,  # noqa: F401
                         sleep_token, wait_for)
 
@@ -213,7 +214,7 @@ def test_landlock_without_a_mount_view_holds_from_a_busy_runtime(jail: Path, tmp
     from hcp_linux.policy.policy import LAYERS
     beside = tmp_path / "beside"
     script = f"head -c0 /proc/self/status && echo proc-ok; touch {beside}"
-    plan = compile_plan(Policy(jail=str(jail)), ["/bin/sh", "-c", script],
+    plan = compile_plan(resolve(Policy(jail=str(jail))), ["/bin/sh", "-c", script],
                         layers=frozenset(LAYERS) - {"mountns"})
     assert plan.landlock is not None and plan.late_rules
     try:

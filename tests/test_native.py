@@ -31,6 +31,7 @@ from hcp_linux.run import executor
 from hcp_linux.errors import ChildSetupError, PolicyError, SandboxError
 from hcp_linux.plan.plan import compile_plan
 from hcp_linux.policy.policy import LAYERS
+from hcp_linux.policy.resolve import resolve
 
 built = pytest.mark.skipif(native.binary() is None,
                            reason="native executor not built (python -m hcp_linux.native.build)")
@@ -124,9 +125,10 @@ def test_the_plan_layout_round_trips_through_the_c_parser(jail: Path, case: str)
 
     from hcp_linux.native import wire
     from hcp_linux.proc.hcp_spawn import memfd
-    policy, layers = Policy(jail=str(jail)), frozenset(LAYERS)
+    policy, layers = resolve(Policy(jail=str(jail))), frozenset(LAYERS)
     if case == "proxy":
-        policy = Policy(jail=str(jail), network="allow", allow_hosts=("example.com:443",))
+        policy = resolve(Policy(jail=str(jail), network="allow",
+                                allow_hosts=("example.com:443",)))
         layers = frozenset(LAYERS) - {"ipcns"}
     elif case == "userns-only":
         layers = frozenset({"userns"})
@@ -359,7 +361,7 @@ def test_sigpipe_ends_a_confined_writer_as_it_ends_a_plain_one(jail: Path) -> No
 
 
 def _plan(jail: Path):
-    return compile_plan(Policy(jail=str(jail)), ["true"], layers=frozenset(LAYERS))
+    return compile_plan(resolve(Policy(jail=str(jail))), ["true"], layers=frozenset(LAYERS))
 
 
 def _failure(plan, ex: str) -> tuple[str, int, str]:
@@ -893,7 +895,7 @@ def test_a_prepared_spare_waits_already_confined(jail: Path) -> None:
 def _through_prepared_spare(jail: Path, policy: Policy, layers: frozenset[str],
                             argv: list[str]) -> tuple[int, bytes]:
     """Run ``argv`` through a spare prepared (view, Landlock, seccomp...) for its plan."""
-    plan = compile_plan(policy, argv, layers=layers)
+    plan = compile_plan(resolve(policy), argv, layers=layers)
     try:
         spare = native.spares.make(native.spares.spare_key(plan, native.binary())
                                    + (native.view_bytes(plan),))
@@ -928,7 +930,7 @@ def test_landlock_made_by_a_prepared_spare_confines_the_command(jail: Path,
 def test_a_spare_refuses_a_plan_with_another_seccomp_program(jail: Path, spares_auto) -> None:
     """Same view, another seccomp program: the spare loaded its own before the plan came, so
     the prepared section differs and the plan is refused, not run under the wrong filter."""
-    plan = compile_plan(Policy(jail=str(jail), seccomp_profiles=("baseline",)), ["true"],
+    plan = compile_plan(resolve(Policy(jail=str(jail), seccomp_profiles=("baseline",))), ["true"],
                         layers=frozenset(LAYERS))
     spare = native.spares.make(native.spares.spare_key(plan, native.binary())
                                + (native.view_bytes(plan),))

@@ -214,8 +214,8 @@ def test_a_proxy_log_through_a_link_in_the_jail_is_refused(jail: Path, outside: 
     (outside / "profile").write_text("# host file\n")
     (jail / "logs").symlink_to(outside)
     with pytest.raises(PolicyError, match="proxy_log: .* symlink"):
-        Policy(jail=str(jail), network="allow", allow_hosts=("127.0.0.1:1",),
-               proxy_log=str(jail / "logs" / "profile"))
+        Sandbox(Policy(jail=str(jail), network="allow", allow_hosts=("127.0.0.1:1",),
+                       proxy_log=str(jail / "logs" / "profile")))
     assert (outside / "profile").read_text() == "# host file\n"
 
 

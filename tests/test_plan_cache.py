@@ -16,6 +16,7 @@ from sandboxing import TIMEOUT, jail  # noqa: F401
 
 from hcp_linux import Policy, Sandbox
 from hcp_linux.plan import confinement, plan
+from hcp_linux.policy.resolve import resolve
 
 
 def _counts() -> dict[str, int]:
@@ -123,7 +124,7 @@ def test_a_plan_of_a_forgotten_confinement_runs_and_holds_no_fd(jail: Path) -> N
     nothing from under it, and nothing is left open."""
     from hcp_linux.run import executor
     fds = _open_fds()
-    policy = Policy(jail=str(jail))
+    policy = resolve(Policy(jail=str(jail)))
     sb = Sandbox(policy)
     p = plan.compile_plan(policy, ["true"], layers=sb._wanted_layers())
     confinement.clear_cache()

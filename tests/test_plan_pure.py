@@ -13,6 +13,7 @@ import pytest
 
 from hcp_linux import Policy, Sandbox
 from hcp_linux.plan.plan import PRIVATE_TMP, compile_plan
+from hcp_linux.policy.resolve import resolve
 from sandboxing import jail, snapshot  # noqa: F401
 
 
@@ -36,7 +37,7 @@ def test_compiling_without_a_view_writes_nothing(jail: Path) -> None:
 def test_the_spawn_makes_the_private_tmp(jail: Path) -> None:
     """Control: the run itself makes it (self-ignored), and the command writes there
     (native-local: no view at all)."""
-    policy = Policy(jail=str(jail), sandbox=False, native_local=True)
+    policy = resolve(Policy(jail=str(jail), sandbox=False, native_local=True))
     before = snapshot(jail)
     plan = compile_plan(policy, ["true"], layers=frozenset())
     plan.close()

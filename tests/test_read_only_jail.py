@@ -131,7 +131,7 @@ def test_read_only_jail_inside_a_write_root_is_refused(tmp_path: Path) -> None:
         assert f"read-only jail {jail} is inside writable root {write_root}" in line, line
         assert not (jail / "ran").exists() and not (outer / "ran").exists()
     with pytest.raises(PolicyError, match="read-only jail"):
-        Policy(jail=str(jail), read_only_jail=True, write_roots=(str(outer),))
+        Sandbox(Policy(jail=str(jail), read_only_jail=True, write_roots=(str(outer),)))
 
 
 def test_write_root_inside_the_read_only_jail_is_a_carve_in(project: Path) -> None:

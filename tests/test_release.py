@@ -27,6 +27,7 @@ from hcp_linux.plan import confinement, plan
 from hcp_linux.run import executor
 from hcp_linux import _libc as L
 from hcp_linux.errors import ChildSetupError
+from hcp_linux.policy.resolve import resolve
 
 class MountedJail(NamedTuple):
     path: Path
@@ -385,7 +386,7 @@ def test_a_root_swapped_before_the_ruleset_is_made_refuses_the_run(jail: Path,  
     recorded, and closed once it is made: a jail renamed away and replaced between planning
     and the ruleset is refused (ESTALE), never given the rule. Control: the same steps with the
     jail left in place run, and leave no fd behind."""
-    policy = Policy(jail=str(jail))
+    policy = resolve(Policy(jail=str(jail)))
     layers = Sandbox(policy)._wanted_layers()
     st = os.stat(jail)
     dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"

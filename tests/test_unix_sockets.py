@@ -158,8 +158,8 @@ def test_other_dangerous_names_are_refused(tmp_path: Path, name: str) -> None:
         lst = listen_unix(path)
         try:
             with pytest.raises(PolicyError, match="allow_dangerous_sockets"):
-                Policy(jail=str(tmp_path), allow_unix_sockets=(str(path),))
-            Policy(jail=str(tmp_path), allow_dangerous_sockets=(str(path),))  # the second yes
+                Sandbox(Policy(jail=str(tmp_path), allow_unix_sockets=(str(path),)))
+            Sandbox(Policy(jail=str(tmp_path), allow_dangerous_sockets=(str(path),)))  # yes
         finally:
             lst.close()
     assert danger("/run/user/1000/ssh-agent.sock") is None

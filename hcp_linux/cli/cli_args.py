@@ -14,6 +14,7 @@ from .. import __version__
 from ..policy import ladder, policy_flags, protected
 from ..errors import EXIT_USAGE, PolicyError, SandboxError, printable
 from ..policy.policy import Policy
+from ..policy.resolve import resolve
 from ..policy.policy_flags import FIELDS
 
 
@@ -267,11 +268,11 @@ def _file_and_flags(a: argparse.Namespace) -> Policy:
         # a file without a jail takes --jail's, not the cwd's (which may not be a valid one);
         # a file's own jail is checked, then --jail replaces it
         fallback = {"jail": a.jail} if a.jail is not None else None
-        from_file = Policy.from_toml(a.policy, fallback=fallback)
+        from_file = resolve(Policy.from_toml(a.policy, fallback=fallback))
         # it would widen the next run: protected in this process's runs (hcp_linux.policy.protected)
         protected.protect_file(a.policy)
         base = {f.name: getattr(from_file, f.name) for f in dataclasses.fields(Policy)}
-    return Policy(**policy_flags.merge(a, base))
+    return resolve(Policy(**policy_flags.merge(a, base)))
 
 
 def _add_field(parser: argparse.ArgumentParser, f: policy_flags.Field) -> None:

@@ -14,6 +14,7 @@ from ..errors import PolicyError, printable
 from ..policy import layers as L
 from ..policy import policy_flags, presets, protected, values
 from ..policy.policy import Policy
+from ..policy.resolve import resolve
 from . import config
 
 #: What only network = "allow" reads.
@@ -56,7 +57,7 @@ def composed_policy(a: argparse.Namespace, found: list[tuple[str, str]]
                           f"--allow-host HOST[:PORT] (or allow_hosts in a config)")
     names = [layer.source for layer in stack]
     try:
-        policy = Policy(**kwargs)
+        policy = resolve(Policy(**kwargs))
     except PolicyError as e:
         raise PolicyError(f"policy of {' < '.join(names + ['flags'])}: {e}") from None
     for layer in stack:

@@ -42,6 +42,7 @@ def policy_command(a: argparse.Namespace) -> int:
 def _import(a: argparse.Namespace) -> int:
     from ..policy import imports, toml_text, values
     from ..policy.policy import Policy
+    from ..policy.resolve import resolve
     path = values.file_name(a.file, "policy import")
     source = f"{a.source} settings {printable(path)}"
     kind = "json" if a.source == "srt" else "toml"
@@ -58,7 +59,7 @@ def _import(a: argparse.Namespace) -> int:
         table, notes = imports.from_codex(doc, jail, tuple(a.allow_host))
     # the result must be a policy `run --policy` takes here: checked now, not at the run
     try:
-        Policy.from_mapping(table, source="imported policy", fallback={"jail": jail})
+        resolve(Policy.from_mapping(table, source="imported policy", fallback={"jail": jail}))
     except PolicyError as e:
         raise PolicyError(f"policy import: {e} (a bug of the importer: please report it)") \
             from None

@@ -137,6 +137,9 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     environment, as with Popen's ``env``. ``cwd``: the command's working directory (default:
     the jail; see :func:`working_dir`). ``executable``: the program to run in place of
     ``argv[0]`` (Popen's), the one the allow-list is asked about."""
+    if not policy.resolved:  # a plan opens what the host checks found: never paths as written
+        raise ValueError("compile_plan: the policy is not resolved "
+                         "(hcp_linux.policy.resolve.resolve; Sandbox(policy) does it)")
     if not argv:
         raise PolicyError("empty command")
     for i, arg in enumerate(argv):

@@ -1,7 +1,8 @@
 """What a confined command may do: one validated, immutable value.
 
-A ``Policy`` is built from defaults, a TOML file and call-site overrides, and validated once
-here; nothing below it reads configuration. Every error names the offending field or path.
+A ``Policy`` is built from defaults, a TOML file and call-site overrides, and its values are
+validated once here, without looking at the host; :mod:`.resolve` checks it against the host.
+Nothing below them reads configuration. Every error names the offending field or path.
 """
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import dataclasses
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from . import globs, ladder, protected, unix_sockets, values
+from . import ladder, protected, values
 from .environment import check_explicit
 from ..errors import PolicyError, printable
-from .limits import Limits, cgroup_v2_status
+from .limits import Limits
 from .._sha256 import sha256
 
 #: Read-only system roots of the default policy (docs/policy.md). Missing ones are simply absent.
@@ -159,19 +159,38 @@ class CarveOuts(tuple):  # type: ignore[type-arg]
     given: tuple[str, ...] = ()
     patterns: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
+    @classmethod
+    def written(cls, given: tuple[str, ...]) -> "CarveOuts":
+        """A list as written, not yet resolved: its items are the entries themselves."""
+        value = cls(given)
+        value.given = given
+        return value
+
+    @classmethod
+    def resolved(cls, paths: list[str], given: tuple[str, ...],
+                 patterns: tuple[tuple[str, tuple[str, ...]], ...]) -> "CarveOuts":
+        value = cls(paths)
+        value.given, value.patterns = given, patterns
+        return value
+
 
 @dataclass(frozen=True)
 class Policy:
-    """The confinement of one command. Construct it; it validates itself.
+    """The confinement of one command, as its caller wrote it: a pure value.
+
+    Constructing one checks every value and touches nothing on the host; two equal inputs
+    give equal policies anywhere. :func:`hcp_linux.policy.resolve.resolve` (which
+    ``Sandbox(policy)`` calls) then checks it against this host and makes its paths
+    canonical: only a resolved policy is compiled into a plan.
 
     ``jail`` is the working directory and first writable root (default: the current
     directory); with ``read_only_jail`` it is the working directory only, shown and granted
     read-only like a ``read_only_roots`` entry (the command reads its project and writes
     its private /tmp and the ``write_roots``). ``read_only_paths`` and ``hidden_paths`` are
     carve-outs: existing paths inside a granted root (hidden ones inside a system root too),
-    or glob patterns (relative ones from the jail) expanded here, shown read-only or masked
-    by the mount view (docs/policy.md, "Carve-outs"). Other paths must be absolute; all are
-    canonicalised once, here, so the plan opens exactly what was validated.
+    or glob patterns (relative ones from the jail) expanded when resolved, shown read-only or
+    masked by the mount view (docs/policy.md, "Carve-outs"). Other paths must be absolute;
+    all are canonicalised once, when resolved, so the plan opens exactly what was validated.
     """
 
     jail: str | None = None
@@ -203,8 +222,11 @@ class Policy:
     protect_depth: int = protected.DEFAULT_DEPTH
 
     def __post_init__(self) -> None:
-        """Check every field, in one pass, before anything is opened, spawned or written;
-        normalise each (canonical paths, tuples, a read-only env, parsed limits)."""
+        """Check every field's value, in one pass, touching nothing outside this process (no
+        file, no mount table, no current directory): a Policy is a pure value, equal for
+        equal input on any host. Normalise each (absolute normalised paths, tuples, a
+        read-only env, parsed limits). What the host says about the paths (they exist, are
+        canonical, are pinned, lie on no kernel file system...) is :func:`resolve`'s."""
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         if not isinstance(self.sandbox, bool) or not isinstance(self.native_local, bool):
             raise PolicyError("sandbox/native_local: expected true or false, got "
@@ -218,7 +240,17 @@ class Policy:
         if not isinstance(self.read_only_jail, bool):
             raise PolicyError(f"read_only_jail: expected true or false, got "
                               f"{values.show(self.read_only_jail)}")
-        given_roots = self._check_roots(set_)
+        if self.jail is not None:
+            set_("jail", values.text_path(self.jail, "jail"))
+        for name in ("write_roots", "read_only_roots", "system_roots",
+                     "allow_unix_sockets", "allow_dangerous_sockets"):
+            set_(name, _path_tuple(getattr(self, name), name))
+        for name in ("read_only_paths", "hidden_paths"):
+            raw = getattr(self, name)
+            entries = raw.given if isinstance(raw, CarveOuts) else raw
+            given = tuple(values.file_name(item, name)  # relative kept: the jail's
+                          for item in _items(entries, name, "a list of paths or patterns"))
+            set_(name, CarveOuts.written(given))
         set_("network", _choice(self.network, "network", NETWORK_MODES))
         self._check_egress(set_)
         bins = _str_tuple(self.allow_bins, "allow_bins")
@@ -244,25 +276,7 @@ class Policy:
         if self.timeout is not None:
             set_("timeout", values.duration(self.timeout, "timeout", MAX_TIMEOUT))
         set_("limits", Limits.from_mapping(self.limits))
-        if self.limits.cgroup_requested():
-            status = cgroup_v2_status()
-            if not status.startswith("available") or "not yet applied" in status:
-                keys = ", ".join(sorted(self.limits.cgroup_requested()))
-                # refused on every host (docs/policy.md): the reason is this version, not
-                # the host; what the host could do is in the receipt's limits.cgroup
-                raise PolicyError(f"limits {keys}: not supported in this version (cgroup v2 "
-                                  f"limits are parsed, not applied); remove them, and bound "
-                                  f"the command with as, nproc, fsize, cpu or tmp_size")
         set_("on_exit", _choice(self.on_exit, "on_exit", ON_EXIT))
-        system = tuple(os.path.realpath(p) for p in self.system_roots)  # resolved once
-        self._check_overlaps(system)
-        for name, paths in given_roots.items():  # after the plainer overlap error
-            for given in paths:
-                self._check_pinned(name, given)
-        mounts = values.mount_table()  # read once for every root and carve-out
-        self._check_grantable(system, mounts)
-        self._check_carve_outs(set_, mounts)
-        self._check_sockets(set_)
         # names of hcp_linux.policy.protected (in every writable root) or absolute paths
         set_("allow_write_protected", protected.check_allowed(
             _str_tuple(self.allow_write_protected, "allow_write_protected"), PolicyError))
@@ -273,173 +287,24 @@ class Policy:
             raise PolicyError(f"protect_depth: expected an integer from 0 to "
                               f"{protected.MAX_DEPTH}, got {values.show(self.protect_depth)}")
 
-    def _check_roots(self, set_) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
-        """Jail, write and read-only roots: absolute paths of existing directories, made
-        canonical. System roots: absolute paths (a missing one is simply absent from the
-        view, as documented). Returns each field's paths as written (normalised), for
-        :meth:`_check_pinned` once every writable root is known."""
-        if self.jail is None:
-            try:
-                jail = os.getcwd()
-            except OSError as e:
-                raise PolicyError(f"jail: not given, and the current directory cannot be "
-                                  f"used ({e.strerror})") from None
-        else:
-            jail = self.jail
-        real = values.existing_dir(jail, "jail")
-        # the command's working directory: one the sandbox cannot enter fails its chdir step
-        # after the setup (exit 125 naming no jail); say so now, naming it
-        if not os.access(real, os.X_OK, effective_ids=True):
-            raise PolicyError(f"jail: {printable(real)}: not searchable by uid {os.geteuid()}")
-        set_("jail", real)
-        given: dict[str, tuple[str, ...]] = {"jail": (values.text_path(jail, "jail"),)}
-        for name in ("write_roots", "read_only_roots"):
-            given[name] = _path_tuple(getattr(self, name), name)
-            set_(name, tuple(values.existing_dir(p, name) for p in given[name]))
-        set_("system_roots", _path_tuple(self.system_roots, "system_roots"))
-        given["system_roots"] = self.system_roots
-        return given
-
-    def _check_pinned(self, name: str, given: str) -> None:
-        """Refuse ``given`` (a path of field ``name`` as written) when resolving it passes
-        through a symlink inside one of this policy's writable roots. A command may replace
-        such a link (or rename a directory on the path and leave a link in its place), and
-        the next run, resolving the path again, would grant, mask or bind whatever the link
-        names then: a host directory read-write, a decoy masked instead of the secret, another
-        daemon's socket. Refused, not followed: what a path of the policy means must not be
-        the sandboxed command's to choose (docs/policy.md, "Paths a command can change")."""
-        found = values.unpinned_link(given, self.writable_roots)
-        if found is not None:
-            link, root = found
-            what = "is a symlink" if link == given else \
-                f"passes through the symlink {printable(link)}"
-            raise PolicyError(f"{name}: {printable(given)} {what} inside writable root "
-                              f"{printable(root)}, which a command can "
-                              f"re-point between runs; name the file or directory itself, "
-                              f"by a path with no symlink inside a writable root")
-
-    def _check_grantable(self, system: tuple[str, ...], mounts: list[tuple[str, str]]) -> None:
-        """No root is, holds or lies on a kernel pseudo file system (/proc, /sys, /dev, a
-        sysfs or cgroupfs mounted anywhere...): granting one hands the command a kernel
-        interface, writable as root. Checked last, so that a plainer error (a read-only root
-        inside the jail, as with ``jail = "/"``) is the one reported."""
-        assert self.jail is not None  # _check_roots set it (the cwd when not given)
-        roots = [("jail", self.jail)] + [("write_roots", p) for p in self.write_roots] \
-            + [("read_only_roots", p) for p in self.read_only_roots]
-        for real in system:
-            if os.path.isdir(real):  # a missing one is absent from the view: nothing to grant
-                roots.append(("system_roots", real))
-        for what, real in roots:
-            values.check_grantable(real, what, mounts)
-
-    def _check_carve_outs(self, set_, mounts) -> None:  # type: ignore[no-untyped-def]
-        """``read_only_paths`` and ``hidden_paths``: existing files or directories strictly
-        inside a granted root (the jail, a write or read-only root; for ``hidden_paths`` a
-        system root too), made canonical, or glob patterns expanded to such paths now
-        (hcp_linux.policy.globs). A path that does not exist yet is refused: the view binds
-        or masks an existing inode, and creating one would write into the user's tree
-        (docs/policy.md, "Carve-outs"). A relative entry is relative to the jail."""
-        assert self.jail is not None
-        roots = (self.jail,) + self.write_roots + self.read_only_roots
-        # a secret inside a system root (/etc/docker/key.json) is masked like /etc/shadow
-        system = tuple(r for r in dict.fromkeys(os.path.realpath(p) for p in self.system_roots)
-                       if os.path.isdir(r))
-        seen: dict[str, str] = {}
-        for name in ("read_only_paths", "hidden_paths"):
-            inside = roots + system if name == "hidden_paths" else roots
-            raw = getattr(self, name)
-            entries = raw.given if isinstance(raw, CarveOuts) else raw
-            out: list[str] = []
-            given_list: list[str] = []
-            patterns: list[tuple[str, tuple[str, ...]]] = []
-            for item in _items(entries, name, "a list of paths or patterns"):
-                given_list.append(values.file_name(item, name))  # relative kept: the jail's
-                given = self._carve_entry(item, name)
-                if not globs.is_glob(given):
-                    self._carve_out(name, given, inside, mounts, seen, out, None)
-                    continue
-                prefix, rest = globs.split(given)
-                self._check_pinned(name, prefix)
-                found = globs.expand(name, given, os.path.realpath(prefix), rest)
-                matched: list[str] = []
-                for path in found.matches:
-                    real = self._carve_out(name, path, inside, mounts, seen, out, given)
-                    matched.append(real)
-                patterns.append((given, tuple(dict.fromkeys(matched))))
-            value = CarveOuts(out)
-            value.given, value.patterns = tuple(given_list), tuple(patterns)
-            set_(name, value)
-        if seen and self.native_local:
-            raise PolicyError("read_only_paths/hidden_paths: carve-outs are enforced by the "
-                              "sandbox's mount view; native-local has none")
-
-    def _carve_entry(self, item: Any, name: str) -> str:
-        """One entry of a carve-out list as an absolute, normalised path or pattern: a
-        relative one is taken from the jail."""
-        assert self.jail is not None
-        text = values.file_name(item, name)
-        if text and not text.startswith("/"):
-            text = os.path.join(self.jail, text)
-        return values.text_path(text, name)
-
-    def _carve_out(self, name: str, given: str, roots: tuple[str, ...],
-                   mounts: list[tuple[str, str]], seen: dict[str, str], out: list[str],
-                   pattern: str | None) -> str:
-        """Check one carve-out path (written, or matched by ``pattern``) and add its canonical
-        path to ``out``; returns that path. A match is judged exactly as the same path
-        written out would be (a symlink inside a writable root is refused)."""
-        try:
-            self._check_pinned(name, given)
-            real, shown, st = values.resolved(
-                given, name, "a carve-out must exist when the policy is made (create it "
-                "first: it is never created for you)")
-            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                raise PolicyError(f"{name}: {shown} is neither a file nor a directory")
-            if real in roots:
-                raise PolicyError(f"{name}: {shown} is a granted root itself; a carve-out "
-                                  f"lies inside one (for a read-only jail: "
-                                  f"--read-only-jail; else drop the root)")
-            if not any(_is_within(real, r) for r in roots):
-                where = "the jail, write_roots, read_only_roots" + (
-                    ", system_roots" if name == "hidden_paths" else "")
-                raise PolicyError(f"{name}: {shown} is not inside a granted root ({where})")
-            values.check_grantable(real, name, mounts, given)
-            if real in seen and seen[real] != name:
-                raise PolicyError(f"{name}: {shown} is in {seen[real]} too; give it once")
-        except PolicyError as e:
-            if pattern is None:
-                raise
-            raise PolicyError(f"{e} (matched by pattern {printable(pattern)})") from None
-        if real not in seen:  # the same path twice in one list: once
-            seen[real] = name
-            out.append(real)
-        return real
-
-    def _check_sockets(self, set_) -> None:  # type: ignore[no-untyped-def]
-        """``allow_unix_sockets`` and ``allow_dangerous_sockets`` (hcp_linux.policy.unix_sockets):
-        kept as written; the canonical socket of each, resolved once here, is what the plan
-        binds (:attr:`unix_socket_binds`)."""
-        lists = {name: _path_tuple(getattr(self, name), name)
-                 for name in ("allow_unix_sockets", "allow_dangerous_sockets")}
-        for name, paths in lists.items():
-            for given in paths:
-                # a grant inside a writable root is the socket file at that path or nothing:
-                # a link there could be re-pointed at another daemon's socket between runs
-                self._check_pinned(name, given)
-        granted, acknowledged, pairs = unix_sockets.validate(
-            lists["allow_unix_sockets"], lists["allow_dangerous_sockets"], self.hidden_paths)
-        set_("allow_unix_sockets", granted)
-        set_("allow_dangerous_sockets", acknowledged)
-        if pairs and self.native_local:
-            raise PolicyError("allow_unix_sockets: sockets are granted through the sandbox's "
-                              "mount view; native-local has none (every socket is reachable)")
-        self.__dict__["_socket_binds"] = pairs
+    @property
+    def resolved(self) -> bool:
+        """Whether :func:`resolve` made this one (its paths canonical and checked on this
+        host): what a plan is compiled from."""
+        return bool(self.__dict__.get("_resolved"))
 
     @property
     def unix_socket_binds(self) -> tuple[tuple[str, str], ...]:
         """(path in the view, canonical socket) for each granted socket: the canonical path,
-        and the path as written when it went through a symlink (/var/run -> /run)."""
+        and the path as written when it went through a symlink (/var/run -> /run). Empty
+        until resolved."""
         return self.__dict__.get("_socket_binds", ())
+
+    @property
+    def source(self) -> str | None:
+        """Where the policy was read from (a policy file, a pack), for :func:`resolve`'s
+        messages; None for one made in code."""
+        return self.__dict__.get("_source")
 
     def _check_egress(self, set_) -> None:  # type: ignore[no-untyped-def]
         allow = _str_tuple(self.allow_hosts, "allow_hosts")
@@ -457,30 +322,12 @@ class Policy:
         from ..egress import EgressPolicy  # validates every pattern, naming the culprit
         EgressPolicy.parse(allow, deny)
         if self.proxy_log is not None:
-            set_("proxy_log", values.output_file(self.proxy_log, "proxy_log"))
-            # the runtime appends to it while the command runs: never through a link the
-            # command can re-point (at a host file the runtime's user owns)
-            self._check_pinned("proxy_log", self.proxy_log)
+            set_("proxy_log", values.text_path(self.proxy_log, "proxy_log"))
 
     def egress(self):  # type: ignore[no-untyped-def]
         """The parsed allow/deny lists (network = "allow" only)."""
         from ..egress import EgressPolicy
         return EgressPolicy.parse(self.allow_hosts, self.deny_hosts)
-
-    def _check_overlaps(self, system: tuple[str, ...]) -> None:
-        # Landlock rules only add rights: a read-only root inside a writable one would be
-        # writable after all. Refuse the combination instead of silently granting it. A
-        # writable root inside a read-only one (or inside a read-only jail) is a carve-in:
-        # allowed, it is what was asked (the deeper bind lies over the read-only one).
-        writable = self.writable_roots
-        assert self.jail is not None
-        jail = ((("read-only jail", self.jail),) if self.read_only_jail else ())
-        for what, ro in jail + tuple(("read-only root", p)
-                                     for p in self.read_only_roots + system):
-            for rw in writable:
-                if _is_within(ro, rw):
-                    raise PolicyError(f"overlapping roots: {what} {printable(ro)} "
-                                      f"is inside writable root {printable(rw)}")
 
     @property
     def writable_roots(self) -> tuple[str, ...]:
@@ -534,9 +381,11 @@ class Policy:
             kwargs.setdefault(k, v)
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         try:
-            return cls(**kwargs)
+            policy = cls(**kwargs)
         except PolicyError as e:
             raise PolicyError(f"{source}: {e}") from None
+        policy.__dict__["_source"] = source  # resolve()'s messages name it too
+        return policy
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], *,
