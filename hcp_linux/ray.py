@@ -48,6 +48,7 @@ from ray.util.scheduling_strategies import (  # type: ignore[import-not-found, u
     NodeAffinitySchedulingStrategy)
 
 from . import Policy, Sandbox
+from .policy.resolve import resolve
 from . import SandboxError as HcpError
 from .jails.jailfiles import open_jail, read_in, write_in
 from .jails.reclaim import jail_name
@@ -210,6 +211,7 @@ class HcpSandboxBackend(BaseSandboxBackend):
                  executor: Optional[str] = None, session: bool = True) -> None:
         super().__init__(image_manager=image_manager or HostImageManager())
         self.policy = policy if policy is not None else Policy()
+        resolve(self.policy)  # its paths checked on this host now, before any jail is made
         self.executor = executor
         self.use_session = session
         self.jail_root = jail_root or tempfile.gettempdir()

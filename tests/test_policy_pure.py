@@ -124,3 +124,18 @@ def test_a_copy_is_written_again_and_resolves_for_its_own_jail(tmp_path: Path) -
     assert not copy.resolved and copy.unix_socket_binds == ()
     assert tuple(copy.hidden_paths) == ("**/*.pem",)
     assert tuple(resolve(copy).hidden_paths) == (str(two / "sub" / "k.pem"),)
+
+
+def test_runtimes_check_their_base_policy_before_making_anything(tmp_path: Path) -> None:
+    """A driver or an integration replaces the jail per exec, but checks the base policy's
+    paths when it is made: a missing root is refused then, not after a jail was made.
+    Control: the same driver with the root present."""
+    from hcp_linux.driver.driver import LinuxDriver
+    tmp_dir, missing = tmp_path / "tmp", tmp_path / "missing"
+    tmp_dir.mkdir()
+    base = Policy(write_roots=(str(missing),))  # a value: nothing checked yet
+    with pytest.raises(PolicyError, match=r"^write_roots: .*missing is not an existing "):
+        LinuxDriver(base, tmp_dir=str(tmp_dir))
+    assert os.listdir(tmp_dir) == []
+    missing.mkdir()
+    LinuxDriver(base, tmp_dir=str(tmp_dir))

@@ -33,6 +33,7 @@ from .fileref import FileRef, OffLimits, scan
 from ..jails.locations import PLACEHOLDER_JAIL, default_tmp_dir, state_dir_path
 from ..policy.pack import WORKSPACE, Pack, load_pack
 from ..policy.policy import Policy, check_env_text
+from ..policy.resolve import resolve
 from .results import DriverResult, WritebackReport
 from ..sandbox import PIPE, Sandbox, SandboxProcess
 from .staging import Staging
@@ -90,6 +91,7 @@ class LinuxDriver:
                  lock_timeout: float | None = None) -> None:
         # The base policy's jail is replaced per exec: a stand-in only makes it valid.
         self.policy = policy if policy is not None else Policy(jail=PLACEHOLDER_JAIL)
+        resolve(self.policy)  # its paths checked on this host now, before any jail is made
         self.state_dir = os.fspath(state_dir) if state_dir is not None else None
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
         if lock_timeout is not None and not lock_timeout >= 0:

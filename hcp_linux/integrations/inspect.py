@@ -43,6 +43,7 @@ from ..errors import (BinNotExecutableError, BinNotFoundError, NotAllowlistedErr
 from ..jails.workspace import sweep_jails
 from ..policy import values
 from ..policy.policy import Policy
+from ..policy.resolve import resolve
 from ..session import SessionEnded
 from .box import Box, FileTooLargeError
 
@@ -96,7 +97,9 @@ def policy_of(config: HcpLinuxConfig) -> Policy:
         data, name = source, "hcp-linux sandbox config"
     if isinstance(data, dict) and "jail" in data:
         raise PolicyError(f"{name}: jail: each sample has a jail of its own; remove the key")
-    return Policy.from_mapping(data, source=name)
+    policy = Policy.from_mapping(data, source=name)
+    resolve(policy)  # its paths checked on this host now, before any sample's jail is made
+    return policy
 
 
 @sandboxenv(name="hcp-linux")

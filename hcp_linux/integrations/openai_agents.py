@@ -54,6 +54,7 @@ from agents.sandbox.types import ExecResult, User  # type: ignore[import-not-fou
 
 from ..errors import BinNotFoundError, SandboxError
 from ..policy.policy import Policy
+from ..policy.resolve import resolve
 from .box import Box
 
 __all__ = ["HcpSandboxClient", "HcpSandboxSession", "policy_for"]
@@ -179,6 +180,7 @@ class HcpSandboxClient(UnixLocalSandboxClient):
     def __init__(self, policy: Policy | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.policy = policy if policy is not None else Policy()
+        resolve(self.policy)  # its paths checked on this host now, before any root is made
 
     def _session(self, state: UnixLocalSandboxSessionState) -> sandbox_session.SandboxSession:
         inner = HcpSandboxSession(state=state, policy=self.policy)
