@@ -232,31 +232,78 @@ def _make_confinement(policy: Policy, candidates: tuple[str, ...], layers: froze
 def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
                          layers: frozenset[str], terminals: Sequence[str],
                          found: Found) -> None:
+    """Fill ``conf``: the view's binds, symlinks and masks, and the Landlock ruleset that
+    grants the same paths, each path's identity checked once (:func:`_open_grants`)."""
+    view = "mountns" in layers
+    full = int(landlock.AccessFs.from_abi(POLICY_ABI))
+    grants, absent, symlinks, targets = _grants(policy, prefixes, layers, terminals, found,
+                                                full)
+    template = landlock_ruleset(policy, layers) if "landlock" in layers else None
+    # Granted unix sockets: those outside every root get a bind of their inode (and a rule);
+    # those inside a root are in the view already and need only the rule, by path in the
+    # view. A rule only where Landlock handles RESOLVE_UNIX (ABI 9): before it, connect() is
+    # not mediated and the view alone decides which sockets exist.
+    resolve = int(_FS.RESOLVE_UNIX & template.handled_fs) if template is not None else 0
+    socket_binds = [(t, s) for t, s in policy.unix_socket_binds if not covered(t, policy)]
+    socket_rules = [t for t, _ in policy.unix_socket_binds if covered(t, policy)] \
+        if resolve else []
+    if resolve:
+        for _, source in socket_binds if not view else ():
+            grants.append((source, resolve, 0, False))  # no view: a rule on the host path
+    opened, rules = _open_grants(policy, grants, template)
+    # Each bind carries its Landlock rule: the native executor adds it on the very mount it
+    # cloned (and checked), so that a spare can be Landlocked before the plan comes.
+    binds = [Bind(os.fsencode(path), os.fsencode(targets.get(path, path)),
+                  stat.S_ISDIR(st.st_mode), st.st_dev,
+                  st.st_ino, attrs, writable, int(rules.get(fd, 0)))
+             for path, _, fd, st, attrs, writable in opened] if view else []
+    sockets = _socket_grants(socket_binds, resolve) if view else []
+    binds += sockets
+    binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
+    conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
+    if view:
+        conf.masks = merged_masks(_masks(policy, [p for p, _, _, _, _, w in opened if not w])
+                                  + _hidden(policy))
+    if template is None:
+        return
+    if view:
+        conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
+                           (b"/tmp", full), (b"/dev/shm", full))
+        if policy.pty:  # the private devpts instance (child.py _mount_devpts)
+            conf.late_rules += ((b"/dev/pts", int(_DEV_ACCESS | _FS.IOCTL_DEV
+                                                  | _FS.READ_DIR)),)
+        conf.canary = CANARY
+    else:
+        conf.late_rules = ((b"/proc", int(_PROC_ACCESS)),)
+        conf.canary = "/"  # no rule grants the host root itself
+    # sockets inside a granted root: a rule by their path (in the view, or on the host)
+    conf.late_rules += tuple((os.fsencode(t), resolve) for t in socket_rules)
+    # bound sockets: the ctypes executor rules them by host path (hcp-exec by its clone)
+    bound = {b.source: b for b in sockets} if resolve else {}
+    conf.ruleset = template.granting(tuple(
+        (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened)
+        + tuple((b.source.decode(), b.dev, b.ino, resolve) for b in bound.values()))
+
+
+#: One granted path: (path, Landlock access, mount attributes, writable).
+_Grant = tuple[str, int, int, bool]
+
+
+def _grants(policy: Policy, prefixes: list[str], layers: frozenset[str],
+            terminals: Sequence[str], found: Found, full: int
+            ) -> tuple[list[_Grant], list[str], list[tuple[bytes, bytes]], dict[str, str]]:
+    """Every path the run is granted, in mount order by kind: system roots (their symlinks
+    recreated, the missing ones listed absent), read-only roots, writable roots, devices,
+    the terminal, carve-outs and protected names with the directories that pin them, the
+    resolver's resolv.conf; and the binds whose target is not their source."""
     view = "mountns" in layers
     proc_fresh = "pidns" in layers
     ro_attrs = L.MOUNT_ATTR_RDONLY | L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
     rw_attrs = L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV
-    grants: list[tuple[str, int, int, bool]] = []  # (path, landlock access, mount attrs, writable)
-    absent: list[str] = []
-    symlinks: list[tuple[bytes, bytes]] = []
-    for root in policy.system_roots:
-        if os.path.islink(root):
-            # usr-merged systems: /bin -> usr/bin. Recreate the link when its target is granted.
-            real = os.path.realpath(root)
-            if any(_is_within(real, r) for r in policy.system_roots
-                   if os.path.isdir(r) and not os.path.islink(r)):
-                symlinks.append((os.fsencode(root), os.fsencode(os.readlink(root))))
-            else:
-                absent.append(root)
-            continue
-        if not os.path.isdir(root):
-            absent.append(root)
-            continue
-        grants.append((root, _RO_ACCESS, ro_attrs, False))
+    grants, absent, symlinks = _system_roots(policy, ro_attrs)
     for root in policy.readable_roots + tuple(prefixes):  # a read-only jail among them
         grants.append((root, _RO_ACCESS, ro_attrs, False))
-    # Ask for every right this binding knows; the ruleset masks what the kernel lacks.
-    full = int(landlock.AccessFs.from_abi(POLICY_ABI))
+    # Ask for every right this binding knows (full); the ruleset masks what the kernel lacks.
     for root in policy.writable_roots:
         grants.append((root, full, rw_attrs, True))
     for dev in DEVICES:
@@ -287,24 +334,43 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     if view and not proc_fresh:
         grants.append(("/proc", _PROC_ACCESS,
                        L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV | L.MOUNT_ATTR_NOEXEC, False))
+    return grants, absent, symlinks, targets
 
-    template = landlock_ruleset(policy, layers) if "landlock" in layers else None
-    # Granted unix sockets: those outside every root get a bind of their inode (and a rule);
-    # those inside a root are in the view already and need only the rule, by path in the
-    # view. A rule only where Landlock handles RESOLVE_UNIX (ABI 9): before it, connect() is
-    # not mediated and the view alone decides which sockets exist.
-    resolve = int(_FS.RESOLVE_UNIX & template.handled_fs) if template is not None else 0
-    socket_binds = [(t, s) for t, s in policy.unix_socket_binds if not covered(t, policy)]
-    socket_rules = [t for t, _ in policy.unix_socket_binds if covered(t, policy)] \
-        if resolve else []
-    if resolve:
-        for _, source in socket_binds if not view else ():
-            grants.append((source, resolve, 0, False))  # no view: a rule on the host path
-    # Each path is opened once, for its identity and (in a scratch copy of the ruleset, which
-    # masks and strips as create() will) its effective rule, then closed: the confinement
-    # keeps identities only. A plan's ruleset opens them again when it is made, and checks.
-    # The policy's own paths are canonical: a symlink on one now was put there since the
-    # policy was made (by a command, in a writable root): refused, never followed.
+
+def _system_roots(policy: Policy, ro_attrs: int
+                  ) -> tuple[list[_Grant], list[str], list[tuple[bytes, bytes]]]:
+    """The system roots' grants (read-only), the ones absent here, and the symlinks among
+    them recreated in the view (usr-merged systems: /bin -> usr/bin)."""
+    grants: list[_Grant] = []
+    absent: list[str] = []
+    symlinks: list[tuple[bytes, bytes]] = []
+    for root in policy.system_roots:
+        if os.path.islink(root):
+            # Recreate the link when its target is granted.
+            real = os.path.realpath(root)
+            if any(_is_within(real, r) for r in policy.system_roots
+                   if os.path.isdir(r) and not os.path.islink(r)):
+                symlinks.append((os.fsencode(root), os.fsencode(os.readlink(root))))
+            else:
+                absent.append(root)
+            continue
+        if not os.path.isdir(root):
+            absent.append(root)
+            continue
+        grants.append((root, _RO_ACCESS, ro_attrs, False))
+    return grants, absent, symlinks
+
+
+def _open_grants(policy: Policy, grants: list[_Grant], template: GrantedRuleset | None
+                 ) -> tuple[list[tuple[str, int, int, os.stat_result, int, bool]],
+                            dict[int, landlock.AccessFs]]:
+    """Each path opened once, for its identity and (in a scratch copy of the ruleset, which
+    masks and strips as create() will) its effective rule, then closed: the confinement
+    keeps identities only. A plan's ruleset opens them again when it is made, and checks.
+    The policy's own paths are canonical: a symlink on one now was put there since the
+    policy was resolved (by a command, in a writable root): refused, never followed.
+    Returns (path, access, fd number as it was, stat, attrs, writable) per grant, and the
+    effective rule by that fd number."""
     pinned = set(policy.readable_roots + policy.writable_roots + policy.read_only_paths
                  + policy.hidden_paths) | set(pinned_ancestors(policy))
     opened = []
@@ -322,37 +388,7 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     finally:
         for fd in fds:
             os.close(fd)
-    # Each bind carries its Landlock rule: the native executor adds it on the very mount it
-    # cloned (and checked), so that a spare can be Landlocked before the plan comes.
-    binds = [Bind(os.fsencode(path), os.fsencode(targets.get(path, path)),
-                  stat.S_ISDIR(st.st_mode), st.st_dev,
-                  st.st_ino, attrs, writable, int(rules.get(fd, 0)))
-             for path, _, fd, st, attrs, writable in opened] if view else []
-    sockets = _socket_grants(socket_binds, resolve) if view else []
-    binds += sockets
-    binds.sort(key=lambda b: (b.target.count(b"/"), b.target))
-    conf.binds, conf.symlinks, conf.absent = tuple(binds), tuple(symlinks), tuple(absent)
-    if view:
-        conf.masks = merged_masks(_masks(policy, [p for p, _, _, _, _, w in opened if not w])
-                                  + _hidden(policy))
-    if template is not None:
-        if view:
-            conf.late_rules = ((b"/", int(_FS.READ_DIR)), (b"/proc", int(_PROC_ACCESS)),
-                               (b"/tmp", full), (b"/dev/shm", full))
-            if policy.pty:  # the private devpts instance (child.py _mount_devpts)
-                conf.late_rules += ((b"/dev/pts", int(_DEV_ACCESS | _FS.IOCTL_DEV
-                                                      | _FS.READ_DIR)),)
-            conf.canary = CANARY
-        else:
-            conf.late_rules = ((b"/proc", int(_PROC_ACCESS)),)
-            conf.canary = "/"  # no rule grants the host root itself
-        # sockets inside a granted root: a rule by their path (in the view, or on the host)
-        conf.late_rules += tuple((os.fsencode(t), resolve) for t in socket_rules)
-        # bound sockets: the ctypes executor rules them by host path (hcp-exec by its clone)
-        bound = {b.source: b for b in sockets} if resolve else {}
-        conf.ruleset = template.granting(tuple(
-            (path, st.st_dev, st.st_ino, int(access)) for path, access, _, st, _, _ in opened)
-            + tuple((b.source.decode(), b.dev, b.ino, resolve) for b in bound.values()))
+    return opened, rules
 
 
 def _open_grant(path: str, pinned: bool) -> int:

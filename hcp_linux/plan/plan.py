@@ -140,6 +140,44 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     if not policy.resolved:  # a plan opens what the host checks found: never paths as written
         raise ValueError("compile_plan: the policy is not resolved "
                          "(hcp_linux.policy.resolve.resolve; Sandbox(policy) does it)")
+    _check_argv(argv)
+    native = policy.mode == NATIVE_LOCAL
+    workdir = working_dir(policy, cwd)
+    lookup = env if env is not None else os.environ if caller_env is None else caller_env
+    bin_ = argv[0] if executable is None else executable
+    exe = resolve_bin(bin_, policy.allow_bins or (bin_,), cwd=workdir, native_local=native,
+                      host_path=lookup.get("PATH"), writable=policy.writable_roots)
+    if env is not None:
+        caller_env = {}  # Popen's env replaces the environment: nothing else is drawn from
+    if native:
+        layers = frozenset()
+    view = "mountns" in layers
+    _check_layers(policy, layers, view, native)
+    shared, found = None, None
+    candidates = install_prefixes(exe)
+    if unpinned_link(os.path.abspath(exe), policy.writable_roots) is not None:
+        # reached through a link a command can re-point (the jail's tool -> ~/.local/bin/x):
+        # no grant is derived from where it leads; the binary runs only if the view holds it
+        candidates = ()
+    if native:
+        path = search_path([p for p in candidates if not covered(p, policy)])
+    else:
+        # Everything that depends on the policy's roots and the host's paths, not on argv or
+        # the environment: made once, reused while those paths are unchanged.
+        # The protected names as they are right now (what exists changes between runs)
+        found = protected.find(policy, view)
+        shared = shared_confinement(policy, candidates, layers, tuple(terminals), found)
+        path = shared.search_path
+    fields = _run_fields(policy, argv, exe, workdir, layers, view, native,
+                         caller_env, env, path)
+    if shared is None:
+        return Plan(**fields)
+    fields.update(_confined_fields(policy, layers, shared, found))
+    return Plan(**fields)
+
+
+def _check_argv(argv: Sequence[str]) -> None:
+    """A command execve can carry: not empty, each argument text without NUL, valid UTF-8."""
     if not argv:
         raise PolicyError("empty command")
     for i, arg in enumerate(argv):
@@ -151,18 +189,11 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
             arg.encode("utf-8")
         except UnicodeEncodeError:
             raise PolicyError(f"argv[{i}]: not valid UTF-8") from None
-    native = policy.mode == NATIVE_LOCAL
-    bin_ = argv[0] if executable is None else executable
-    allow = policy.allow_bins or (bin_,)
-    workdir = working_dir(policy, cwd)
-    lookup = env if env is not None else os.environ if caller_env is None else caller_env
-    exe = resolve_bin(bin_, allow, cwd=workdir, native_local=native,
-                      host_path=lookup.get("PATH"), writable=policy.writable_roots)
-    if env is not None:
-        caller_env = {}  # Popen's env replaces the environment: nothing else is drawn from
-    if native:
-        layers = frozenset()
-    view = "mountns" in layers
+
+
+def _check_layers(policy: Policy, layers: frozenset[str], view: bool, native: bool) -> None:
+    """What the policy asks for that the layers this run can have cannot give: refused
+    here, in the parent, whatever may degrade (fail closed)."""
     if not view and not native and (policy.read_only_paths or policy.hidden_paths):
         # Landlock only adds rights: without a mount view nothing can take a carve-out back
         # from its writable root. Refused even when mountns may degrade: fail closed.
@@ -170,37 +201,29 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         raise PolicyError(f"{field_}: carve-outs need the mount view, and no mount namespace "
                           f"can be made here ({remedy('mountns')}); drop the carve-outs "
                           f"to run without one")
-    shared = None
-    candidates = install_prefixes(exe)
-    if unpinned_link(os.path.abspath(exe), policy.writable_roots) is not None:
-        # reached through a link a command can re-point (the jail's tool -> ~/.local/bin/x):
-        # no grant is derived from where it leads; the binary runs only if the view holds it
-        candidates = ()
-    if native:
-        prefixes = [p for p in candidates if not covered(p, policy)]
-        path = search_path(prefixes)
-    else:
-        # Everything that depends on the policy's roots and the host's paths, not on argv or
-        # the environment: made once, reused while those paths are unchanged.
-        # The protected names as they are right now (what exists changes between runs)
-        found = protected.find(policy, view)
-        shared = shared_confinement(policy, candidates, layers, tuple(terminals), found)
-        path = shared.search_path
+    if policy.pty and not view and not native:
+        raise SandboxError("pty = true mounts a private devpts in the mount view, and this "
+                           "run has none (mountns degraded)")
+    if policy.network == "allow" and "netns" not in layers and not native:
+        raise LayerUnavailableError("netns", "network = \"allow\" fences egress with a "
+                                    "network namespace, and none can be made here",
+                                    remedy("netns"))
+
+
+def _run_fields(policy: Policy, argv: Sequence[str], exe: str, workdir: str,
+                layers: frozenset[str], view: bool, native: bool,
+                caller_env: Mapping[str, str] | None, env: Mapping[str, str] | None,
+                path: str) -> dict[str, Any]:
+    """The plan's fields of this one command (argv, env, cwd, limits, the process facts),
+    for every mode; the confinement's are :func:`_confined_fields`."""
     private_tmp = None
     if view:
         home = tmpdir = "/tmp"
     else:
         home = tmpdir = private_tmp = os.path.join(_tmp_root(policy), PRIVATE_TMP)
-    if policy.pty and not view and not native:
-        raise SandboxError("pty = true mounts a private devpts in the mount view, and this "
-                           "run has none (mountns degraded)")
     explicit = dict(policy.env)
     explicit.update(env or {})
     if policy.network == "allow":
-        if "netns" not in layers and not native:
-            raise LayerUnavailableError("netns", "network = \"allow\" fences egress with a "
-                                        "network namespace, and none can be made here",
-                                        remedy("netns"))
         explicit.update(proxy_env(explicit.get("NO_PROXY"), explicit.get("no_proxy")))
     child_env, removed, replaced = _child_env(caller_env, explicit, marker=policy.mode,
                                               path=path, home=home, tmpdir=tmpdir)
@@ -226,15 +249,21 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         from ..egress.capture import capture_nets, capture_ports  # only under "allow"
         fields["capture_ports"] = capture_ports(policy.egress())
         fields["capture_nets"] = capture_nets(policy.egress())
-    if shared is None:
-        return Plan(**fields)
-    seccomp = seccomp_filter(policy, layers)
-    fields.update(
+    return fields
+
+
+def _confined_fields(policy: Policy, layers: frozenset[str], shared: Any,
+                     found: Any) -> dict[str, Any]:
+    """The plan's fields of the confinement (not native-local): the view from the shared
+    confinement, the protected names, a copy of the Landlock ruleset (no fd), the seccomp
+    program and how denials are recorded."""
+    fields: dict[str, Any] = dict(
         _shared=shared, protect=found, protect_since=protected.now(),
         binds=shared.binds, symlinks=shared.symlinks, masks=shared.masks,
         late_rules=shared.late_rules, canary=shared.canary,
         landlock=shared.ruleset.copy() if shared.ruleset is not None else None,  # no fd
         facts={"absent_system_roots": shared.absent})
+    seccomp = seccomp_filter(policy, layers)
     if seccomp is not None:
         fields["seccomp"], fields["seccomp_names"], fields["seccomp_unrecorded"] = seccomp
         fields["seccomp_listener"] = not fields["seccomp_unrecorded"]
@@ -243,7 +272,7 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         fields["landlock_log"] = fields.get("seccomp_listener", False) \
             and not landlock_log.available()
         fields["landlock_restrict"] = landlock_log.restrict_flags(fields["landlock_log"])
-    return Plan(**fields)
+    return fields
 
 
 def working_dir(policy: Policy, cwd: str | None) -> str:
