@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .run import popen
 from .errors import SandboxError
@@ -243,23 +243,7 @@ class Session:
         ``ours``: the command is the runtime's own helper, not the agent's (a framework
         adapter's file reader, say): the allow-list is not asked about it, as it is not
         about the zygote; every layer of the session still confines it."""
-        # the same checks and plan as Sandbox.spawn's: env granted, cwd inside the view,
-        # the allow-list asked about argv[0]
-        policy = self.policy
-        if ours and policy.allow_bins:
-            if self._unlisted is None:
-                self._unlisted = resolve(dataclasses.replace(policy, allow_bins=()))
-            policy = self._unlisted
-        plan = compile_plan(policy, list(argv), layers=self.layers,
-                            env=popen.granted_env(env), cwd=popen.working_dir(cwd))
-        try:
-            prepare(plan)  # without a view: its HOME and TMPDIR, as a run's spawn makes them
-            req = {"op": "run", "exe": os.fsdecode(plan.exe),
-                   "argv": [os.fsdecode(a) for a in plan.argv],
-                   "env": [[os.fsdecode(k), os.fsdecode(v)] for k, v in plan.env.items()],
-                   "cwd": os.fsdecode(plan.cwd)}
-        finally:
-            plan.close()
+        req = self._request(argv, env, cwd, ours)
         cap = output_cap if output_cap is not None else self.policy.limits.output
         limit = timeout if timeout is not None else self.policy.timeout
         out_r, out_w = os.pipe()
@@ -272,16 +256,7 @@ class Session:
             os.set_blocking(in_w, False)
         stdin = [in_w]  # _collect owns in_w once called, and closes it (stdin[0] = None)
         pending = _Pending()
-        with self._lock:
-            if self._ended:
-                for fd in (out_r, out_w, err_r, err_w, null, in_w):
-                    if fd is not None:
-                        os.close(fd)
-                pending.close()
-                raise SessionEnded(f"session: {self._ended}")
-            ident = self._next_id
-            self._next_id += 1
-            self._pending[ident] = pending
+        ident = self._register(pending, (out_r, out_w, err_r, err_w, null, in_w))
         try:
             try:
                 self._send({**req, "id": ident}, (null, out_w, err_w))
@@ -312,15 +287,51 @@ class Session:
             return SessionResult(list(argv), pending.status, out, err, timed_out, truncated,
                                  pending.leftovers, abandoned, swept)
         finally:
-            for fd in (out_r, err_r, stdin[0]):
+            for left in (out_r, err_r, stdin[0]):
                 try:
-                    if fd is not None:
-                        os.close(fd)
+                    if left is not None:
+                        os.close(left)
                 except OSError:
                     pass
             pending.close()
             with self._lock:
                 self._pending.pop(ident, None)
+
+    def _request(self, argv: Sequence[str], env: Mapping[str, str] | None,
+                 cwd: str | None, ours: bool) -> dict[str, Any]:
+        """The zygote's run request for ``argv``: the same checks and plan as
+        Sandbox.spawn's (env granted, cwd inside the view, the allow-list asked about
+        argv[0], unless ``ours``); PolicyError when refused."""
+        policy = self.policy
+        if ours and policy.allow_bins:
+            if self._unlisted is None:
+                self._unlisted = resolve(dataclasses.replace(policy, allow_bins=()))
+            policy = self._unlisted
+        plan = compile_plan(policy, list(argv), layers=self.layers,
+                            env=popen.granted_env(env), cwd=popen.working_dir(cwd))
+        try:
+            prepare(plan)  # without a view: its HOME and TMPDIR, as a run's spawn makes them
+            return {"op": "run", "exe": os.fsdecode(plan.exe),
+                    "argv": [os.fsdecode(a) for a in plan.argv],
+                    "env": [[os.fsdecode(k), os.fsdecode(v)] for k, v in plan.env.items()],
+                    "cwd": os.fsdecode(plan.cwd)}
+        finally:
+            plan.close()
+
+    def _register(self, pending: _Pending, fds: tuple[int | None, ...]) -> int:
+        """A new command's id, with ``pending`` waiting for the zygote's answers; when the
+        session has ended, ``fds`` and ``pending`` are closed and SessionEnded raised."""
+        with self._lock:
+            if self._ended:
+                for fd in fds:
+                    if fd is not None:
+                        os.close(fd)
+                pending.close()
+                raise SessionEnded(f"session: {self._ended}")
+            ident = self._next_id
+            self._next_id += 1
+            self._pending[ident] = pending
+            return ident
 
     def _collect(self, ident: int, pending: _Pending, out_r: int, err_r: int,
                  limit: float | None, cap: int | None,
