@@ -210,8 +210,8 @@ class HcpSandboxBackend(BaseSandboxBackend):
                  image_manager: Optional[BaseImageManager] = None,
                  executor: Optional[str] = None, session: bool = True) -> None:
         super().__init__(image_manager=image_manager or HostImageManager())
-        self.policy = policy if policy is not None else Policy()
-        resolve(self.policy)  # its paths checked on this host now, before any jail is made
+        # checked on this host now, before any jail is made (resolved again per box)
+        self.policy = resolve(policy if policy is not None else Policy())
         self.executor = executor
         self.use_session = session
         self.jail_root = jail_root or tempfile.gettempdir()

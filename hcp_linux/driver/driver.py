@@ -90,8 +90,8 @@ class LinuxDriver:
                  tmp_dir: str | os.PathLike[str] | None = None,
                  lock_timeout: float | None = None) -> None:
         # The base policy's jail is replaced per exec: a stand-in only makes it valid.
-        self.policy = policy if policy is not None else Policy(jail=PLACEHOLDER_JAIL)
-        resolve(self.policy)  # its paths checked on this host now, before any jail is made
+        # checked on this host now, before any jail is made (resolved again per exec)
+        self.policy = resolve(policy if policy is not None else Policy(jail=PLACEHOLDER_JAIL))
         self.state_dir = os.fspath(state_dir) if state_dir is not None else None
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
         if lock_timeout is not None and not lock_timeout >= 0:
@@ -201,15 +201,15 @@ class LinuxDriver:
             if ws.read_only:
                 # mode none: cwd = the pack root, read-only (the jail's own grant); the run
                 # writes its private /tmp and the scratch (staging, home_env), nothing else
-                policy = base.replace(jail=ws.jail, read_only_jail=True, env=env,
-                                      write_roots=(ws.scratch, *base.write_roots),
-                                      allow_bins=base.allow_bins or pack.bins)
+                policy = resolve(base.replace(jail=ws.jail, read_only_jail=True, env=env,
+                                              write_roots=(ws.scratch, *base.write_roots),
+                                              allow_bins=base.allow_bins or pack.bins))
             else:
                 ro = tuple(base.read_only_roots) + (() if pack.root in base.read_only_roots
                                                     else (pack.root,))
-                policy = base.replace(jail=ws.jail, read_only_jail=False, env=env,
-                                      read_only_roots=ro,
-                                      allow_bins=base.allow_bins or pack.bins)
+                policy = resolve(base.replace(jail=ws.jail, read_only_jail=False, env=env,
+                                              read_only_roots=ro,
+                                              allow_bins=base.allow_bins or pack.bins))
         except BaseException:
             ws.release()
             raise

@@ -97,9 +97,8 @@ def policy_of(config: HcpLinuxConfig) -> Policy:
         data, name = source, "hcp-linux sandbox config"
     if isinstance(data, dict) and "jail" in data:
         raise PolicyError(f"{name}: jail: each sample has a jail of its own; remove the key")
-    policy = Policy.from_mapping(data, source=name)
-    resolve(policy)  # its paths checked on this host now, before any sample's jail is made
-    return policy
+    # checked on this host now, before any sample's jail is made (resolved again per box)
+    return resolve(Policy.from_mapping(data, source=name))
 
 
 @sandboxenv(name="hcp-linux")

@@ -179,8 +179,8 @@ class HcpSandboxClient(UnixLocalSandboxClient):
 
     def __init__(self, policy: Policy | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.policy = policy if policy is not None else Policy()
-        resolve(self.policy)  # its paths checked on this host now, before any root is made
+        # checked on this host now, before any root is made (resolved again per session)
+        self.policy = resolve(policy if policy is not None else Policy())
 
     def _session(self, state: UnixLocalSandboxSessionState) -> sandbox_session.SandboxSession:
         inner = HcpSandboxSession(state=state, policy=self.policy)
