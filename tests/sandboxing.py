@@ -204,6 +204,37 @@ def sleep_token(seconds: int) -> str:
     return f"{seconds}.{secrets.randbelow(10**9):09d}"
 
 
+def processes_running(*argv: str) -> list[int]:
+    """Pids whose command line is ``argv`` exactly: the command itself, once it has exec'd.
+    :func:`processes_with` finds more: the CLI that was given the command, and the CLI's
+    child between its clone and its exec (posix_spawn's child shares the CLI's memory, so
+    its /proc cmdline is the CLI's until the exec), which a test would take for the command."""
+    want = "\0".join(argv).encode() + b"\0"
+    found = []
+    for pid in processes_with(argv[-1]):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read() == want:
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def ancestors(pid: int) -> list[int]:
+    """The parent of ``pid``, its parent, and so on up to pid 1 (as this pid namespace sees
+    them); the chain read so far if a process in it has ended."""
+    chain = []
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])  # field 4: ppid
+        except (OSError, ValueError, IndexError):
+            break
+        chain.append(pid)
+    return chain
+
+
 def wait_for(cond, what: str, limit: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + limit
     while not cond():

@@ -21,9 +21,10 @@ from typing import Iterator
 
 import pytest
 
-from sandboxing import (IS_ROOT, TIMEOUT, caller_env, default_stop_signals, hcp_argv,  # noqa: F401
-                        imported_by_run, jail,
-                        kill_by_pid, out, processes_with, run_cli, show, sleep_token, wait_for)
+from sandboxing import (IS_ROOT, TIMEOUT, ancestors, caller_env,  # noqa: F401
+                        default_stop_signals, hcp_argv, imported_by_run, jail, kill_by_pid,
+                        out, processes_running, processes_with, run_cli, show, sleep_token,
+                        wait_for)
 
 @pytest.fixture(autouse=True)
 def default_executor(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -209,7 +210,11 @@ def test_the_command_descends_from_the_client_and_the_server_starts_nothing(
     client = subprocess.Popen(hcp_argv(jail, "sleep", token), env=server.env(),
                               stdin=subprocess.DEVNULL, cwd="/")
     try:
-        wait_for(lambda: processes_with(token, client.pid), "the command never started")
+        # the command itself, exec'd: not the client's child before its exec of hcp-exec
+        # (a posix_spawn child, its command line still the client's, the token in it)
+        wait_for(lambda: processes_running("sleep", token), "the command never started")
+        [command] = processes_running("sleep", token)
+        assert client.pid in ancestors(command), ancestors(command)
         with open(f"/proc/{client.pid}/task/{client.pid}/children") as f:
             monitors = [int(c) for c in f.read().split()]
         assert len(monitors) == 1, monitors  # hcp-exec, the client's own child
@@ -229,10 +234,10 @@ def test_the_server_is_free_while_a_served_command_runs(server: Server, jail: Pa
     first = subprocess.Popen(hcp_argv(jail, "sleep", token), env=server.env(),
                              stdin=subprocess.DEVNULL, cwd="/")
     try:
-        wait_for(lambda: processes_with(token, first.pid), "the first command never started")
+        wait_for(lambda: processes_running("sleep", token), "the first command never started")
         _, receipt = _one_run(server, jail, tmp_path)
         assert receipt["served_by"]["pid"] == server.proc.pid
-        assert first.poll() is None and processes_with(token, first.pid)  # still running
+        assert first.poll() is None and processes_running("sleep", token)  # still running
     finally:
         kill_by_pid(first)
 

@@ -226,7 +226,8 @@ def _made_by(w: "Watch", allocated_at: float) -> bool:
     pid ``w`` watches can be that process's: not when it came before the process started
     (a pid reused: pid_max is 32768 on many hosts, a test suite wraps it in minutes, and an
     earlier process's domain would be taken for the run's, its denials with it). Unknown
-    start: refused, since a run's missing records are better than another process's."""
+    start (neither read nor given): refused, since a run's missing records are better than
+    another process's."""
     return w.maker_started is not None and allocated_at >= w.maker_started - _START_SLACK
 
 
@@ -234,7 +235,8 @@ class Watch:
     """One run's Landlock records: made when the runtime learns the pid of the process that
     made the run's domain, finished when the run is over."""
 
-    def __init__(self, reader: "_Reader | None", pid: int, limit: int) -> None:
+    def __init__(self, reader: "_Reader | None", pid: int, limit: int,
+                 began: float | None = None) -> None:
         self._reader = reader
         self.pid = pid
         self.limit = limit
@@ -246,8 +248,14 @@ class Watch:
         #: could not be read
         self.start = _recent_status()
         #: when the domain's maker started (wall clock, seconds; None: unknown): a domain
-        #: allocated before it is another process's that had the same pid (pids wrap)
-        self.maker_started = _started(pid)
+        #: allocated before it is another process's that had the same pid (pids wrap).
+        #: The runtime learns the maker's pid only once the command runs, and a short
+        #: command's maker may be gone by then (its /proc entry with it): then ``began``,
+        #: when the run began (before the maker was spawned, or a spare's was handed the
+        #: plan), stands for it. The run's domain logs nothing before the command's exec
+        #: (LOG_SAME_EXEC_OFF), which came after that.
+        started = _started(pid)
+        self.maker_started = began if started is None else started
 
     def add(self, rec: dict[str, Any]) -> None:
         """Under the reader's lock."""
@@ -322,13 +330,15 @@ def _marker_lost(reader: "_Reader", wait: float) -> str:
             f"reader thread was starved or the kernel's audit thread is behind)")
 
 
-def watch(pid: int, limit: int) -> Watch | None:
-    """Start collecting the records of the domain made by ``pid`` (a host pid, alive: the
-    run's init or monitor); None when this process cannot read them (:func:`available`)."""
+def watch(pid: int, limit: int, began: float | None = None) -> Watch | None:
+    """Start collecting the records of the domain made by ``pid`` (a host pid: the run's
+    init or monitor, which may have ended already); ``began``: when the run began (wall
+    clock, time.time()), before its maker could make the domain. None when this process
+    cannot read them (:func:`available`)."""
     if available():
         return None
     reader = _the_reader
-    w = Watch(reader, pid, limit)
+    w = Watch(reader, pid, limit, began)
     if reader is not None:
         reader.claim(w)
     return w

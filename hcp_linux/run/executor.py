@@ -139,6 +139,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     if plan.landlock_log:
         landlock_log.prepare()  # subscribed before the run can log anything
     chans = _open_channels(plan, (stdin, stdout, stderr), stdio)
+    began = time.time()  # before the run's domain can exist (landlock_log.Watch)
     try:
         started = _start_answered(plan, executor, chans, time.monotonic() + limit, limit,
                                   receipt)
@@ -148,7 +149,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     chans.close_childs()
     if started.record:
         _report_failure(started, chans)
-    return _hand_back(plan, started, chans, stdio, args)
+    return _hand_back(plan, started, chans, stdio, args, began)
 
 
 @dataclass
@@ -294,7 +295,7 @@ def _report_failure(started: _Started, chans: _Channels) -> None:
 
 
 def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
-               args: Any) -> SandboxProcess:
+               args: Any, began: float) -> SandboxProcess:
     """The running command as a SandboxProcess, with what observes it attached: the
     protected names' sweep, the seccomp listener and the Landlock watch (their hand-over
     lost: the run is killed, HelperLostError), the egress proxy (none: killed too)."""
@@ -323,8 +324,8 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
         denials = SeccompListener(listener, plan.seccomp_names, plan.capture_nets)
         denials.start()
         # the Landlock records, where the init (or monitor) that made the domain is known
-        watch = landlock_log.watch(maker, MAX_RECORDED) if plan.landlock_log and maker > 0 \
-            else None
+        watch = landlock_log.watch(maker, MAX_RECORDED, began) \
+            if plan.landlock_log and maker > 0 else None
         proc.observe(denials=denials, landlock=watch)
     keys.set_denial_layers(proc.receipt, denial_layers(plan))
     if started.ready_ok is False:
