@@ -862,3 +862,21 @@ def test_an_included_config_is_protected(jail: Path, tmp_path: Path, mode: str) 
         assert how[str(shared)] == "removed after the run", how
     elif mode == "existing":
         assert how[str(shared)] == "read-only bind", how
+
+
+def test_a_protected_name_inside_a_protected_directory_keeps_it_read_only(jail: Path) -> None:
+    """``.claude`` is kept read-only; a protected name found inside it (``.claude/agents/
+    .envrc``) pins the directories between it and the root, and those pins were bound
+    read-write after ``.claude``'s read-only bind, making ``.claude/agents`` writable again:
+    an agent's definitions, planted. Control: ``--allow-write-protected .claude`` lets the
+    same write land (the pin alone still keeps ``.envrc`` read-only)."""
+    agents = jail / ".claude" / "agents"
+    agents.mkdir(parents=True)
+    (agents / ".envrc").write_text("")
+    plant = f"echo evil > {agents}/planted.md && echo plant=ok || echo plant=denied"
+    p = run_cli(jail, "/bin/sh", "-c", plant)
+    assert_ok(p)
+    assert "plant=denied" in out(p) and not (agents / "planted.md").exists(), show(p)
+    p = run_cli(jail, "/bin/sh", "-c", plant, extra=["--allow-write-protected", ".claude"])
+    assert_ok(p)
+    assert "plant=ok" in out(p) and (agents / "planted.md").read_text() == "evil\n", show(p)

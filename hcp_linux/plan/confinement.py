@@ -324,7 +324,10 @@ def _grants(policy: Policy, prefixes: list[str], layers: frozenset[str],
         # bound over itself: a mount point cannot be renamed (EBUSY), so no parent moves a
         # carve-out away
         for path in dict.fromkeys(pinned_ancestors(policy) + list(found.pins)):
-            if path not in carved:
+            # none inside a read-only bind: nothing there can be renamed (EROFS), and a
+            # read-write bind attached after it (binds go by depth) would make that subtree
+            # writable again (a protected name inside a protected directory)
+            if not any(_is_within(path, c) for c in carved):
                 grants.append((path, full, rw_attrs, True))
     targets: dict[str, str] = {}  # a bind whose target is not its source
     if view and policy.network == "allow":
