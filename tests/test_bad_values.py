@@ -667,15 +667,16 @@ def test_a_jail_the_user_cannot_enter_is_refused_naming_it(tmp_path: Path) -> No
 
 
 @pytest.mark.root_only
-def test_xdg_cache_home_in_a_system_dir_creates_nothing_there(jail: Path) -> None:
-    """The seccomp cache is best effort: XDG_CACHE_HOME=/etc (as root) keeps it in memory
-    rather than making /etc/hcp-linux."""
+def test_a_program_cache_in_a_system_dir_creates_nothing_there(jail: Path) -> None:
+    """The seccomp cache is best effort: HCP_LINUX_SECCOMP_CACHE=/etc/hcp-linux (as root)
+    keeps it in memory rather than making /etc/hcp-linux; XDG_CACHE_HOME=/etc is not read."""
     made = Path("/etc/hcp-linux")
     assert not made.exists(), "left by something else: not this test's to remove"
     try:
-        p = run_cli(jail, *WRITE_MARKER, env=caller_env({"XDG_CACHE_HOME": "/etc"}))
-        assert p.returncode == 0, show(p)
-        assert not made.exists(), "a cache directory was made under /etc"
+        for env in ({"HCP_LINUX_SECCOMP_CACHE": "/etc/hcp-linux"}, {"XDG_CACHE_HOME": "/etc"}):
+            p = run_cli(jail, *WRITE_MARKER, env=caller_env(env))
+            assert p.returncode == 0, show(p)
+            assert not made.exists(), f"a cache directory was made under /etc ({env})"
     finally:
         if made.is_dir() and not made.is_symlink():
             shutil.rmtree(made)

@@ -146,7 +146,7 @@ from hcp_linux import seccomp_profiles
 names, err = sys.argv[1].split(","), int(sys.argv[2])
 # Compile the engine's BPF while seccomp(2) still works: libseccomp needs it to compile, and
 # the engine does not yet treat that failure as "seccomp unavailable" (see the report). The
-# program lands in the disk cache ($XDG_CACHE_HOME), where the runs below find it.
+# program lands in the disk cache (HCP_LINUX_SECCOMP_CACHE), where the runs below find it.
 for profiles in (("baseline", "socket-families"), ("baseline", "socket-families", "network-off")):
     seccomp_profiles.compile_profiles(profiles)
 libc = ctypes.CDLL(None, use_errno=True)
@@ -225,7 +225,7 @@ def test_weakened_configuration_fails_exactly_the_dependent_checks(name: str,
     args = ["--json", "--junit", str(junit)]
     for layer in layers:
         args += ["--allow-degraded", layer]
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env = dict(os.environ, HCP_LINUX_SECCOMP_CACHE=str(tmp_path / "cache"))
     prefix = [sys.executable, "-c", _LAUNCHER, ",".join(syscalls), str(errno.EPERM)]
     p = _cli(args, env=env, prefix=prefix)
     report = json.loads(p.stdout)

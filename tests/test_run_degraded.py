@@ -238,7 +238,7 @@ def test_no_seccomp_with_a_cold_filter_cache(jail: Path, tmp_path: Path, allow: 
     cache = tmp_path / "cold-cache"
     cache.mkdir()
     receipt = tmp_path / "receipt.json"
-    env = caller_env({"XDG_CACHE_HOME": str(cache)})
+    env = caller_env({"HCP_LINUX_SECCOMP_CACHE": str(cache)})
     extra = ["--receipt", str(receipt)] + (["--allow-degraded", "seccomp"] if allow else [])
     p = deny_run_cli(["seccomp"], errno.EPERM, jail, "touch", "ran", extra=extra, env=env)
     if allow:

@@ -122,7 +122,7 @@ def mark_profile(name: str, directory: Path) -> Path:
 def private_cache(tmp_path_factory: pytest.TempPathFactory):
     """Compile into a throw-away cache, never the user's ~/.cache."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        mp.setenv("HCP_LINUX_SECCOMP_CACHE", str(tmp_path_factory.mktemp("programs")))
         sp.clear_memory_cache()
         yield
     sp.clear_memory_cache()

@@ -31,14 +31,15 @@ print(json.dumps({
 @pytest.fixture
 def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "xdg"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    monkeypatch.setenv("HCP_LINUX_SECCOMP_CACHE", str(home / "hcp-linux" / "seccomp"))
     sp.clear_memory_cache()
     yield home
     sp.clear_memory_cache()
 
 
 def fresh(cache_home: Path, *names: str) -> dict:
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(REPO))
+    env = dict(os.environ, HCP_LINUX_SECCOMP_CACHE=str(cache_home / "hcp-linux" / "seccomp"),
+               PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", FRESH_PROCESS, *names], env=env, capture_output=True,
                          text=True, timeout=60, check=True)
     return json.loads(out.stdout)
@@ -49,11 +50,23 @@ def cached_files(cache_home: Path) -> list[Path]:
     return sorted(d.glob("*.bpf")) if d.is_dir() else []
 
 
-def test_cache_dir_follows_xdg(cache_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_dir_is_the_environment_s_unless_named(cache_home: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """HCP_LINUX_SECCOMP_CACHE names the directory; unset or empty, it is the virtual
+    environment's share/hcp-linux/seccomp (memory only outside one), never under
+    XDG_CACHE_HOME or HOME, where a run whose jail is the home could rewrite every later
+    run's filter (tests/test_runtime_files.py)."""
     assert sp.cache_dir() == str(cache_home / "hcp-linux" / "seccomp")
-    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
-    monkeypatch.setenv("HOME", "/nonexistent-home")
-    assert sp.cache_dir() == "/nonexistent-home/.cache/hcp-linux/seccomp"
+    for value in ("off", "relative/ignored", "/etc/hcp-linux"):
+        monkeypatch.setenv("HCP_LINUX_SECCOMP_CACHE", value)
+        assert sp.cache_dir() is None, value
+    monkeypatch.setenv("HCP_LINUX_SECCOMP_CACHE", "")  # empty: unset
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    monkeypatch.setenv("HOME", str(cache_home))
+    if sys.prefix != sys.base_prefix:
+        assert sp.cache_dir() == os.path.join(sys.prefix, "share", "hcp-linux", "seccomp")
+    else:
+        assert sp.cache_dir() is None
 
 
 def test_second_compile_hits_memory(cache_home: Path) -> None:
@@ -86,7 +99,7 @@ def test_cold_fresh_process_compiles_and_fills_cache(cache_home: Path) -> None:
 def test_unwritable_cache_dir_is_fine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache directory should be")  # even root cannot mkdir here
-    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setenv("HCP_LINUX_SECCOMP_CACHE", str(blocker / "seccomp"))
     sp.clear_memory_cache()
     writes = sp.stats.disk_writes
     program = sp.compile_profiles(["baseline"])

@@ -19,7 +19,7 @@ HEADER = '[profile]\nname = "t"\ndescription = "test"\ndefault_action = "allow"\
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HCP_LINUX_SECCOMP_CACHE", str(tmp_path / "programs"))
 
 
 def write(tmp_path: Path, body: str, header: str = HEADER) -> Path:

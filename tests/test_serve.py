@@ -346,19 +346,19 @@ def test_a_client_more_confined_than_the_server_is_not_served(server: Server, ja
 def test_the_server_writes_nothing_where_a_client_points_it(server: Server, jail: Path,
                                                             tmp_path: Path) -> None:
     """The seccomp programs are compiled when the server starts: a served run does not
-    read or write the program cache where the client's XDG_CACHE_HOME points. Control: an
+    read or write the program cache where the client's HCP_LINUX_SECCOMP_CACHE points. Control: an
     in-process run, a fresh process, stores its program there."""
     served_cache, plain_cache = tmp_path / "served-cache", tmp_path / "plain-cache"
     served_cache.mkdir()
     plain_cache.mkdir()
     p = run_cli(jail, "true", extra=["--receipt", str(tmp_path / "r.json")],
-                env=server.env({"XDG_CACHE_HOME": str(served_cache)}))
+                env=server.env({"HCP_LINUX_SECCOMP_CACHE": str(served_cache)}))
     assert p.returncode == 0, show(p)
     assert "served_by" in json.loads((tmp_path / "r.json").read_text())
     assert list(served_cache.rglob("*")) == []
-    p = run_cli(jail, "true", env=caller_env({"XDG_CACHE_HOME": str(plain_cache)}))
+    p = run_cli(jail, "true", env=caller_env({"HCP_LINUX_SECCOMP_CACHE": str(plain_cache)}))
     assert p.returncode == 0, show(p)
-    assert list((plain_cache / "hcp-linux" / "seccomp").glob("*.bpf")), \
+    assert list(plain_cache.glob("*.bpf")), \
         "control: the in-process run did not store its program"
 
 

@@ -5,15 +5,28 @@ version, the machine, and this package's own compiler code (stricter than its ve
 edited checkout with an unchanged version still gets a fresh key). A hit reads one small file and
 imports neither pyseccomp nor tomllib, which keeps CLI start-up fast.
 
-The cached program is security-relevant, so a cache file or directory is only trusted when owned
-by this effective uid and not writable by group or others; anything else is ignored (and a
-corrupt or truncated file is detected by its checksum). Writes are atomic (temp file + rename).
-Any failure to create, read or write the cache degrades to memory-only, silently.
+The cached program is what every later run's filter is, so it is kept with the interpreter
+environment that runs this code (a virtual environment's ``share/hcp-linux/seccomp``), never
+under ``$XDG_CACHE_HOME``: a run whose writable root held the user's cache directory (a jail
+at ``$HOME``) could replace a program with one that allows everything, and every later run of
+that user, in any jail, would have loaded it. A checksum cannot tell a forged program from a
+compiled one, and there is no secret a sandboxed command of the same user could not read; in
+the environment, whoever can rewrite the cache can already make every start of its Python run
+their code, and every run keeps the directory read-only (hcp_linux.policy.protected: the
+runtime's own files). Outside a virtual environment (a system or user install) programs are
+kept in memory only. ``HCP_LINUX_SECCOMP_CACHE`` names another directory (tests,
+benchmarks), or ``off``.
+
+A cache file or directory is only trusted when owned by root or this effective uid and not
+writable by group or others; anything else is ignored (and a corrupt or truncated file is
+detected by its checksum). Writes are atomic (temp file + rename). Any failure to create, read
+or write the cache degrades to memory-only, silently.
 """
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from typing import Iterable, Optional, Sequence
 
 from .._sha256 import sha256
@@ -103,20 +116,26 @@ def clear_memory_cache() -> None:
 
 
 def cache_dir() -> Optional[str]:
-    """$XDG_CACHE_HOME/hcp-linux/seccomp, else ~/.cache/hcp-linux/seccomp; None if no home."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the XDG spec says to ignore relative values
-        home = os.path.expanduser("~")
-        if not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
-    if _system_dir(os.path.realpath(base)):  # XDG_CACHE_HOME=/etc as root: make nothing there
+    """Where compiled programs are kept: ``HCP_LINUX_SECCOMP_CACHE`` when it is an absolute
+    path (``off``, or anything else: None, memory only), else (unset or empty) the virtual
+    environment's ``share/hcp-linux/seccomp``, or None outside one. None under a system
+    directory (nothing is made there)."""
+    given = os.environ.get("HCP_LINUX_SECCOMP_CACHE", "")
+    if not given:
+        return DEFAULT_DIR
+    if not os.path.isabs(given) or _system_dir(os.path.realpath(given)):
         return None
-    return os.path.join(base, "hcp-linux", "seccomp")
+    return os.path.normpath(given)
 
 
-#: Directories of the system itself: a cache is never made under them (the cache is best
-#: effort; without a directory it lives in memory).
+#: The default disk cache: in the virtual environment that runs this code (its files are
+#: as trusted as the code: see the module's docstring), beside neither the user's caches
+#: nor the package (pip uninstall removes exactly what it installed).
+DEFAULT_DIR = (os.path.join(sys.prefix, "share", "hcp-linux", "seccomp")
+               if sys.prefix != sys.base_prefix else None)
+
+#: Directories of the system itself: a cache named there by HCP_LINUX_SECCOMP_CACHE is
+#: never made (the cache is best effort; without a directory it lives in memory).
 _SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
                 "/proc", "/sbin", "/sys", "/usr")
 
@@ -153,7 +172,9 @@ def _code() -> str:
 
 
 def _trusted(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    """Owned by root or us and writable by nobody else: root's programs (in an environment
+    root owns) are as trusted as the environment."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _disk_load(key: str) -> Optional[bytes]:
