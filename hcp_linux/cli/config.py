@@ -11,48 +11,24 @@ written it: inside a root the run can write, through a symlink inside one, or in
 directory that another user may write or own. Otherwise run 1 could widen run 2 by writing a
 config. ``--no-config`` or ``HCP_LINUX_NO_CONFIG=1`` turns the reading off.
 
+Every run keeps these paths read-only, or removes what it made there
+(hcp_linux.runtime_files), so that a run that reads no config cannot write one either.
+
 Imported on every `run`: only os (a run with no config pays two stat calls, nothing more).
 """
 from __future__ import annotations
 
 import os
 
-#: The system config, read before the user's (so the user's wins).
-SYSTEM_CONFIG = "/etc/hcp-linux/policy.toml"
+from ..runtime_files import config_candidates as candidates
+
 #: Set (to anything but "" or "0"): read no config; as ``--no-config``.
 NO_CONFIG_ENV = "HCP_LINUX_NO_CONFIG"
-#: The system config's path, for tests and packagers that cannot write /etc (unset: /etc).
-SYSTEM_CONFIG_ENV = "HCP_LINUX_SYSTEM_CONFIG"
 
 
 def disabled(no_config: bool = False) -> bool:
     """Whether configs are off for this run (``--no-config`` or HCP_LINUX_NO_CONFIG)."""
     return no_config or os.environ.get(NO_CONFIG_ENV, "") not in ("", "0")
-
-
-def user_config_path() -> str | None:
-    """``$XDG_CONFIG_HOME/hcp-linux/policy.toml``; an unset or relative XDG_CONFIG_HOME
-    means ``~/.config`` (the XDG spec ignores a relative one). None: no home to look in."""
-    base = os.environ.get("XDG_CONFIG_HOME", "")
-    if not os.path.isabs(base):
-        home = os.environ.get("HOME", "")
-        if not os.path.isabs(home):
-            try:
-                import pwd
-                home = pwd.getpwuid(os.geteuid()).pw_dir
-            except (KeyError, ImportError):
-                return None
-        base = os.path.join(home, ".config")
-    return os.path.join(base, "hcp-linux", "policy.toml")
-
-
-def candidates() -> list[tuple[str, str]]:
-    """(kind, path) of every config the CLI looks for, system first."""
-    out = [("system config", os.environ.get(SYSTEM_CONFIG_ENV) or SYSTEM_CONFIG)]
-    user = user_config_path()
-    if user is not None:
-        out.append(("user config", user))
-    return out
 
 
 def present(no_config: bool = False) -> list[tuple[str, str]]:

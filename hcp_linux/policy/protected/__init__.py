@@ -190,6 +190,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     here (PolicyError, naming it, when it cannot be made: fail closed)."""
     # here, not at the top: the served client imports this module for the sweep alone
     from . import search as protected_search
+    from ...runtime_files import protected_paths
     allowed = policy.allow_write_protected
     mode = policy.protect_missing
     place = view and mode == "placeholders"
@@ -204,6 +205,9 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     roots = policy.writable_roots
     with _config_lock:
         configs = [(None, p, p, True) for p in _config_files]
+    # the runtime's own files a later run trusts (its code, the seccomp programs, the CLI's
+    # configs: hcp_linux.runtime_files), kept as the configuration files above are
+    configs += [(None, p, p, True) for p in protected_paths()]
     # (root, path, key of NAMES or the path, whether a missing one is swept): the top level's
     # names (missing ones swept), then what the nested search finds existing
     entries: list[tuple[str | None, str, str, bool]] = []

@@ -1,0 +1,69 @@
+"""The runtime's own files that a later run trusts: kept out of every run's reach.
+
+hcp-linux reads or runs some files of its own again on a later run: its code and the hcp-exec
+binary (this package, with ``native/_build``), the compiled seccomp programs
+(:mod:`hcp_linux.seccomp_profiles.cache`, in the virtual environment) and the CLI's configs
+(``/etc/hcp-linux/policy.toml``, ``$XDG_CONFIG_HOME/hcp-linux/policy.toml``). A run whose
+writable root holds one of them could rewrite it, and the next run of this user, in any jail
+and through any runtime (one that reads no config itself, too), would be wider: a seccomp
+program that allows everything, a config that grants ``/`` or the network, another binary.
+:func:`hcp_linux.policy.protected.find` keeps each of :func:`protected_paths` that lies in a
+writable root as it keeps ``.git/hooks``: bound read-only in the mount view, and when it is
+missing, what a run made there is removed after it.
+
+Only os is imported: the CLI looks for its configs on every run.
+"""
+from __future__ import annotations
+
+import os
+
+#: This package's directory: its code, and native/_build (hcp-exec).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: The system config, read before the user's (so the user's wins).
+SYSTEM_CONFIG = "/etc/hcp-linux/policy.toml"
+#: The system config's path, for tests and packagers that cannot write /etc (unset: /etc).
+SYSTEM_CONFIG_ENV = "HCP_LINUX_SYSTEM_CONFIG"
+
+
+def user_config_path() -> str | None:
+    """``$XDG_CONFIG_HOME/hcp-linux/policy.toml``; an unset or relative XDG_CONFIG_HOME
+    means ``~/.config`` (the XDG spec ignores a relative one). None: no home to look in."""
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    if not os.path.isabs(base):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            try:
+                import pwd
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except (KeyError, ImportError):
+                return None
+        base = os.path.join(home, ".config")
+    return os.path.join(base, "hcp-linux", "policy.toml")
+
+
+def config_candidates() -> list[tuple[str, str]]:
+    """(kind, path) of every config the CLI looks for, system first."""
+    out = [("system config", os.environ.get(SYSTEM_CONFIG_ENV) or SYSTEM_CONFIG)]
+    user = user_config_path()
+    if user is not None:
+        out.append(("user config", user))
+    return out
+
+
+def protected_paths() -> list[str]:
+    """Canonical paths of the files above, as this process names them now (its environment
+    says where the configs and the program cache are): this package's directory, the
+    seccomp program cache, and each config the CLI would look for,
+    whether or not it exists (a run must not make one either)."""
+    from .seccomp_profiles.cache import cache_dir
+    paths = [PACKAGE_DIR]
+    programs = cache_dir()
+    if programs is not None:
+        paths.append(programs)
+    paths += [path for _, path in config_candidates()]
+    out: list[str] = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if real not in out:
+            out.append(real)
+    return out

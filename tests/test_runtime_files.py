@@ -1,0 +1,227 @@
+"""A run cannot change what the runtime trusts on the next run (hcp_linux.runtime_files).
+
+hcp-linux reads some files of its own again on later runs: the compiled seccomp programs, the
+CLI's policy configs, its own code and hcp-exec. A command whose writable root held one of them
+could rewrite it, and every later run of the user, in any jail, would be wider. Each attack
+here is run for real and its effect checked on the next run (a blocked syscall, a write outside
+the jail); a control shows the same file, written unconfined, does widen that run, so the test
+can tell.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hcp_linux import runtime_files
+from sandboxing import TIMEOUT, caller_env, read_receipt, run_cli, show
+
+#: keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 0): the baseline profile denies it
+#: (EPERM); a filter that allows everything lets it through. Prints "keyctl ok" or "keyctl EN".
+KEYCTL = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 250, "aarch64": 219}[__import__("platform").machine()]
+r = libc.syscall(nr, 0, -4, 0)
+print("keyctl ok" if r >= 0 else "keyctl E%d" % ctypes.get_errno())
+"""
+
+#: Replace each named program file in DIR (argv[1]) by one that allows every syscall, with a
+#: valid checksum (the cache's format: magic, sha256 of the program, the program); make DIR
+#: and the files when missing. Prints "forged N" or the error.
+FORGE = r"""
+import hashlib, os, struct, sys
+d, names = sys.argv[1], sys.argv[2:]
+prog = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)  # BPF_RET|BPF_K, SECCOMP_RET_ALLOW
+blob = b"hcp-linux seccomp bpf v1\n" + hashlib.sha256(prog).digest() + prog
+try:
+    os.makedirs(d, exist_ok=True)
+    for n in names:
+        with open(os.path.join(d, n + ".x"), "wb") as f:
+            f.write(blob)
+        os.replace(os.path.join(d, n + ".x"), os.path.join(d, n))
+    print("forged", len(names))
+except OSError as e:
+    print("refused", e.errno)
+"""
+
+
+def _allow_all() -> bytes:
+    prog = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)
+    return b"hcp-linux seccomp bpf v1\n" + hashlib.sha256(prog).digest() + prog
+
+
+def _python(jail: Path, script: str, *args: str, env: dict[str, str],
+            extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    (jail / "s.py").write_text(script)
+    return run_cli(jail, "python3", str(jail / "s.py"), *args, env=env,
+                   extra=["--allow-bin", "python3", *extra])
+
+
+def _program_names(tmp_path: Path, jail: Path) -> list[str]:
+    """The file names a CLI run's programs have in the cache (its keys do not depend on the
+    directory): those a reference run stores in an empty cache of its own."""
+    ref = tmp_path / "reference-programs"
+    ref.mkdir()
+    p = _python(jail, KEYCTL, env=caller_env({"HCP_LINUX_SECCOMP_CACHE": str(ref)}))
+    assert p.returncode == 0, show(p)
+    names = sorted(f.name for f in ref.glob("*.bpf"))
+    assert names, "the reference run stored no program"
+    return names
+
+
+def test_a_run_whose_jail_is_home_cannot_weaken_the_next_runs_filter(tmp_path: Path) -> None:
+    """The attack that worked: with the jail at $HOME, the command rewrote the programs in
+    ~/.cache/hcp-linux/seccomp, and the next run, in another jail, allowed every syscall.
+    The cache is no longer there: the forged files are not read."""
+    home, other = tmp_path / "home", tmp_path / "other"
+    home.mkdir()
+    other.mkdir()
+    names = _program_names(tmp_path, other)
+    env = caller_env({"HOME": str(home)})
+    env.pop("XDG_CACHE_HOME", None)
+    env.pop("HCP_LINUX_SECCOMP_CACHE", None)
+    old = home / ".cache" / "hcp-linux" / "seccomp"
+    p = _python(home, FORGE, str(old), *names, env=env)
+    assert p.returncode == 0 and f"forged {len(names)}" in p.stdout.decode(), show(p)
+    assert sorted(f.name for f in old.iterdir()) == names  # planted, for real
+    p = _python(other, KEYCTL, env=env)
+    assert p.returncode == 0, show(p)
+    assert p.stdout.decode().split() == ["keyctl", "E1"], show(p)
+    # control: those very files, where this runtime keeps its programs, are loaded
+    env_forged = caller_env({"HCP_LINUX_SECCOMP_CACHE": str(old)})
+    p = _python(other, KEYCTL, env=env_forged)
+    assert p.stdout.decode().split() == ["keyctl", "ok"], show(p)
+
+
+def test_a_program_cache_inside_a_writable_root_is_read_only_to_the_run(tmp_path: Path
+                                                                        ) -> None:
+    """HCP_LINUX_SECCOMP_CACHE inside the jail: the run sees the programs read-only (the
+    receipt says so), the forge fails, the bytes on disk are the compiled ones and the next
+    run still denies keyctl. Control: the same forge, unconfined, makes that run allow it."""
+    jail, other = tmp_path / "jail", tmp_path / "other"
+    jail.mkdir()
+    other.mkdir()
+    programs = jail / "programs"
+    env = caller_env({"HCP_LINUX_SECCOMP_CACHE": str(programs)})
+    p = _python(other, KEYCTL, env=env)  # compiles and stores, from a jail elsewhere
+    assert p.returncode == 0 and p.stdout.decode().split() == ["keyctl", "E1"], show(p)
+    before = {f.name: f.read_bytes() for f in programs.glob("*.bpf")}
+    assert before
+    receipt = tmp_path / "r.json"
+    p = _python(jail, FORGE, str(programs), *before, env=env, extra=("--receipt", str(receipt)))
+    assert p.returncode == 0 and "refused 30" in p.stdout.decode(), show(p)  # EROFS
+    assert {f.name: f.read_bytes() for f in programs.glob("*.bpf")} == before
+    assert read_receipt(receipt)["protected"][str(programs)] == "read-only bind"
+    p = _python(other, KEYCTL, env=env)
+    assert p.stdout.decode().split() == ["keyctl", "E1"], show(p)
+    # control: forged by this (unconfined) process, the next run loads them
+    for name in before:
+        (programs / name).write_bytes(_allow_all())
+    p = _python(other, KEYCTL, env=env)
+    assert p.stdout.decode().split() == ["keyctl", "ok"], show(p)
+    shutil.rmtree(programs)
+
+
+def _config_env(xdg: Path) -> dict[str, str]:
+    env = caller_env({"XDG_CONFIG_HOME": str(xdg),
+                      "HCP_LINUX_SYSTEM_CONFIG": str(xdg / "no-system-config.toml")})
+    env.pop("HCP_LINUX_NO_CONFIG", None)
+    return env
+
+
+def _writes_outside(jail: Path, outside: Path, env: dict[str, str]) -> bool:
+    """Whether a run in ``jail`` (reading the configs) can make a file in ``outside``."""
+    target = outside / "planted"
+    p = run_cli(jail, "/bin/sh", "-c", f"echo x > {target}", env=env)
+    made = target.exists()
+    if made:
+        target.unlink()
+    elif p.returncode not in (0, 1, 2):
+        raise AssertionError(show(p))
+    return made
+
+
+def test_a_run_that_reads_no_config_cannot_plant_one_for_the_next(tmp_path: Path) -> None:
+    """With the jail holding $XDG_CONFIG_HOME, a run that reads no config (--no-config, as
+    the Python API and the driver never read one) writes a user config granting another
+    directory: it is removed when the run ends, and the next run is not widened. Control:
+    the same config written by the user widens that run."""
+    jail, other, outside = tmp_path / "jail", tmp_path / "other", tmp_path / "outside"
+    for d in (jail, other, outside):
+        d.mkdir()
+    os.chmod(tmp_path, 0o755)  # the configs' trust check: no directory others can write
+    xdg = jail / "xdg"
+    config = xdg / "hcp-linux" / "policy.toml"
+    env = _config_env(xdg)
+    text = f'write_roots = ["{outside}"]\n'
+    receipt = tmp_path / "r.json"
+    p = run_cli(jail, "/bin/sh", "-c",
+                f"mkdir -p {config.parent} && printf '%s' '{text}' > {config} && cat {config}",
+                env=env, extra=["--no-config", "--receipt", str(receipt)])
+    assert p.returncode == 0 and p.stdout.decode() == text, show(p)  # it was written
+    assert not config.exists(), "the planted config outlived the run"
+    assert read_receipt(receipt)["protected_sweep"][str(config)] == "removed"
+    assert not _writes_outside(other, outside, env)
+    # control: the user's own config, the same text, grants the directory
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(text)
+    os.chmod(config, 0o644)
+    assert _writes_outside(other, outside, env)
+
+
+def test_an_existing_config_inside_a_writable_root_is_read_only_to_the_run(tmp_path: Path
+                                                                           ) -> None:
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    os.chmod(tmp_path, 0o755)
+    config = jail / "xdg" / "hcp-linux" / "policy.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("read_only_jail = true\n")
+    os.chmod(config, 0o644)
+    env = _config_env(jail / "xdg")
+    p = run_cli(jail, "/bin/sh", "-c", f"echo 'network = \"allow\"' >> {config}; echo rc=$?",
+                env=env, extra=["--no-config"])
+    assert p.returncode == 0 and "rc=0" not in p.stdout.decode(), show(p)
+    assert config.read_text() == "read_only_jail = true\n"
+    # control: unconfined, the same append works
+    with open(config, "a") as f:
+        f.write("# appended\n")
+
+
+def _package_parent_writable() -> bool:
+    return os.access(os.path.dirname(runtime_files.PACKAGE_DIR), os.W_OK)
+
+
+@pytest.mark.skipif(not _package_parent_writable(),
+                    reason="the directory holding hcp_linux is not writable by this user")
+def test_the_runtime_s_own_package_is_read_only_in_a_root_that_holds_it(tmp_path: Path
+                                                                        ) -> None:
+    """A jail holding hcp_linux (a checkout, a venv's site-packages): the command cannot add
+    a file beside the code or hcp-exec; it can beside the package (control)."""
+    jail = Path(runtime_files.PACKAGE_DIR).parent
+    token = f"hcp-probe-{os.getpid()}"
+    inside = Path(runtime_files.PACKAGE_DIR) / "native" / token
+    control = jail / token
+    receipt = tmp_path / "r.json"
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "hcp_linux", "run", "--jail", str(jail),
+             "--protect-missing", "sweep", "--receipt", str(receipt), "--", "/bin/sh", "-c",
+             f"touch {inside}; echo rc=$?; touch {control}; echo rc2=$?"],
+            capture_output=True, timeout=TIMEOUT, cwd="/", env=caller_env())
+        assert p.returncode == 0, show(p)
+        assert not inside.exists() and "rc=0" not in p.stdout.decode().split(), show(p)
+        assert control.exists(), show(p)
+        assert read_receipt(receipt)["protected"][os.path.realpath(runtime_files.PACKAGE_DIR)] \
+            == "read-only bind"
+    finally:
+        for path in (inside, control):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
