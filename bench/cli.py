@@ -10,9 +10,14 @@ isolation equivalent to the default policy (bench/spawn.py's), then hcp-linux:
 - ``in-process``: ``Sandbox(policy).run([...])`` from this (warm) process;
 - ``session``: ``Session.run`` in one long-lived session (the confinement made once);
 - ``CLI, cold caches``: `hcp-linux run -- /bin/true`, a fresh process with an empty
-  ``XDG_CACHE_HOME`` (its seccomp programs compiled by libseccomp, then cached);
+  ``HCP_LINUX_SECCOMP_CACHE`` (its seccomp programs compiled by libseccomp, then cached);
 - ``CLI``: the same with that cache filled, as every run after a user's first;
 - ``CLI, served``: with ``HCP_LINUX_SERVER`` naming a warm `hcp-linux serve`.
+
+When present, the peers' own command lines run the same /bin/true in the same rounds:
+Codex's ``codex sandbox linux -- /bin/true`` (``HCP_BENCH_CODEX`` names the binary, else
+``codex`` on PATH) and Anthropic's sandbox-runtime, ``srt /bin/true`` (``HCP_BENCH_SRT``,
+else ``srt``). Each is tried once first; one that fails here is left out, with why.
 
 There is no separate plan cache (docs/changelog.md: issue #35's measurements): the CLI's
 warm-cache row is the seccomp program cache's. Reports medians and p95 (ms) and the ratios
@@ -53,10 +58,30 @@ def cold_cli(argv: list[str], where: str) -> Callable[[], None]:
         cache = tempfile.mkdtemp(prefix="cache-", dir=where)
         try:
             subprocess.run(argv, check=True, stdout=subprocess.DEVNULL,
-                           env=dict(os.environ, XDG_CACHE_HOME=cache))
+                           env=dict(os.environ, HCP_LINUX_SECCOMP_CACHE=cache))
         finally:
             shutil.rmtree(cache)
     return run
+
+
+def peers() -> list[tuple[str, list[str]]]:
+    """The peers' sandbox command lines found here that run /bin/true (tried once)."""
+    out = []
+    for label, env, name, argv in (
+            ("codex sandbox linux (Codex CLI)", "HCP_BENCH_CODEX", "codex",
+             ["sandbox", "linux", "--", TRUE]),
+            ("srt (Anthropic sandbox-runtime)", "HCP_BENCH_SRT", "srt", [TRUE])):
+        binary = os.environ.get(env) or shutil.which(name)
+        if not binary:
+            continue
+        try:
+            subprocess.run([binary, *argv], check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            print(f"left out: {label} ({binary}): {e}", file=sys.stderr)
+            continue
+        out.append((label, [binary, *argv]))
+    return out
 
 
 def main() -> int:
@@ -79,6 +104,7 @@ def main() -> int:
             from hcp_linux import seccomp_profiles
             rows.append((BWRAP, bwrap(jail, seccomp_profiles.compile_profiles(("baseline",)),
                                       [TRUE]), n))
+        rows += [(name, checked(argv), n) for name, argv in peers()]
         rows += [(IN_PROCESS, lambda: sandbox.run([TRUE], stdout=subprocess.DEVNULL), n),
                  (COLD, cold_cli(run_true, caches), max(10, n // 2)),
                  (CLI, checked(run_true), n)]
