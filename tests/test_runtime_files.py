@@ -225,3 +225,39 @@ def test_the_runtime_s_own_package_is_read_only_in_a_root_that_holds_it(tmp_path
         for path in (inside, control):
             if path.is_file() and not path.is_symlink():
                 path.unlink()
+
+
+#: A profile of the user's own, named by path: keyctl refused.
+PROFILE = """[profile]
+name = "mine"
+description = "keyctl refused"
+default_action = "allow"
+
+[[rule]]
+syscall = "keyctl"
+action = "errno:EPERM"
+why = "the test's"
+"""
+
+
+def test_a_profile_the_policy_names_by_path_is_read_only_to_its_run(tmp_path: Path) -> None:
+    """``--seccomp-profile JAIL/p.toml``: the command rewrites the profile without its rule,
+    and the next run of the same policy would load it. The file is read-only to the run;
+    the next run still refuses keyctl. Control: the same rewrite, unconfined, lets it in."""
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    profile = jail / "p.toml"
+    profile.write_text(PROFILE)
+    weak = PROFILE.replace('syscall = "keyctl"', 'syscall = "acct"')
+    flags = ("--seccomp-profile", str(profile))
+    p = _python(jail, KEYCTL, env=caller_env(), extra=flags)
+    assert p.stdout.decode().split() == ["keyctl", "E1"], show(p)
+    rewrite = f"import sys; open({str(profile)!r}, 'w').write(sys.argv[1])"
+    p = _python(jail, rewrite, weak, env=caller_env(), extra=flags)
+    assert p.returncode != 0 and b"Read-only file system" in p.stderr, show(p)
+    assert profile.read_text() == PROFILE
+    p = _python(jail, KEYCTL, env=caller_env(), extra=flags)
+    assert p.stdout.decode().split() == ["keyctl", "E1"], show(p)
+    profile.write_text(weak)  # control: the weakened profile is what the next run loads
+    p = _python(jail, KEYCTL, env=caller_env(), extra=flags)
+    assert p.stdout.decode().split() == ["keyctl", "ok"], show(p)

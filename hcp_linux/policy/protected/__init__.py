@@ -208,6 +208,8 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     # the runtime's own files a later run trusts (its code, the seccomp programs, the CLI's
     # configs: hcp_linux.runtime_files), kept as the configuration files above are
     configs += [(None, p, p, True) for p in protected_paths()]
+    # and the seccomp profiles this policy names by path: its next run loads them again
+    configs += [(None, p, p, True) for p in _profile_files(policy.seccomp_profiles)]
     # (root, path, key of NAMES or the path, whether a missing one is swept): the top level's
     # names (missing ones swept), then what the nested search finds existing
     entries: list[tuple[str | None, str, str, bool]] = []
@@ -281,6 +283,13 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                   tuple(allowed)) if roots else None
     return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
                  how=tuple(how), sweep=tuple(sweep), stopped=tuple(stopped), after=after)
+
+
+def _profile_files(profiles: tuple[str, ...]) -> list[str]:
+    """The canonical paths of the profiles named by path (hcp_linux.seccomp_profiles'
+    registry: a reference with a ``/`` or ending in ``.toml``), not the shipped ones by name
+    (in the package, protected with it)."""
+    return [os.path.realpath(ref) for ref in profiles if "/" in ref or ref.endswith(".toml")]
 
 
 def _redirected(entries: list[tuple[str | None, str, str, bool]]) -> dict[str, str]:
