@@ -1,7 +1,8 @@
 """The runtime's own files that a later run trusts: kept out of every run's reach.
 
 hcp-linux reads or runs some files of its own again on a later run: its code and the hcp-exec
-binary (this package, with ``native/_build``), the compiled seccomp programs
+binary (this package, with ``native/_build``), the Python environment it starts in (a ``.pth``
+file there runs at every start), the compiled seccomp programs
 (:mod:`hcp_linux.seccomp_profiles.cache`, in the virtual environment) and the CLI's configs
 (``/etc/hcp-linux/policy.toml``, ``$XDG_CONFIG_HOME/hcp-linux/policy.toml``). A run whose
 writable root holds one of them could rewrite it, and the next run of this user, in any jail
@@ -16,6 +17,7 @@ Only os is imported: the CLI looks for its configs on every run.
 from __future__ import annotations
 
 import os
+import sys
 
 #: This package's directory: its code, and native/_build (hcp-exec).
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -50,13 +52,28 @@ def config_candidates() -> list[tuple[str, str]]:
     return out
 
 
+def interpreter_environment() -> list[str]:
+    """Where the Python that runs hcp-linux takes code from at every start: its prefix (a
+    virtual environment: its ``bin``, its ``site-packages`` and their ``.pth`` files, the
+    packages hcp-linux imports) and the user's site-packages when Python reads it. A run
+    that could add a ``.pth`` file there would run its code in the next ``hcp-linux``."""
+    out = [sys.prefix]
+    site = sys.modules.get("site")  # imported at start-up (not under -S)
+    if site is not None and getattr(site, "ENABLE_USER_SITE", False):
+        user_site = getattr(site, "USER_SITE", None)
+        if user_site:
+            out.append(user_site)
+    return out
+
+
 def protected_paths() -> list[str]:
     """Canonical paths of the files above, as this process names them now (its environment
     says where the configs and the program cache are): this package's directory, the
-    seccomp program cache, and each config the CLI would look for,
+    interpreter's environment, the seccomp program cache, and each config the CLI would
+    look for,
     whether or not it exists (a run must not make one either)."""
     from .seccomp_profiles.cache import cache_dir
-    paths = [PACKAGE_DIR]
+    paths = [PACKAGE_DIR, *interpreter_environment()]
     programs = cache_dir()
     if programs is not None:
         paths.append(programs)

@@ -261,3 +261,34 @@ def test_a_profile_the_policy_names_by_path_is_read_only_to_its_run(tmp_path: Pa
     profile.write_text(weak)  # control: the weakened profile is what the next run loads
     p = _python(jail, KEYCTL, env=caller_env(), extra=flags)
     assert p.stdout.decode().split() == ["keyctl", "ok"], show(p)
+
+
+def _venv_parent_writable() -> bool:
+    return sys.prefix != sys.base_prefix and os.access(os.path.dirname(sys.prefix), os.W_OK)
+
+
+@pytest.mark.skipif(not _venv_parent_writable(),
+                    reason="not in a virtual environment whose parent this user can write")
+def test_the_interpreter_s_environment_is_read_only_in_a_root_that_holds_it(tmp_path: Path
+                                                                            ) -> None:
+    """A jail holding the virtual environment hcp-linux runs in (a project's .venv): a
+    ``.pth`` file added to its site-packages would run in every later start of hcp-linux,
+    unconfined. The command cannot add one; it can add a file beside the environment."""
+    import sysconfig
+    jail = Path(sys.prefix).parent
+    site = Path(sysconfig.get_path("purelib"))
+    token = f"hcp-probe-{os.getpid()}"
+    pth, control = site / f"{token}.pth", jail / token
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "hcp_linux", "run", "--jail", str(jail),
+             "--protect-missing", "sweep", "--", "/bin/sh", "-c",
+             f"echo 'import os' > {pth}; echo rc=$?; touch {control}; echo rc2=$?"],
+            capture_output=True, timeout=TIMEOUT, cwd="/", env=caller_env())
+        assert p.returncode == 0, show(p)
+        assert not pth.exists() and "rc=0" not in p.stdout.decode().split(), show(p)
+        assert control.exists(), show(p)
+    finally:
+        for path in (pth, control):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
