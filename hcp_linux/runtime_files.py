@@ -80,7 +80,20 @@ def protected_paths() -> list[str]:
     paths += [path for _, path in config_candidates()]
     out: list[str] = []
     for path in paths:
-        real = os.path.realpath(path)
-        if real not in out:
-            out.append(real)
+        # what the path leads to, and each symlink on the way as written: a run that could
+        # re-point one (~/.config/hcp-linux -> a dotfiles checkout) would choose what the
+        # next run reads there; a protected symlink is restored after the run
+        for found in (*_links_on(os.path.abspath(path)), os.path.realpath(path)):
+            if found not in out:
+                out.append(found)
+    return out
+
+
+def _links_on(path: str) -> list[str]:
+    """The symlinks among ``path``'s components, each as the path that names it."""
+    out, current = [], "/"
+    for part in path.strip("/").split("/"):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            out.append(current)
     return out

@@ -292,3 +292,34 @@ def test_the_interpreter_s_environment_is_read_only_in_a_root_that_holds_it(tmp_
         for path in (pth, control):
             if path.is_file() and not path.is_symlink():
                 path.unlink()
+
+
+def test_a_link_on_the_config_s_path_is_restored_after_the_run(tmp_path: Path) -> None:
+    """``$XDG_CONFIG_HOME/hcp-linux`` a symlink inside the jail (to a dotfiles checkout):
+    the command re-points it at a directory holding a config that grants another directory.
+    The link is restored after the run; the next run reads the user's config, not that one.
+    Control: left re-pointed (the same link made unconfined), the next run is widened."""
+    jail, other, outside = tmp_path / "jail", tmp_path / "other", tmp_path / "outside"
+    dotfiles = tmp_path / "dotfiles" / "hcp-linux"
+    for d in (jail, other, outside, dotfiles):
+        d.mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    (dotfiles / "policy.toml").write_text("read_only_jail = false\n")
+    os.chmod(dotfiles / "policy.toml", 0o644)
+    xdg = jail / "xdg"
+    xdg.mkdir()
+    link = xdg / "hcp-linux"
+    link.symlink_to(dotfiles)
+    env = _config_env(xdg)
+    evil = jail / "evil"
+    script = (f"mkdir -p {evil} && printf 'write_roots = [\"{outside}\"]\\n' > {evil}/policy.toml"
+              f" && ln -sfn {evil} {link}.new && mv -T {link}.new {link} && echo moved")
+    p = run_cli(jail, "/bin/sh", "-c", script, env=env, extra=["--no-config"])
+    assert p.returncode == 0 and "moved" in p.stdout.decode(), show(p)
+    assert os.readlink(link) == str(dotfiles), "the re-pointed link outlived the run"
+    assert not _writes_outside(other, outside, env)
+    # control: the same link, re-pointed by the user, widens the next run
+    os.chmod(evil / "policy.toml", 0o644)
+    link.unlink()
+    link.symlink_to(evil)
+    assert _writes_outside(other, outside, env)
