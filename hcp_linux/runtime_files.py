@@ -79,21 +79,28 @@ def protected_paths() -> list[str]:
         paths.append(programs)
     paths += [path for _, path in config_candidates()]
     out: list[str] = []
+    looked: dict[str, bool] = {}  # component -> is a symlink (the paths share prefixes)
     for path in paths:
         # what the path leads to, and each symlink on the way as written: a run that could
         # re-point one (~/.config/hcp-linux -> a dotfiles checkout) would choose what the
-        # next run reads there; a protected symlink is restored after the run
-        for found in (*_links_on(os.path.abspath(path)), os.path.realpath(path)):
+        # next run reads there; a protected symlink is restored after the run. With no
+        # symlink and no "..", the path as written is where it leads (one lstat a component)
+        links = _links_on(os.path.abspath(path), looked)
+        plain = not links and ".." not in path.split("/")
+        for found in (*links, os.path.abspath(path) if plain else os.path.realpath(path)):
             if found not in out:
                 out.append(found)
     return out
 
 
-def _links_on(path: str) -> list[str]:
+def _links_on(path: str, looked: dict[str, bool]) -> list[str]:
     """The symlinks among ``path``'s components, each as the path that names it."""
     out, current = [], "/"
     for part in path.strip("/").split("/"):
         current = os.path.join(current, part)
-        if os.path.islink(current):
+        link = looked.get(current)
+        if link is None:
+            link = looked[current] = os.path.islink(current)
+        if link:
             out.append(current)
     return out
