@@ -880,3 +880,33 @@ def test_a_protected_name_inside_a_protected_directory_keeps_it_read_only(jail: 
     p = run_cli(jail, "/bin/sh", "-c", plant, extra=["--allow-write-protected", ".claude"])
     assert_ok(p)
     assert "plant=ok" in out(p) and (agents / "planted.md").read_text() == "evil\n", show(p)
+
+
+def test_a_home_s_login_editor_and_path_files_are_not_planted(jail: Path) -> None:
+    """A jail that is a home directory: what runs at the user's next git command anywhere
+    (~/.config/git/config), next command (~/.local/bin, before /usr/bin on Debian's PATH),
+    next login (~/.config/systemd/user) or editor start (~/.vimrc). Existing ones are
+    read-only; what the run makes at a missing one is gone after it. Control:
+    --allow-write-protected lets the same writes land."""
+    (jail / ".local" / "bin").mkdir(parents=True)
+    (jail / ".config" / "git").mkdir(parents=True)
+    (jail / ".config" / "git" / "config").write_text("[user]\n\tname = me\n")
+    plant = ("printf '#!/bin/sh\\n' > .local/bin/git && echo bin=ok || echo bin=denied; "
+             "printf '[core]\\n\\tfsmonitor = touch /tmp/x\\n' >> .config/git/config "
+             "&& echo git=ok || echo git=denied; "
+             "mkdir -p .config/systemd/user && echo '[Service]' > .config/systemd/user/a.service"
+             " && echo unit=ok; echo 'silent !touch /tmp/x' > .vimrc && echo vimrc=ok")
+    p = run_cli(jail, "/bin/sh", "-c", plant)
+    assert_ok(p)
+    assert "bin=denied" in out(p) and "git=denied" in out(p), show(p)
+    assert "unit=ok" in out(p) and "vimrc=ok" in out(p), show(p)  # missing: made, then gone
+    assert not (jail / ".local" / "bin" / "git").exists()
+    assert (jail / ".config" / "git" / "config").read_text() == "[user]\n\tname = me\n"
+    assert not (jail / ".config" / "systemd" / "user").exists() and not (jail / ".vimrc").exists()
+    allow = [a for n in (".local/bin", ".config/git/config", ".config/systemd/user", ".vimrc")
+             for a in ("--allow-write-protected", n)]
+    p = run_cli(jail, "/bin/sh", "-c", plant, extra=allow)
+    assert_ok(p)
+    assert "bin=ok" in out(p) and "git=ok" in out(p), show(p)
+    assert (jail / ".local" / "bin" / "git").exists() and (jail / ".vimrc").exists()
+    assert (jail / ".config" / "systemd" / "user" / "a.service").exists()

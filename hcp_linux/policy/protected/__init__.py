@@ -68,7 +68,10 @@ DEFAULT_DEPTH = 3
 MAX_DEPTH = 16
 
 #: Names whose placeholder is an empty directory (the tools that read them expect one).
-_DIR_NAMES = frozenset({".git/hooks", ".vscode", ".idea", ".claude", ".cursor", ".ssh"})
+_DIR_NAMES = frozenset({".git/hooks", ".vscode", ".idea", ".claude", ".cursor", ".ssh",
+                        ".config/fish/conf.d", ".config/systemd/user",
+                        ".config/environment.d", ".config/autostart", ".local/bin",
+                        ".config/direnv", ".vim", ".config/nvim", ".emacs.d"})
 
 #: The top-level names ``quiet`` gives a placeholder in a root holding ``.git`` (a project
 #: an editor may have open; a bare jail gets none, so what a driver lists there is its own):

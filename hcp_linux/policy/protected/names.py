@@ -36,6 +36,24 @@ NAMES: dict[str, str] = {
     ".claude": "an agent's settings: hooks and permissions",
     ".cursor": "an editor agent's rules, settings and MCP servers",
     ".ssh": "authorized_keys, config (ProxyCommand) of a home directory",
+    # a home directory's own, run without the user choosing to run the project: at the next
+    # git command anywhere, shell, login or editor start
+    ".config/git/config": "git's user config where XDG puts it: the same commands as "
+                          ".gitconfig, on any repository's next git status",
+    ".config/fish/config.fish": "sourced by fish", ".config/fish/conf.d": "each file "
+                                                    "sourced by fish",
+    ".config/systemd/user": "user units systemd starts (at the next login, or on a timer)",
+    ".config/environment.d": "variables systemd sets for the user's session (PATH, "
+                             "LD_PRELOAD)",
+    ".config/autostart": "programs a desktop session starts at the next login",
+    ".xsessionrc": "sourced by the X session at login", ".xprofile": "sourced by display "
+                                                                     "managers at login",
+    ".local/bin": "on PATH, before /usr/bin in Debian's .profile: a planted git or ls "
+                  "runs at the user's next command",
+    ".config/direnv": "direnvrc and lib/*.sh, sourced by direnv in every directory",
+    ".vimrc": "run by vim at every start", ".vim": "plugins vim loads at every start",
+    ".config/nvim": "init.lua and plugins, run by nvim at every start",
+    ".emacs": "run by emacs at every start", ".emacs.d": "init.el, run by emacs at every start",
 }
 
 #: A name protected only when it is not a directory (its protected children are listed).
