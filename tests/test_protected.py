@@ -910,3 +910,27 @@ def test_a_home_s_login_editor_and_path_files_are_not_planted(jail: Path) -> Non
     assert "bin=ok" in out(p) and "git=ok" in out(p), show(p)
     assert (jail / ".local" / "bin" / "git").exists() and (jail / ".vimrc").exists()
     assert (jail / ".config" / "systemd" / "user" / "a.service").exists()
+
+
+def test_a_home_s_agent_and_tool_settings_are_not_planted(jail: Path) -> None:
+    """A jail that is a home directory: the settings other agents and tools read in any
+    project, naming commands they run (Codex's sandbox mode and MCP servers, kubectl's exec
+    plugin, the AWS credential_process). Existing ones are read-only; what the run makes at
+    a missing one is gone after it. Control: --allow-write-protected lets them land."""
+    (jail / ".aws").mkdir()
+    (jail / ".aws" / "config").write_text("[default]\nregion = x\n")
+    plant = ("mkdir -p .codex .kube && "
+             "echo 'sandbox_mode = \"danger-full-access\"' > .codex/config.toml && "
+             "echo 'users: [{user: {exec: {command: /tmp/x}}}]' > .kube/config && echo made; "
+             "echo 'credential_process = /tmp/x' >> .aws/config && echo aws=ok || echo aws=denied")
+    p = run_cli(jail, "/bin/sh", "-c", plant)
+    assert_ok(p)
+    assert "made" in out(p) and "aws=denied" in out(p), show(p)
+    assert not (jail / ".codex").exists() and not (jail / ".kube" / "config").exists()
+    assert (jail / ".aws" / "config").read_text() == "[default]\nregion = x\n"
+    allow = [a for n in (".codex", ".kube/config", ".aws/config")
+             for a in ("--allow-write-protected", n)]
+    p = run_cli(jail, "/bin/sh", "-c", plant, extra=allow)
+    assert_ok(p)
+    assert "aws=ok" in out(p) and (jail / ".codex" / "config.toml").exists(), show(p)
+    assert (jail / ".kube" / "config").exists()

@@ -71,7 +71,8 @@ MAX_DEPTH = 16
 _DIR_NAMES = frozenset({".git/hooks", ".vscode", ".idea", ".claude", ".cursor", ".ssh",
                         ".config/fish/conf.d", ".config/systemd/user",
                         ".config/environment.d", ".config/autostart", ".local/bin",
-                        ".config/direnv", ".vim", ".config/nvim", ".emacs.d"})
+                        ".config/direnv", ".vim", ".config/nvim", ".emacs.d", ".codex",
+                        ".gemini", ".config/opencode"})
 
 #: The top-level names ``quiet`` gives a placeholder in a root holding ``.git`` (a project
 #: an editor may have open; a bare jail gets none, so what a driver lists there is its own):

@@ -54,6 +54,18 @@ NAMES: dict[str, str] = {
     ".vimrc": "run by vim at every start", ".vim": "plugins vim loads at every start",
     ".config/nvim": "init.lua and plugins, run by nvim at every start",
     ".emacs": "run by emacs at every start", ".emacs.d": "init.el, run by emacs at every start",
+    # the agents' and tools' own settings in a home, that name commands they run (or what
+    # their sandbox lets through) at the user's next session of that tool, in any project
+    ".codex": "Codex CLI's config.toml: sandbox mode, approval policy, MCP servers (commands)",
+    ".gemini": "Gemini CLI's settings.json: MCP servers (commands), tools it runs unasked",
+    ".config/opencode": "opencode's config: MCP servers (commands), permissions",
+    ".srt-settings.json": "sandbox-runtime's settings: what its sandbox lets a command reach",
+    ".kube/config": "exec credential plugins: the command kubectl runs on every call",
+    ".aws/config": "credential_process: the command the AWS CLI and SDKs run for "
+                   "credentials",
+    ".docker/config.json": "credHelpers: the docker-credential-* program docker runs",
+    ".gnupg/gpg-agent.conf": "pinentry-program: what gpg-agent runs for a passphrase (a "
+                             "signed git commit)",
 }
 
 #: A name protected only when it is not a directory (its protected children are listed).
