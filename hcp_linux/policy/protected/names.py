@@ -68,6 +68,16 @@ NAMES: dict[str, str] = {
                              "signed git commit)",
 }
 
+#: Names that mean something only at a root's top, where the root is a home directory: a
+#: home's own settings (git reads $XDG_CONFIG_HOME/git/config, never a project's
+#: sub/.config/git/config). The search below the top level does not look for them.
+TOP_ONLY = frozenset({
+    ".config/git/config", ".config/fish/config.fish", ".config/fish/conf.d",
+    ".config/systemd/user", ".config/environment.d", ".config/autostart", ".xsessionrc",
+    ".xprofile", ".local/bin", ".config/direnv", ".vimrc", ".vim", ".config/nvim", ".emacs",
+    ".emacs.d", ".codex", ".gemini", ".config/opencode", ".srt-settings.json", ".kube/config",
+    ".aws/config", ".docker/config.json", ".gnupg/gpg-agent.conf"})
+
 #: A name protected only when it is not a directory (its protected children are listed).
 FILE_ONLY = frozenset({".git"})
 

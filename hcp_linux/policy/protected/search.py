@@ -16,7 +16,7 @@ import os
 import time
 import _thread  # threading.Lock without importing threading (the served client's sweep)
 
-from .names import GIT_DIR_NAMES, NAMES
+from .names import GIT_DIR_NAMES, NAMES, TOP_ONLY
 
 #: Directories the nested search does not enter: dependency trees, virtual environments and
 #: caches, where no tool of the user's looks for settings to run, and which hold most of a
@@ -44,11 +44,13 @@ RACY_NS = 1_000_000_000
 
 #: The entry names a search looks at (the rest of a directory matters only as
 #: subdirectories to enter): the first component of each name, a git directory's names.
-_WATCHED = frozenset({n.split("/", 1)[0] for n in NAMES} | set(GIT_DIR_NAMES)
+_WATCHED = frozenset({n.split("/", 1)[0] for n in NAMES if n not in TOP_ONLY}
+                     | set(GIT_DIR_NAMES)
                      | {"HEAD", "modules", "worktrees"})
 #: The names of NAMES looked for below the top level: those a directory itself holds
 #: (a ``.git`` directory's own are looked for in it, :meth:`Search._git`).
-_NESTED = tuple((n, n.split("/", 1)[0]) for n in NAMES if not n.startswith(".git/"))
+_NESTED = tuple((n, n.split("/", 1)[0]) for n in NAMES
+                if not n.startswith(".git/") and n not in TOP_ONLY)
 
 
 class Listing:
