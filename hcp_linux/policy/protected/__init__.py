@@ -231,6 +231,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     derived = _redirected(entries)
     entries.extend((None, path, key, True) for path, key in derived.items())
     seen: set[str] = set()
+    dirs: dict[str, str] = {}  # the directories on the way, looked at once (_look)
     for root, path, name, sweep_missing in entries:
         if path in seen:
             continue
@@ -244,7 +245,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
         if name in allowed or path in allowed:
             how.append((path, ALLOWED))
             continue
-        kind, target, parents = _look(root, path)
+        kind, target, parents = _look(root, path, dirs)
         if not sweep_missing and kind in ("missing", "missing-parent"):
             continue  # a nested name that is not there: the search found it, then it went
         placed = False
@@ -254,6 +255,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                 (place and top) or (top and root in projects and name in _QUIET_NAMES)
                 or (place_git and name.startswith(".git/"))):  # in an existing git dir
             placed = _make_placeholder(path, name)
+            dirs.clear()  # a placeholder directory may lie on the way to a later name
             kind, target, parents = _look(root, path)  # made, or what appeared meanwhile
         if parents is None or (kind == "dir" and name in FILE_ONLY):
             # under a file or symlink (a gitdir-pointer .git: itself protected), or the .git
@@ -366,23 +368,27 @@ def _own_like_parent(fd: int, name: str) -> None:
         os.chown(name, st.st_uid, st.st_gid, dir_fd=fd, follow_symlinks=False)
 
 
-def _look(root: str, path: str) -> tuple[str, str | None, list[str] | None]:
+def _look(root: str, path: str, dirs: dict[str, str] | None = None
+          ) -> tuple[str, str | None, list[str] | None]:
     """(kind, symlink target, the existing real directories strictly between ``root`` and
     ``path``; None when one of them is not a real directory). Kind: file, dir, symlink,
     other, missing (the parent exists), missing-parent. Most names are missing: one
-    faccessat each (no exception raised), an lstat only for what exists."""
+    faccessat each (no exception raised), an lstat only for what exists. ``dirs``: what
+    this pass found of each directory on the way ("dir", "missing", "other"), shared by the
+    names of one lookup (``.config/git/config``, ``.config/nvim``... look at ``.config`` once)."""
     parents: list[str] = []
     rel = path[len(root):].strip("/").split("/")
     at = root
     for part in rel[:-1]:
         at = at.rstrip("/") + "/" + part
-        if not os.access(at, os.F_OK, follow_symlinks=False):
+        kind = dirs.get(at) if dirs is not None else None
+        if kind is None:
+            kind = _dir_kind(at)
+            if dirs is not None:
+                dirs[at] = kind
+        if kind == "missing":
             return "missing-parent", None, parents
-        try:
-            st = os.lstat(at)
-        except FileNotFoundError:
-            return "missing-parent", None, parents
-        if not stat.S_ISDIR(st.st_mode):
+        if kind != "dir":
             return "missing-parent", None, None
         parents.append(at)
     if not os.access(path, os.F_OK, follow_symlinks=False):
@@ -398,6 +404,17 @@ def _look(root: str, path: str) -> tuple[str, str | None, list[str] | None]:
     if stat.S_ISDIR(st.st_mode):
         return "dir", None, parents
     return "other", None, parents
+
+
+def _dir_kind(path: str) -> str:
+    """"dir" (a real directory), "missing", or "other" (a file, a symlink...)."""
+    if not os.access(path, os.F_OK, follow_symlinks=False):
+        return "missing"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    return "dir" if stat.S_ISDIR(st.st_mode) else "other"
 
 
 # --- after the run -------------------------------------------------------------------------
