@@ -903,9 +903,8 @@ def test_a_home_s_login_editor_and_path_files_are_not_planted(jail: Path) -> Non
     assert not (jail / ".local" / "bin" / "git").exists()
     assert (jail / ".config" / "git" / "config").read_text() == "[user]\n\tname = me\n"
     assert not (jail / ".config" / "systemd" / "user").exists() and not (jail / ".vimrc").exists()
-    allow = [a for n in (".local/bin", ".config/git/config", ".config/systemd/user", ".vimrc")
-             for a in ("--allow-write-protected", n)]
-    p = run_cli(jail, "/bin/sh", "-c", plant, extra=allow)
+    p = run_cli(jail, "/bin/sh", "-c", plant, extra=_allowing(
+        ".local/bin", ".config/git/config", ".config/systemd/user", ".vimrc"))
     assert_ok(p)
     assert "bin=ok" in out(p) and "git=ok" in out(p), show(p)
     assert (jail / ".local" / "bin" / "git").exists() and (jail / ".vimrc").exists()
@@ -928,9 +927,13 @@ def test_a_home_s_agent_and_tool_settings_are_not_planted(jail: Path) -> None:
     assert "made" in out(p) and "aws=denied" in out(p), show(p)
     assert not (jail / ".codex").exists() and not (jail / ".kube" / "config").exists()
     assert (jail / ".aws" / "config").read_text() == "[default]\nregion = x\n"
-    allow = [a for n in (".codex", ".kube/config", ".aws/config")
-             for a in ("--allow-write-protected", n)]
-    p = run_cli(jail, "/bin/sh", "-c", plant, extra=allow)
+    p = run_cli(jail, "/bin/sh", "-c", plant,
+                extra=_allowing(".codex", ".kube/config", ".aws/config"))
     assert_ok(p)
     assert "aws=ok" in out(p) and (jail / ".codex" / "config.toml").exists(), show(p)
     assert (jail / ".kube" / "config").exists()
+
+
+def _allowing(*names: str) -> list[str]:
+    """``--allow-write-protected NAME`` for each name: the controls' opt-out."""
+    return [arg for name in names for arg in ("--allow-write-protected", name)]
