@@ -69,7 +69,7 @@ NAMES: dict[str, str] = {
 }
 
 #: Names that mean something only at a root's top, where the root is a home directory: a
-#: home's own settings (git reads $XDG_CONFIG_HOME/git/config, never a project's
+#: home's own settings (git reads the user's ~/.config/git/config, never a project's
 #: sub/.config/git/config). The search below the top level does not look for them.
 TOP_ONLY = frozenset({
     ".config/git/config", ".config/fish/config.fish", ".config/fish/conf.d",
