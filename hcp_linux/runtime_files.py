@@ -4,7 +4,8 @@ hcp-linux reads or runs some files of its own again on a later run: its code and
 binary (this package, with ``native/_build``), the Python environment it starts in (a ``.pth``
 file there runs at every start), the compiled seccomp programs
 (:mod:`hcp_linux.seccomp_profiles.cache`, in the virtual environment) and the CLI's configs
-(``/etc/hcp-linux/policy.toml``, ``$XDG_CONFIG_HOME/hcp-linux/policy.toml``). A run whose
+(``/etc/hcp-linux/policy.toml``, ``$XDG_CONFIG_HOME/hcp-linux/policy.toml``), and the socket
+of the user's own planner (:func:`server_directory`). A run whose
 writable root holds one of them could rewrite it, and the next run of this user, in any jail
 and through any runtime (one that reads no config itself, too), would be wider: a seccomp
 program that allows everything, a config that grants ``/`` or the network, another binary.
@@ -52,6 +53,18 @@ def config_candidates() -> list[tuple[str, str]]:
     return out
 
 
+def server_directory() -> str:
+    """Where the user's own `hcp-linux serve --auto` listens (hcp_linux.cli.auto_server):
+    ``$XDG_RUNTIME_DIR/hcp-linux`` for an absolute XDG_RUNTIME_DIR, else
+    ``/tmp/hcp-linux-UID``. A later run connects to the socket there; one that a run could
+    replace would at best cost the next runs their server (the client refuses a server
+    under a confinement it lacks), so no run may write there."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if base.startswith("/"):
+        return os.path.join(os.path.normpath(base), "hcp-linux")
+    return f"/tmp/hcp-linux-{os.geteuid()}"
+
+
 def interpreter_environment() -> list[str]:
     """Where the Python that runs hcp-linux takes code from at every start: its prefix (a
     virtual environment: its ``bin``, its ``site-packages`` and their ``.pth`` files, the
@@ -69,15 +82,16 @@ def interpreter_environment() -> list[str]:
 def protected_paths() -> list[str]:
     """Canonical paths of the files above, as this process names them now (its environment
     says where the configs and the program cache are): this package's directory, the
-    interpreter's environment, the seccomp program cache, and each config the CLI would
-    look for,
-    whether or not it exists (a run must not make one either)."""
+    interpreter's environment, the seccomp program cache, each config the CLI would look
+    for and the user's server's directory, whether or not it exists (a run must not make
+    one either)."""
     from .seccomp_profiles.cache import cache_dir
     paths = [PACKAGE_DIR, *interpreter_environment()]
     programs = cache_dir()
     if programs is not None:
         paths.append(programs)
     paths += [path for _, path in config_candidates()]
+    paths.append(server_directory())
     out: list[str] = []
     looked: dict[str, bool] = {}  # component -> is a symlink (the paths share prefixes)
     for path in paths:

@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _conformance(args)
         if args.cmd == "serve":
             from .serve import serve
-            return serve(args.socket)
+            return serve(args.socket, args.idle_exit, args.auto)
         if args.cmd == "gc":
             return _gc(args)
         if args.cmd == "profile":

@@ -211,8 +211,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if only in (None, "serve"):
         sv = sub.add_parser("serve", help="compile plans for `hcp-linux run` in a warm process "
                                           "(clients: HCP_LINUX_SERVER=SOCKET)")
-        sv.add_argument("--socket", action=_Once, required=True, metavar="PATH",
-                        help="the unix socket to listen on (made mode 0600)")
+        where = sv.add_mutually_exclusive_group(required=True)
+        where.add_argument("--socket", action=_Once, metavar="PATH",
+                           help="the unix socket to listen on (made mode 0600)")
+        where.add_argument("--auto", action="store_true",
+                           help="the user's own server, as HCP_LINUX_SERVER=auto starts it: "
+                                "its socket in $XDG_RUNTIME_DIR/hcp-linux (else "
+                                "/tmp/hcp-linux-UID), exits after 300 s idle; quiet when "
+                                "one is there already")
+        sv.add_argument("--idle-exit", type=_positive_seconds, metavar="SECONDS",
+                        help="exit after this long without a request (default: never; "
+                             "--auto: 300)")
     return p
 
 
@@ -286,6 +295,18 @@ def _add_field(parser: argparse.ArgumentParser, f: policy_flags.Field) -> None:
         kwargs.update(action=_Once, type=_typed(f.type) if f.type else None,
                       choices=f.choices)
     parser.add_argument(f.flag, **kwargs)
+
+
+def _positive_seconds(text: str) -> float:
+    """``serve --idle-exit``: a number of seconds, finite and above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}: give a "
+                                         f"number above 0, like 300 or 0.5")
+    return value
 
 
 def _typed(convert: Any) -> Any:

@@ -11,7 +11,9 @@ seccomp filters, cgroup, limits), never the server's. The server runs nothing.
 Anything unexpected (no server, a server that is not this user's or lives in other
 namespaces or under a confinement this process does not have, a policy file, a preset, a
 config, a pack, ``--network allow``, a host without the layers the fast path needs) falls
-back to the ordinary in-process run, which gives the same result. This module and the client import only
+back to the ordinary in-process run, which gives the same result. ``HCP_LINUX_SERVER=auto``
+names the user's own server, which a run starts when there is none
+(hcp_linux.cli.auto_server). This module and the client import only
 what that path needs (no dataclasses, subprocess, argparse...): that is the point of them.
 """
 from __future__ import annotations
@@ -57,17 +59,37 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     global _at_once
     args = list(sys.argv[1:] if argv is None else argv)
     server = os.environ.get("HCP_LINUX_SERVER")
+    start_server = False
     if server and args[:1] == ["run"] and not _configs(args):
-        from .serve_client import run_via_server
+        from . import serve_client
+        auto = server == "auto"  # the user's own server (hcp_linux.cli.auto_server)
+        if auto:
+            server = _auto_socket()
         try:
-            code = run_via_server(server, args)
+            code = None if server is None else serve_client.run_via_server(server, args, auto)
         except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
             from .interrupt import die_by
             die_by(2)
         if code is not None:
             _at_once = True
             return code
+        start_server = auto and serve_client.absent
     from . import cli
     code = cli.main(args)
     _at_once = cli.run_over
+    if start_server and cli.run_over:  # a run that ran (a refused one starts nothing)
+        from .auto_server import start
+        start()
     return code
+
+
+def _auto_socket() -> "str | None":
+    """The user's own server's socket, or None (with the line that says why) when its
+    directory is not the user's alone."""
+    from .auto_server import directory, socket_path, unusable
+    why = unusable(directory())
+    if why is None:
+        return socket_path()
+    from .serve_client import not_using
+    not_using(f"HCP_LINUX_SERVER=auto ({directory()})", why)
+    return None

@@ -30,7 +30,7 @@ import signal
 import socket
 import stat
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from .. import receipt_keys as keys
 from .. import native, protocol
@@ -56,9 +56,17 @@ REQUEST_TIMEOUT = 10.0
 SERVED_LAYERS = frozenset({"userns", "mountns", "pidns"})
 
 
-def serve(path: str) -> int:
-    """Listen on ``path`` until SIGTERM or SIGINT; then remove it."""
-    server = _Server(_socket_path(path))
+def serve(path: str | None, idle_exit: float | None = None, auto: bool = False) -> int:
+    """Listen on ``path`` until SIGTERM or SIGINT, or ``idle_exit`` seconds without a
+    request, or until this server's code changes; then remove it. ``auto``: the user's own
+    server's socket instead (hcp_linux.cli.auto_server), started by a run."""
+    if auto:
+        server = _auto_server(idle_exit)
+        if server is None:
+            return 0  # another one is there, or starting: the runs have a server
+    else:
+        assert path is not None
+        server = _Server(_socket_path(path), idle_exit)
     shown = printable(server.path)
     print(f"hcp-linux serve: listening on {shown} (clients: HCP_LINUX_SERVER={shown})",
           file=sys.stderr, flush=True)
@@ -88,10 +96,48 @@ def _socket_path(path: str) -> str:
     return absolute
 
 
+def _auto_server(idle_exit: float | None) -> "_Server | None":
+    """The user's own server (`serve --auto`), listening; None when another one listens
+    or is starting (it holds the lock): two runs that found none each start one."""
+    import fcntl
+
+    from .auto_server import IDLE_EXIT, directory, lock_path, make_directory, socket_path
+    os.chdir("/")  # hold no directory of the run that started it
+    where = directory()
+    try:
+        make_directory(where)
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        raise SandboxError(f"serve: {printable(where)}: {why}") from None
+    lock = [os.open(lock_path(),
+                    os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)]
+
+    def unlock() -> None:  # listening (or not): a later server finds the socket answered
+        if lock:
+            os.close(lock.pop())
+    try:
+        try:
+            fcntl.flock(lock[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        try:  # unlocked before the warm-up: a server stopped then must not keep others out
+            return _Server(socket_path(), IDLE_EXIT if idle_exit is None else idle_exit,
+                           listening=unlock)
+        except _Listening:
+            return None
+    finally:
+        unlock()
+
+
 class _Server:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, idle_exit: float | None = None,
+                 listening: "Callable[[], None] | None" = None) -> None:
+        self.code = _code_identity()  # before a client can see it listen
         self.path = path
         self.listener, self.inode = _listen(path)
+        if listening is not None:
+            listening()
+        self.idle_exit = idle_exit
         self.parser = build_parser()  # holds no state between parses
         self.stopping = False
         try:
@@ -103,12 +149,22 @@ class _Server:
     def loop(self) -> None:
         while not self.stopping:
             try:
+                if self.idle_exit is not None and not _readable(self.listener,
+                                                                self.idle_exit):
+                    return  # idle for --idle-exit seconds
+                # blocking: after stop()'s shutdown it fails at once (a listener with a
+                # timeout is non-blocking, and its accept would retry EAGAIN, spinning)
                 conn, _ = self.listener.accept()
             except OSError:
                 if self.stopping:
                     return
                 raise
             with conn:
+                if _code_identity() != self.code:
+                    # upgraded or rebuilt under it: plans of the old code for the new
+                    # hcp-exec (or none) are not its to make; the client runs in-process
+                    conn.sendall(encode([b"fallback", b"the server's code changed"]))
+                    return
                 try:
                     self.serve_one(conn)
                 except Exception as e:  # the client falls back; the server goes on
@@ -202,9 +258,35 @@ def _remove_stale_socket(path: str, shown: str) -> None:
     except OSError as e:
         raise SandboxError(f"serve: {shown}: {e.strerror or e}") from None
     else:
-        raise SandboxError(f"serve: {shown}: another server is listening there")
+        raise _Listening(f"serve: {shown}: another server is listening there")
     finally:
         probe.close()
+
+
+def _readable(listener: socket.socket, seconds: float) -> bool:
+    """Whether a client (or stop()'s shutdown) comes within ``seconds``."""
+    import select
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
+
+
+class _Listening(SandboxError):
+    """Another server answers at the socket's path (left as it is)."""
+
+
+def _code_identity() -> list[tuple[int, int, int] | None]:
+    """(device, inode, mtime) of hcp-exec and of this module's and the package's files: a
+    server outlives an upgrade of the package it was started from, which it must not
+    serve for (its plans are for its own hcp-exec and code)."""
+    out: list[tuple[int, int, int] | None] = []
+    for path in (native.binary(), __file__, protocol.__file__, native.__file__):
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        out.append(None if st is None else (st.st_dev, st.st_ino, st.st_mtime_ns))
+    return out
 
 
 #: The receipt's denial_layers.seccomp for a served run.

@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 
 #: How long the client waits for the server (connect, each reply) before falling back.
 SERVER_TIMEOUT = 5.0
+#: Set by run_via_server when no server was there to ask (no socket, nobody listening on
+#: it, or, with ``auto``, one that did not answer in time): an ``auto`` run then starts one.
+absent = False
 
 
-def _not_using(what: str, why: str) -> None:
+def not_using(what: str, why: str) -> None:
     """The one line that says a server is not used, and why (the run goes on in-process,
     with the same result); control characters in the path are escaped."""
     from ..errors import printable
@@ -46,24 +49,35 @@ def _unreachable(path: str, error: OSError) -> str | None:
     return None if error.errno == errno.ECONNREFUSED else (error.strerror or str(error))
 
 
-def run_via_server(path: str, args: list[str]) -> int | None:
+def run_via_server(path: str, args: list[str], auto: bool = False) -> int | None:
     """`hcp-linux run ARGS` with the plan from the server at ``path``; None: run in-process
     instead (and nothing was started). A path that cannot name a server's socket is said
-    so, once."""
+    so, once. ``auto``: ``path`` is the user's own server's (hcp_linux.cli.auto_server),
+    and one that accepts but does not answer in time is unlinked there (only that one)."""
+    global absent
+    absent = False
     why = bad_server_path(path)
     if why is not None:
-        _not_using(f"HCP_LINUX_SERVER={path}", why)
+        not_using(f"HCP_LINUX_SERVER={path}", why)
         return None
     import _socket
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.settimeout(SERVER_TIMEOUT)
         try:
+            identity = _identity(path) if auto else None
             sock.connect(path)
         except OSError as e:  # no server there: nothing to say (unless a misconfiguration)
+            if isinstance(e, TimeoutError) and identity is not None:
+                from .auto_server import forget
+                forget(path, identity)  # its backlog is full: stopped or starved
+                absent = True
+                return None
             why = _unreachable(path, e)
             if why is not None:
-                _not_using(f"HCP_LINUX_SERVER={path}", why)
+                not_using(f"HCP_LINUX_SERVER={path}", why)
+            else:
+                absent = True
             return None
         pid, uid, gid = peer(sock)
         why = None
@@ -72,19 +86,32 @@ def run_via_server(path: str, args: list[str]) -> int | None:
         else:
             why = same_place(pid) or more_confined(pid)
         if why is not None:
-            _not_using(f"the server at {path}", why)
+            not_using(f"the server at {path}", why)
             return None
         client = _Client(sock)
         try:
             return client.run(args)
-        except Exception:
+        except Exception as e:
             if client.started:  # never run a command twice: this is the run's end
                 raise
+            if isinstance(e, TimeoutError) and identity is not None:
+                from .auto_server import forget
+                forget(path, identity)  # stopped or starved: the next run starts another
+                absent = True
             return None  # a server that went away, or spoke nonsense: nothing was started
     except OSError:
         return None
     finally:
         sock.close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the socket at ``path``; None when there is none (connect says)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class _Client:

@@ -1,0 +1,123 @@
+"""``HCP_LINUX_SERVER=auto``: the user's own `hcp-linux serve`, started by a run, ended when idle.
+
+A served run costs ~1.3x ``python -c pass``, an in-process one ~3.6x (docs/performance.md), but
+``HCP_LINUX_SERVER=PATH`` needs a server somebody started. With ``auto``, a run looks for the
+user's server at one fixed socket (:func:`socket_path`); when there is none there, it runs
+in-process as ever and, once it is over, starts one (``hcp-linux serve --auto``) for the runs
+after it. That server serves exactly as ``serve --socket`` does (hcp_linux.cli.serve: the same
+peer checks both ways, the same fallbacks) and exits after :data:`IDLE_EXIT` seconds without a
+request, or when its code changes under it.
+
+The directory is the user's alone: ``$XDG_RUNTIME_DIR/hcp-linux`` (an absolute
+XDG_RUNTIME_DIR, else ``/tmp/hcp-linux-UID``), a directory (not a link) owned by the user that
+no one else may enter. One that is not (another user made it first, its mode lets others in)
+is not used: a line says why and the run goes on in-process; nothing is made or started.
+It is one of the runtime's files (hcp_linux.runtime_files): no run's writable root reaches it.
+
+Imported on the start-up path of every ``auto`` run: only os.
+"""
+from __future__ import annotations
+
+import os
+
+from ..runtime_files import server_directory as directory
+
+#: The value of HCP_LINUX_SERVER that asks for the user's own server.
+AUTO = "auto"
+#: A server started by a run exits after this long without a request (seconds).
+IDLE_EXIT = 300.0
+#: How long a client waits for the user's server (connect, each reply) before it runs
+#: in-process; a server that does not answer in time is no longer named (see forget).
+TIMEOUT = 5.0
+
+
+def install_name() -> str:
+    """This installation's name among the user's servers: each Python environment with
+    hcp-linux in it (another virtual environment, another version) has a server of its own,
+    so a run is never planned by other code than its own. A checksum of where the package
+    and the interpreter are, not a secret (the server is trusted by the kernel's word on
+    its peer, hcp_linux.proc.peer, not by its name)."""
+    from binascii import crc32
+
+    import sys
+
+    from ..runtime_files import PACKAGE_DIR
+    return "%08x" % crc32(os.fsencode(PACKAGE_DIR + "\0" + sys.executable))
+
+
+def socket_path() -> str:
+    return os.path.join(directory(), f"serve-{install_name()}.sock")
+
+
+def lock_path() -> str:
+    """Held by a server from before it looks at the socket until it listens: two runs that
+    both found no server start two, and the second finds the first's lock or its socket,
+    and exits."""
+    return os.path.join(directory(), f"serve-{install_name()}.lock")
+
+
+def unusable(path: str) -> str | None:
+    """Why the directory ``path`` is not the user's alone, or None (None too when it does
+    not exist: it is made by the server, with :func:`make_directory`)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+    import stat
+    if not stat.S_ISDIR(st.st_mode):
+        return "a symlink, not a directory" if stat.S_ISLNK(st.st_mode) else "not a directory"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):04o} lets others in"
+    return None
+
+
+def make_directory(path: str) -> None:
+    """Make ``path`` mode 0700 if it is missing; OSError, or ValueError with why when it
+    is not the user's alone (made by someone else meanwhile, or before)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    why = unusable(path)
+    if why is not None:
+        raise ValueError(why)
+    if not os.path.isdir(path):  # removed between the mkdir and the look
+        raise FileNotFoundError(path)
+
+
+def forget(path: str, identity: tuple[int, int]) -> None:
+    """Unlink the socket of a server that accepted but did not answer (stopped, starved):
+    later runs then find no server and start a fresh one, instead of each waiting
+    :data:`TIMEOUT` for it. Only the socket that was connected to (``identity``: device,
+    inode), never one bound there since."""
+    try:
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) == identity:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def start() -> None:
+    """Start ``hcp-linux serve --auto`` for the runs after this one, detached: a session of
+    its own (a terminal's ^C or hang-up is not for it), cwd ``/``, stdio on /dev/null and no
+    other fd of ours (a pipe the caller waits on must not stay open in it), this Python and
+    this environment. It descends from this process, so it has this process's confinement,
+    namespaces and cgroup, which are what its clients must share. Whether it comes up is not
+    this run's business: a server that cannot start leaves the next run in-process."""
+    import subprocess
+    import sys
+    if not os.path.isdir(os.path.dirname(directory())):
+        return  # XDG_RUNTIME_DIR names nothing: a server could not make its directory
+    try:
+        # PYTHONSAFEPATH (3.11+): no cwd on its sys.path, though "/" is not the run's
+        env = dict(os.environ, PYTHONSAFEPATH="1")
+        subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--auto"], cwd="/", env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    except OSError:
+        pass

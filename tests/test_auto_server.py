@@ -1,0 +1,424 @@
+"""``HCP_LINUX_SERVER=auto``: the user's own planner, started by a run, gone when idle (issue 35).
+
+What must hold: a run with no server runs in-process, as ever, and then starts one that the
+next run is served by; that server is detached (its own session, cwd /, no fd of the run's:
+a pipe the caller waits on gets its EOF when the run ends), exits when idle or when its code
+changes, and two that start at once leave one; a server killed or stopped costs at most one
+run its speed, never its result; a refused run starts nothing; a socket directory that is not
+the user's alone is not used (one line, an in-process run, nothing made); and no run can
+write in that directory. Every server a test starts is found by its own environment (this
+test's XDG_RUNTIME_DIR) and ended by its pid.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from hcp_linux.cli.auto_server import install_name
+from sandboxing import (IS_ROOT, TIMEOUT, caller_env, out, read_receipt, run_cli, show,
+                        wait_for)
+
+
+#: The server's socket and lock in its directory: one pair per installation, and the CLI
+#: these tests run is this Python's, with this package.
+SOCK, LOCK = f"serve-{install_name()}.sock", f"serve-{install_name()}.lock"
+
+
+@pytest.fixture(autouse=True)
+def default_executor(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A server plans for the native executor only (`--executor ctypes` runs in-process)."""
+    import sandboxing
+    monkeypatch.setattr(sandboxing, "EXECUTOR_ARGS", [])
+
+
+@pytest.fixture
+def runtime_dir(tmp_path: Path) -> Iterator[Path]:
+    """This test's XDG_RUNTIME_DIR (mode 0700, as systemd makes it); every auto server that
+    lives in it is ended afterwards, by pid."""
+    d = tmp_path / "run-user"
+    d.mkdir(mode=0o700)
+    yield d
+    for pid in servers_of(d):
+        _end(pid)
+
+
+def auto_env(runtime: Path, **extra: str) -> dict[str, str]:
+    return caller_env({"HCP_LINUX_SERVER": "auto", "XDG_RUNTIME_DIR": str(runtime), **extra})
+
+
+def servers_of(runtime: Path) -> list[int]:
+    """Pids of `hcp-linux serve --auto` processes started with ``runtime`` as their
+    XDG_RUNTIME_DIR (this test's alone), running or stopped."""
+    want = b"XDG_RUNTIME_DIR=" + os.fsencode(runtime)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if not f.read().endswith(b"\0serve\0--auto\0"):
+                    continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if want not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue  # exited, not yet reaped by whoever adopted it
+        except OSError:
+            continue
+        found.append(int(name))
+    return found
+
+
+def _end(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    wait_for(lambda: not _alive(pid), f"server {pid} to end")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def answers(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def one_server(runtime: Path) -> int:
+    """The single auto server of ``runtime``, once it answers on its socket."""
+    sock = runtime / "hcp-linux" / SOCK
+    wait_for(lambda: len(servers_of(runtime)) == 1 and answers(sock), "one server to answer")
+    (pid,) = servers_of(runtime)
+    return pid
+
+
+def served_by(receipt: Path) -> dict | None:
+    return read_receipt(receipt).get("served_by")
+
+
+def test_a_run_starts_the_user_s_server_and_the_next_run_is_served(tmp_path: Path,
+                                                                     runtime_dir: Path) -> None:
+    env = auto_env(runtime_dir)
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    # the caller hands the run a pipe it waits on (as a runtime capturing output does):
+    # the server the run leaves behind must not hold it open
+    r, w = os.pipe()
+    try:
+        first = run_cli(jail, "/bin/echo", "first", extra=["--receipt", tmp_path / "1.json"],
+                        env=env, pass_fds=[w])
+        os.close(w)
+        w = -1
+        assert first.returncode == 0 and out(first) == "first\n", show(first)
+        assert first.stderr == b"", show(first)  # no server yet is the quiet case
+        assert served_by(tmp_path / "1.json") is None  # it ran in-process
+        pid = one_server(runtime_dir)
+        os.set_blocking(r, False)
+        assert os.read(r, 1) == b"", "the server holds the caller's pipe open"
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    # detached: a session of its own, cwd /, stdio on /dev/null, not the test's child
+    assert os.getsid(pid) == pid
+    assert os.readlink(f"/proc/{pid}/cwd") == "/"
+    for fd in (0, 1, 2):
+        assert os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/null"
+    where = runtime_dir / "hcp-linux"
+    assert (where.stat().st_mode & 0o777) == 0o700
+    assert ((where / SOCK).stat().st_mode & 0o777) == 0o600
+
+    second = run_cli(jail, "/bin/echo", "second", extra=["--receipt", tmp_path / "2.json"],
+                     env=env)
+    assert second.returncode == 0 and out(second) == "second\n", show(second)
+    by = served_by(tmp_path / "2.json")
+    assert by == {"pid": pid, "socket": str(where / SOCK)}, by
+    assert servers_of(runtime_dir) == [pid]  # a served run starts no other
+
+
+def test_without_auto_no_server_is_started(tmp_path: Path, runtime_dir: Path) -> None:
+    """The control: the same run without HCP_LINUX_SERVER=auto leaves nothing behind, so
+    the test above sees what auto does."""
+    env = caller_env({"XDG_RUNTIME_DIR": str(runtime_dir)})
+    env.pop("HCP_LINUX_SERVER", None)
+    for _ in range(2):
+        p = run_cli(tmp_path, "/bin/true", env=env)
+        assert p.returncode == 0, show(p)
+    time.sleep(0.5)
+    assert servers_of(runtime_dir) == [] and not (runtime_dir / "hcp-linux").exists()
+
+
+@pytest.mark.parametrize("argv", [["--network", "sideways", "--", "/bin/true"],
+                                  ["--", "/no/such/binary"]])
+def test_a_refused_run_starts_nothing(tmp_path: Path, runtime_dir: Path,
+                                      argv: list[str]) -> None:
+    p = subprocess.run([sys.executable, "-m", "hcp_linux", "run", "--jail", str(tmp_path),
+                        *argv], capture_output=True, env=auto_env(runtime_dir), cwd="/",
+                       timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert p.returncode in (2, 125, 127), show(p)
+    assert p.stderr.decode().count("\n") == 1, show(p)
+    time.sleep(0.5)
+    assert servers_of(runtime_dir) == [] and not (runtime_dir / "hcp-linux").exists()
+
+
+def _not_alone(kind: str, where: Path, tmp_path: Path) -> None:
+    if kind == "mode":
+        where.mkdir(mode=0o755)
+        os.chmod(where, 0o755)
+    elif kind == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        where.symlink_to(tmp_path / "elsewhere")
+    else:
+        where.mkdir(mode=0o700)
+        os.chown(where, 65534, 65534)
+
+
+@pytest.mark.parametrize("kind", ["mode", "symlink",
+                                  pytest.param("owner", marks=pytest.mark.skipif(
+                                      not IS_ROOT, reason="chown to another uid: root"))])
+def test_a_directory_not_the_user_s_alone_is_not_used(tmp_path: Path, runtime_dir: Path,
+                                                      kind: str) -> None:
+    where = runtime_dir / "hcp-linux"
+    _not_alone(kind, where, tmp_path)
+    before = sorted(os.listdir(where))
+    p = run_cli(tmp_path, "/bin/echo", "ran", env=auto_env(runtime_dir))
+    assert p.returncode == 0 and out(p) == "ran\n", show(p)
+    lines = p.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"hcp-linux: not using HCP_LINUX_SERVER=auto ({where}): "), show(p)
+    assert lines[0].endswith("; running in-process"), show(p)
+    time.sleep(0.5)
+    assert servers_of(runtime_dir) == [] and sorted(os.listdir(where)) == before
+    # and the server itself refuses to make its socket there
+    s = subprocess.run([sys.executable, "-m", "hcp_linux", "serve", "--auto"],
+                       capture_output=True, env=auto_env(runtime_dir), timeout=TIMEOUT,
+                       stdin=subprocess.DEVNULL, cwd="/")
+    assert s.returncode == 125, show(s)
+    assert s.stderr.decode().startswith(f"error: sandbox: serve: {where}: "), show(s)
+    assert sorted(os.listdir(where)) == before
+
+
+def test_an_idle_server_exits_and_removes_its_socket(runtime_dir: Path) -> None:
+    env = auto_env(runtime_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--auto",
+                             "--idle-exit", "1"], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith(b"hcp-linux serve: listening on"), line
+        sock = runtime_dir / "hcp-linux" / SOCK
+        assert answers(sock)  # a request resets the idle clock: none is made here
+        assert proc.wait(timeout=TIMEOUT) == 0
+        assert not sock.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_a_server_waiting_to_idle_out_ends_on_sigterm(runtime_dir: Path) -> None:
+    """SIGTERM while it waits for a client: it exits at once (not after the idle time,
+    nor spinning until then), and removes its socket."""
+    proc = subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--auto",
+                             "--idle-exit", "600"], env=auto_env(runtime_dir), cwd="/",
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr.readline().startswith(b"hcp-linux serve: listening on")
+        cpu = _cpu_ticks(proc.pid)
+        time.sleep(0.5)
+        assert _cpu_ticks(proc.pid) - cpu <= 5, "it spins while idle"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT) == 0
+        assert not (runtime_dir / "hcp-linux" / SOCK).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_servers_started_together_leave_one(runtime_dir: Path) -> None:
+    env = auto_env(runtime_dir)
+    procs = [subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--auto"],
+                              env=env, cwd="/", stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(4)]
+    try:
+        sock = runtime_dir / "hcp-linux" / SOCK
+        wait_for(lambda: sum(p.poll() is None for p in procs) <= 1 and answers(sock),
+                 "all but one to exit")
+        time.sleep(0.5)  # none of the others is still coming
+        running = [p for p in procs if p.poll() is None]
+        assert len(running) == 1
+        assert all(p.returncode == 0 for p in procs if p is not running[0])
+        assert servers_of(runtime_dir) == [running[0].pid]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_a_killed_server_is_replaced_and_costs_no_run(tmp_path: Path,
+                                                      runtime_dir: Path) -> None:
+    env = auto_env(runtime_dir)
+    assert run_cli(tmp_path, "/bin/true", env=env).returncode == 0
+    old = one_server(runtime_dir)
+    _end(old)  # as the OOM killer would: no cleanup, the socket left behind
+    assert (runtime_dir / "hcp-linux" / SOCK).exists()
+    p = run_cli(tmp_path, "/bin/echo", "ran", extra=["--receipt", tmp_path / "r.json"],
+                env=env)
+    assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
+    assert served_by(tmp_path / "r.json") is None
+    new = one_server(runtime_dir)
+    assert new != old
+    p = run_cli(tmp_path, "/bin/true", extra=["--receipt", tmp_path / "s.json"], env=env)
+    assert p.returncode == 0 and served_by(tmp_path / "s.json")["pid"] == new
+
+
+def test_a_stopped_server_is_forgotten_after_one_slow_run(tmp_path: Path,
+                                                          runtime_dir: Path) -> None:
+    env = auto_env(runtime_dir)
+    assert run_cli(tmp_path, "/bin/true", env=env).returncode == 0
+    old = one_server(runtime_dir)
+    sock = runtime_dir / "hcp-linux" / SOCK
+    inode = sock.stat().st_ino
+    os.kill(old, signal.SIGSTOP)
+    try:
+        p = run_cli(tmp_path, "/bin/echo", "ran", extra=["--receipt", tmp_path / "r.json"],
+                    env=env)
+        assert p.returncode == 0 and out(p) == "ran\n", show(p)
+        assert served_by(tmp_path / "r.json") is None  # in-process, after the wait
+        # its socket is gone, and a fresh server answers in its place
+        wait_for(lambda: len(servers_of(runtime_dir)) == 2 and answers(sock),
+                 "a fresh server")
+        assert sock.stat().st_ino != inode
+        p = run_cli(tmp_path, "/bin/true", extra=["--receipt", tmp_path / "s.json"], env=env)
+        assert p.returncode == 0
+        assert served_by(tmp_path / "s.json")["pid"] not in (None, old)
+    finally:
+        _end(old)  # SIGKILL ends a stopped process too
+
+
+def test_a_server_whose_code_changed_serves_no_more(tmp_path: Path,
+                                                    runtime_dir: Path) -> None:
+    """An upgrade under a running server: the next run is in-process (same result), and
+    the server ends; the run after it starts a fresh one."""
+    import hcp_linux.protocol as protocol
+    source = Path(protocol.__file__)
+    if not os.access(source, os.W_OK):
+        pytest.skip("the package is not ours to touch (an installed wheel, not root)")
+    env = auto_env(runtime_dir)
+    assert run_cli(tmp_path, "/bin/true", env=env).returncode == 0
+    old = one_server(runtime_dir)
+    st = source.stat()
+    os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # what an upgrade changes
+    try:
+        p = run_cli(tmp_path, "/bin/echo", "ran", extra=["--receipt", tmp_path / "r.json"],
+                    env=env)
+    finally:
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.returncode == 0 and out(p) == "ran\n", show(p)
+    assert served_by(tmp_path / "r.json") is None
+    wait_for(lambda: not _alive(old), "the old server to exit")
+
+
+def test_no_run_can_write_in_the_server_s_directory(tmp_path: Path) -> None:
+    """XDG_RUNTIME_DIR inside the run's writable jail: the server's directory (there, or
+    not yet) is the runtime's own; what the run does there is undone or refused. Control:
+    the same script unconfined does replace the socket and plant a file."""
+    jail = tmp_path / "jail"
+    runtime = jail / "run-user"
+    runtime.mkdir(parents=True, mode=0o700)
+    env = auto_env(runtime)
+    try:
+        assert run_cli(jail, "/bin/true", env=env).returncode == 0
+        pid = one_server(runtime)
+        sock = runtime / "hcp-linux" / SOCK
+        inode = sock.stat().st_ino
+        script = (f"rm -f run-user/hcp-linux/{SOCK}; echo x > run-user/hcp-linux/planted;"
+                  " mkdir run-user/hcp-linux/d")
+        p = run_cli(jail, "/bin/sh", "-c", script, env=caller_env(
+            {"XDG_RUNTIME_DIR": str(runtime)}), cwd="/")
+        assert p.returncode != 0, show(p)
+        assert sock.stat().st_ino == inode and answers(sock)
+        assert sorted(os.listdir(runtime / "hcp-linux")) == sorted([LOCK, SOCK])
+        # the control, on a copy: unconfined, the same script does it
+        copy = tmp_path / "copy"
+        (copy / "run-user" / "hcp-linux").mkdir(parents=True, mode=0o700)
+        (copy / "run-user" / "hcp-linux" / LOCK).touch()
+        bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound.bind(str(copy / "run-user" / "hcp-linux" / SOCK))
+        bound.close()
+        control = subprocess.run(["/bin/sh", "-c", script], cwd=copy, capture_output=True)
+        assert control.returncode == 0, control
+        assert sorted(os.listdir(copy / "run-user" / "hcp-linux")) == sorted(
+            ["d", "planted", LOCK])
+        assert servers_of(runtime) == [pid]
+    finally:
+        for pid in servers_of(runtime):
+            _end(pid)
+
+
+def test_an_auto_run_imports_what_a_served_run_does(tmp_path: Path, runtime_dir: Path) -> None:
+    """The point of auto is the served client's start-up: finding the user's server adds
+    no import the served run avoids (tests/test_serve.py pins those)."""
+    from sandboxing import imported_by_run
+    env = auto_env(runtime_dir)
+    assert run_cli(tmp_path, "/bin/true", env=env).returncode == 0
+    one_server(runtime_dir)
+    done, imported = imported_by_run(tmp_path, "true", env=env)
+    assert done.returncode == 0, show(done)
+    assert {"hcp_linux.cli.serve_client", "hcp_linux.cli.auto_server"} <= set(imported)
+    heavy = {"hcp_linux.sandbox", "hcp_linux.cli.cli", "dataclasses", "typing", "argparse",
+             "subprocess", "threading", "hashlib", "_hashlib", "inspect", "json", "re", "enum"}
+    assert not heavy & set(imported), sorted(heavy & set(imported))
+
+
+def test_each_installation_has_a_server_of_its_own(monkeypatch) -> None:  # type: ignore
+    """Another virtual environment (another interpreter, another copy of the package)
+    gets another socket: a run is never planned by another version's code."""
+    from hcp_linux.cli import auto_server
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+    here = auto_server.socket_path()
+    assert os.path.dirname(here) == "/run/user/4242/hcp-linux"
+    monkeypatch.setattr(sys, "executable", "/srv/other-venv/bin/python")
+    assert auto_server.socket_path() != here
+    assert auto_server.lock_path() != here
+
+
+def test_a_runtime_dir_that_does_not_exist_starts_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    p = run_cli(tmp_path, "/bin/echo", "ran", env=auto_env(missing))
+    assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
+    time.sleep(0.5)
+    assert servers_of(missing) == [] and not missing.exists()
