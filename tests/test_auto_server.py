@@ -28,7 +28,7 @@ from sandboxing import (IS_ROOT, TIMEOUT, caller_env, out, read_receipt, run_cli
 
 
 #: The server's socket and lock in its directory: one pair per installation, and the CLI
-#: these tests run is this Python's, with this package.
+#: these tests run is this Python environment's, with this package.
 SOCK, LOCK = f"serve-{install_name()}.sock", f"serve-{install_name()}.lock"
 
 
@@ -411,7 +411,9 @@ def test_each_installation_has_a_server_of_its_own(monkeypatch) -> None:  # type
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
     here = auto_server.socket_path()
     assert os.path.dirname(here) == "/run/user/4242/hcp-linux"
-    monkeypatch.setattr(sys, "executable", "/srv/other-venv/bin/python")
+    monkeypatch.setattr(sys, "executable", sys.executable + "3")  # python3: the same one
+    assert auto_server.socket_path() == here
+    monkeypatch.setattr(sys, "prefix", "/srv/other-venv")
     assert auto_server.socket_path() != here
     assert auto_server.lock_path() != here
 

@@ -34,15 +34,16 @@ TIMEOUT = 5.0
 def install_name() -> str:
     """This installation's name among the user's servers: each Python environment with
     hcp-linux in it (another virtual environment, another version) has a server of its own,
-    so a run is never planned by other code than its own. A checksum of where the package
-    and the interpreter are, not a secret (the server is trusted by the kernel's word on
-    its peer, hcp_linux.proc.peer, not by its name)."""
+    so a run is never planned by other code than its own, and one environment has one
+    whichever name its interpreter was started by (python, python3). A checksum of where
+    the package and the environment are, not a secret (the server is trusted by the
+    kernel's word on its peer, hcp_linux.proc.peer, not by its name)."""
     from binascii import crc32
 
     import sys
 
     from ..runtime_files import PACKAGE_DIR
-    return "%08x" % crc32(os.fsencode(PACKAGE_DIR + "\0" + sys.executable))
+    return "%08x" % crc32(os.fsencode(PACKAGE_DIR + "\0" + sys.prefix))
 
 
 def socket_path() -> str:
