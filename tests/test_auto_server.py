@@ -424,3 +424,29 @@ def test_a_runtime_dir_that_does_not_exist_starts_nothing(tmp_path: Path) -> Non
     assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
     time.sleep(0.5)
     assert servers_of(missing) == [] and not missing.exists()
+
+
+def test_the_installed_command_imports_no_wrapper_s_modules(tmp_path: Path,
+                                                            runtime_dir: Path) -> None:
+    """`hcp-linux` as installed (bin/hcp-linux, not a generated entry-point wrapper, which
+    imports re: ~6 ms of a served run's ~25 in a plain install): a served run through it
+    imports neither re nor anything of the engine (nor json: no receipt is written)."""
+    command = os.path.join(os.path.dirname(sys.executable), "hcp-linux")
+    env = auto_env(runtime_dir)
+    assert run_cli(tmp_path, "/bin/true", env=env).returncode == 0
+    one_server(runtime_dir)
+    baseline = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
+                              capture_output=True, env=env, timeout=TIMEOUT)
+    done = subprocess.run([sys.executable, "-X", "importtime", command, "run", "--jail",
+                           str(tmp_path), "--", "/bin/true"], capture_output=True, env=env,
+                          timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, show(done)
+
+    def names(p: subprocess.CompletedProcess) -> set[str]:
+        return {line.rsplit("|", 1)[1].strip() for line in p.stderr.decode().splitlines()
+                if line.startswith("import time:") and line.count("|") == 2}
+    added = names(done) - names(baseline)  # the interpreter's start-up is not its doing
+    heavy = {"re", "enum", "hcp_linux.sandbox", "hcp_linux.cli.cli", "argparse", "typing",
+             "dataclasses", "subprocess", "json"}
+    assert {"hcp_linux.cli.launch", "hcp_linux.cli.serve_client"} <= added  # served
+    assert not heavy & added, sorted(heavy & added)

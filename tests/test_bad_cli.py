@@ -36,7 +36,7 @@ from sandboxing import EXECUTOR_ARGS, IS_ROOT, TIMEOUT, kill_by_pid, show
 
 PREFIX = "error: sandbox: "
 EXIT_USAGE, EXIT_REFUSED = 2, 125
-#: The installed entry point (pyproject's [project.scripts]), next to this interpreter.
+#: The installed command (pyproject's script-files: bin/hcp-linux), next to this interpreter.
 ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "hcp-linux")
 #: A pid no process can have (the kernel's PID_MAX_LIMIT is the first pid it never gives).
 NO_SUCH_PID = 4194304
