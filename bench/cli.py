@@ -1,6 +1,11 @@
 """Every way a user starts a confined /bin/true, beside the alternatives, in one interleaved run.
 
-    python bench/cli.py [--runs N] [--json FILE]
+    python bench/cli.py [--runs N] [--json FILE] [--plain-install]
+
+``--plain-install``: the CLI rows (and ``python -c pass``) from a fresh virtual environment
+with this checkout installed as a user installs it (``pip install .``, not editable), made
+for this run and removed after it. The dev venv's editable install adds a finder to every
+start-up (~9 ms: pathlib, re...), which ``python -c pass`` pays too: its ratios flatter.
 
 Rows (each in four passes over all rows, so that the host's drift falls on every row alike):
 this venv's `python -c pass` (the interpreter's own start-up: the unit of issue #35's goal),
@@ -118,6 +123,20 @@ def _auto_servers(runtime: str) -> list[int]:
     return out
 
 
+@contextlib.contextmanager
+def plain_install() -> Iterator[str]:
+    """A fresh virtual environment with this checkout installed by pip (its python)."""
+    where = tempfile.mkdtemp(prefix="hcp-bench-venv-")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", where], check=True)
+        py = os.path.join(where, "bin", "python")
+        subprocess.run([py, "-m", "pip", "install", "-q", os.path.dirname(HERE)], check=True,
+                       stdout=subprocess.DEVNULL)
+        yield py
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def peers() -> list[tuple[str, list[str]]]:
     """The peers' sandbox command lines found here that run /bin/true (tried once)."""
     out = []
@@ -142,15 +161,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=60, help="samples per row")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "cli.json"))
+    ap.add_argument("--plain-install", action="store_true",
+                    help="the CLI rows from a fresh `pip install .` (not editable)")
     args = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        py = stack.enter_context(plain_install()) if args.plain_install else PY
+        return bench(args, py)
+
+
+def bench(args: argparse.Namespace, py: str) -> int:
     n = args.runs
     jail = tempfile.mkdtemp(prefix="hcp-bench-cli-")
     caches = tempfile.mkdtemp(prefix="hcp-bench-caches-")
-    cli = os.path.join(os.path.dirname(PY), "hcp-linux")
+    cli = os.path.join(os.path.dirname(py), "hcp-linux")
     try:
         sandbox = Sandbox(Policy(jail=jail))
         run_true = [cli, "run", "--jail", jail, "--", TRUE]
-        rows: list[tuple[str, Callable[[], object], int]] = [(PASS, checked([PY, "-c", "pass"]), n)]
+        rows: list[tuple[str, Callable[[], object], int]] = [(PASS, checked([py, "-c", "pass"]), n)]
         if shutil.which("unshare"):
             rows.append((NAMESPACES_ALONE, checked(["unshare", "-Urnmpi", "--fork",
                                                     "--kill-child", "--mount-proc", TRUE]), n))
@@ -162,7 +189,7 @@ def main() -> int:
         rows += [(IN_PROCESS, lambda: sandbox.run([TRUE], stdout=subprocess.DEVNULL), n),
                  (COLD, cold_cli(run_true, caches), max(10, n // 2)),
                  (CLI, checked(run_true), n)]
-        with _server(jail) as served_env, Session(sandbox) as session, \
+        with _server(jail, py) as served_env, Session(sandbox) as session, \
                 auto_server(run_true, caches) as auto_env:
             rows += [(SERVED, checked(run_true, env=served_env), n),
                      (AUTO, checked(run_true, env=auto_env), n),
@@ -189,7 +216,8 @@ def main() -> int:
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"results": results, "ratios": ratios, "uname": os.uname().release,
-                   "euid": os.geteuid(), "cpus": os.cpu_count()}, f, indent=2)
+                   "euid": os.geteuid(), "cpus": os.cpu_count(),
+                   "install": "plain" if args.plain_install else "dev venv"}, f, indent=2)
     print(f"(json: {args.json})")
     return 0
 

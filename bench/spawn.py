@@ -134,10 +134,11 @@ def confined(sandbox: Sandbox, argv: list[str], spares: str = "auto") -> Callabl
 
 
 @contextlib.contextmanager
-def _server(where: str) -> Iterator[dict[str, str]]:
-    """A `hcp-linux serve` for the CLI rows; the environment that makes `run` use it."""
+def _server(where: str, py: str = PY) -> Iterator[dict[str, str]]:
+    """A `hcp-linux serve` (of ``py``'s install) for the CLI rows; the environment that
+    makes `run` use it."""
     path = os.path.join(where, ".serve.sock")
-    proc = subprocess.Popen([PY, "-m", "hcp_linux", "serve", "--socket", path],
+    proc = subprocess.Popen([py, "-m", "hcp_linux", "serve", "--socket", path],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
