@@ -13,11 +13,12 @@ program that allows everything, a config that grants ``/`` or the network, anoth
 writable root as it keeps ``.git/hooks``: bound read-only in the mount view, and when it is
 missing, what a run made there is removed after it.
 
-Only os is imported: the CLI looks for its configs on every run.
+Only os (with stat, which os imports) is imported: the CLI looks for its configs on every run.
 """
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 #: This package's directory: its code, and native/_build (hcp-exec).
@@ -55,14 +56,24 @@ def config_candidates() -> list[tuple[str, str]]:
 
 def server_directory() -> str:
     """Where the user's own `hcp-linux serve --auto` listens (hcp_linux.cli.auto_server):
-    ``$XDG_RUNTIME_DIR/hcp-linux`` for an absolute XDG_RUNTIME_DIR, else
-    ``/tmp/hcp-linux-UID``. A later run connects to the socket there; one that a run could
-    replace would at best cost the next runs their server (the client refuses a server
-    under a confinement it lacks), so no run may write there."""
+    ``$XDG_RUNTIME_DIR/hcp-linux`` when XDG_RUNTIME_DIR is an absolute path to a directory
+    of this user's, else ``$TMPDIR/hcp-linux-UID`` (an absolute TMPDIR, else /tmp). Not
+    another user's runtime directory: root under `su` keeps the user's XDG_RUNTIME_DIR, and
+    a directory of root's made there would turn away the user's own runs. A later run
+    connects to the socket there; one that a run could replace would at best cost the next
+    runs their server (the client refuses a server under a confinement it lacks), so no run
+    may write there."""
     base = os.environ.get("XDG_RUNTIME_DIR", "")
     if base.startswith("/"):
-        return os.path.join(os.path.normpath(base), "hcp-linux")
-    return f"/tmp/hcp-linux-{os.geteuid()}"
+        try:
+            st = os.stat(base)
+        except OSError:
+            st = None
+        if st is not None and st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode):
+            return os.path.join(os.path.normpath(base), "hcp-linux")
+    tmp = os.environ.get("TMPDIR", "")
+    return os.path.join(os.path.normpath(tmp) if tmp.startswith("/") else "/tmp",
+                        f"hcp-linux-{os.geteuid()}")
 
 
 def interpreter_environment() -> list[str]:

@@ -404,13 +404,14 @@ def test_an_auto_run_imports_what_a_served_run_does(tmp_path: Path, runtime_dir:
     assert not heavy & set(imported), sorted(heavy & set(imported))
 
 
-def test_each_installation_has_a_server_of_its_own(monkeypatch) -> None:  # type: ignore
+def test_each_installation_has_a_server_of_its_own(monkeypatch,  # type: ignore
+                                                    runtime_dir: Path) -> None:
     """Another virtual environment (another interpreter, another copy of the package)
     gets another socket: a run is never planned by another version's code."""
     from hcp_linux.cli import auto_server
-    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
     here = auto_server.socket_path()
-    assert os.path.dirname(here) == "/run/user/4242/hcp-linux"
+    assert os.path.dirname(here) == str(runtime_dir / "hcp-linux")
     monkeypatch.setattr(sys, "executable", sys.executable + "3")  # python3: the same one
     assert auto_server.socket_path() == here
     monkeypatch.setattr(sys, "prefix", "/srv/other-venv")
@@ -418,12 +419,39 @@ def test_each_installation_has_a_server_of_its_own(monkeypatch) -> None:  # type
     assert auto_server.lock_path() != here
 
 
-def test_a_runtime_dir_that_does_not_exist_starts_nothing(tmp_path: Path) -> None:
-    missing = tmp_path / "no-such-dir"
-    p = run_cli(tmp_path, "/bin/echo", "ran", env=auto_env(missing))
-    assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
-    time.sleep(0.5)
-    assert servers_of(missing) == [] and not missing.exists()
+def _elsewhere(tmp_path: Path, runtime: Path) -> None:
+    """An XDG_RUNTIME_DIR that is not the user's own: the server goes to $TMPDIR, and the
+    runs after it find it there; nothing is made in ``runtime``."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    env = auto_env(runtime, TMPDIR=str(tmpdir))
+    before = sorted(os.listdir(runtime)) if runtime.exists() else None
+    try:
+        p = run_cli(tmp_path, "/bin/echo", "ran", env=env)
+        assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
+        where = tmpdir / f"hcp-linux-{os.geteuid()}"
+        wait_for(lambda: answers(where / SOCK), "the server in $TMPDIR")
+        p = run_cli(tmp_path, "/bin/true", extra=["--receipt", tmp_path / "r.json"], env=env)
+        assert p.returncode == 0
+        assert served_by(tmp_path / "r.json")["socket"] == str(where / SOCK)
+        assert (sorted(os.listdir(runtime)) if runtime.exists() else None) == before
+    finally:
+        for pid in servers_of(runtime):
+            _end(pid)
+
+
+def test_a_runtime_dir_that_does_not_exist_sends_it_to_tmpdir(tmp_path: Path) -> None:
+    _elsewhere(tmp_path, tmp_path / "no-such-dir")
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a directory of another uid: root makes it")
+def test_another_user_s_runtime_dir_is_left_alone(tmp_path: Path) -> None:
+    """root under `su` keeps the user's XDG_RUNTIME_DIR: its server must not make a
+    directory there, which would turn away the user's own runs."""
+    theirs = tmp_path / "run-user-65534"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    _elsewhere(tmp_path, theirs)
 
 
 def test_the_installed_command_imports_no_wrapper_s_modules(tmp_path: Path,

@@ -8,9 +8,9 @@ after it. That server serves exactly as ``serve --socket`` does (hcp_linux.cli.s
 peer checks both ways, the same fallbacks) and exits after :data:`IDLE_EXIT` seconds without a
 request, or when its code changes under it.
 
-The directory is the user's alone: ``$XDG_RUNTIME_DIR/hcp-linux`` (an absolute
-XDG_RUNTIME_DIR, else ``/tmp/hcp-linux-UID``), a directory (not a link) owned by the user that
-no one else may enter. One that is not (another user made it first, its mode lets others in)
+The directory is the user's alone: ``$XDG_RUNTIME_DIR/hcp-linux`` (an XDG_RUNTIME_DIR of the
+user's, else ``$TMPDIR/hcp-linux-UID`` or ``/tmp/hcp-linux-UID``: hcp_linux.runtime_files), a
+directory (not a link) owned by the user that no one else may enter. One that is not (another user made it first, its mode lets others in)
 is not used: a line says why and the run goes on in-process; nothing is made or started.
 It is one of the runtime's files (hcp_linux.runtime_files): no run's writable root reaches it.
 
@@ -113,7 +113,7 @@ def start() -> None:
     import subprocess
     import sys
     if not os.path.isdir(os.path.dirname(directory())):
-        return  # XDG_RUNTIME_DIR names nothing: a server could not make its directory
+        return  # TMPDIR names nothing: a server could not make its directory
     try:
         # PYTHONSAFEPATH (3.11+): no cwd on its sys.path, though "/" is not the run's
         env = dict(os.environ, PYTHONSAFEPATH="1")

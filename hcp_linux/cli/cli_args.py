@@ -217,7 +217,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         where.add_argument("--auto", action="store_true",
                            help="the user's own server, as HCP_LINUX_SERVER=auto starts it: "
                                 "its socket in $XDG_RUNTIME_DIR/hcp-linux (else "
-                                "/tmp/hcp-linux-UID), exits after 300 s idle; quiet when "
+                                "$TMPDIR/hcp-linux-UID), exits after 300 s idle; quiet when "
                                 "one is there already")
         sv.add_argument("--idle-exit", type=_positive_seconds, metavar="SECONDS",
                         help="exit after this long without a request (default: never; "
