@@ -22,7 +22,8 @@ isolation equivalent to the default policy (bench/spawn.py's), then hcp-linux:
   own server (hcp_linux.cli.auto_server): every run after a user's first.
 
 When present, the peers' own command lines run the same /bin/true in the same rounds:
-Codex's ``codex sandbox linux -- /bin/true`` (``HCP_BENCH_CODEX`` names the binary, else
+Codex's ``codex sandbox -- /bin/true`` (``codex sandbox linux --`` before codex-cli 0.171;
+``HCP_BENCH_CODEX`` names the binary, else
 ``codex`` on PATH) and Anthropic's sandbox-runtime, ``srt /bin/true`` (``HCP_BENCH_SRT``,
 else ``srt``). Each is tried once first; one that fails here is left out, with why.
 
@@ -140,20 +141,26 @@ def plain_install() -> Iterator[str]:
 def peers() -> list[tuple[str, list[str]]]:
     """The peers' sandbox command lines found here that run /bin/true (tried once)."""
     out = []
-    for label, env, name, argv in (
-            ("codex sandbox linux (Codex CLI)", "HCP_BENCH_CODEX", "codex",
-             ["sandbox", "linux", "--", TRUE]),
-            ("srt (Anthropic sandbox-runtime)", "HCP_BENCH_SRT", "srt", [TRUE])):
+    for label, env, name, argvs in (
+            # `codex sandbox -- CMD` (codex-cli 0.171), `codex sandbox linux -- CMD` before
+            ("codex sandbox (Codex CLI)", "HCP_BENCH_CODEX", "codex",
+             (["sandbox", "--", TRUE], ["sandbox", "linux", "--", TRUE])),
+            ("srt (Anthropic sandbox-runtime)", "HCP_BENCH_SRT", "srt", ([TRUE],))):
         binary = os.environ.get(env) or shutil.which(name)
         if not binary:
             continue
-        try:
-            subprocess.run([binary, *argv], check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, timeout=60)
-        except (OSError, subprocess.SubprocessError) as e:
-            print(f"left out: {label} ({binary}): {e}", file=sys.stderr)
-            continue
-        out.append((label, [binary, *argv]))
+        why = None
+        for argv in argvs:
+            try:
+                subprocess.run([binary, *argv], check=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, timeout=60)
+            except (OSError, subprocess.SubprocessError) as e:
+                why = e
+                continue
+            out.append((label, [binary, *argv]))
+            break
+        else:
+            print(f"left out: {label} ({binary}): {why}", file=sys.stderr)
     return out
 
 
