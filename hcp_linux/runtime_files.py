@@ -54,12 +54,19 @@ def config_candidates() -> list[tuple[str, str]]:
     return out
 
 
+#: Where a temporary directory is named, the first one set wins (as Python's tempfile reads
+#: them): ephemeral jails (hcp_linux.jails.locations) and the user's server when it has no
+#: runtime directory.
+TMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+
+
 def server_directory() -> str:
     """Where the user's own `hcp-linux serve --auto` listens (hcp_linux.cli.auto_server):
     ``$XDG_RUNTIME_DIR/hcp-linux`` when XDG_RUNTIME_DIR is an absolute path to a directory
-    of this user's, else ``$TMPDIR/hcp-linux-UID`` (an absolute TMPDIR, else /tmp). Not
-    another user's runtime directory: root under `su` keeps the user's XDG_RUNTIME_DIR, and
-    a directory of root's made there would turn away the user's own runs. A later run
+    of this user's, else ``$TMPDIR/hcp-linux-UID`` (the first of :data:`TMP_VARIABLES` set,
+    when it is absolute, else /tmp). Not another user's runtime directory: root under `su`
+    keeps the user's XDG_RUNTIME_DIR, and a directory of root's made there would turn away
+    the user's own runs. A later run
     connects to the socket there; one that a run could replace would at best cost the next
     runs their server (the client refuses a server under a confinement it lacks), so no run
     may write there."""
@@ -71,7 +78,7 @@ def server_directory() -> str:
             st = None
         if st is not None and st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode):
             return os.path.join(os.path.normpath(base), "hcp-linux")
-    tmp = os.environ.get("TMPDIR", "")
+    tmp = next((os.environ[name] for name in TMP_VARIABLES if os.environ.get(name)), "")
     return os.path.join(os.path.normpath(tmp) if tmp.startswith("/") else "/tmp",
                         f"hcp-linux-{os.geteuid()}")
 

@@ -478,3 +478,22 @@ def test_the_installed_command_imports_no_wrapper_s_modules(tmp_path: Path,
              "dataclasses", "subprocess", "json"}
     assert {"hcp_linux.cli.launch", "hcp_linux.cli.serve_client"} <= added  # served
     assert not heavy & added, sorted(heavy & added)
+
+
+def test_the_fallback_directory_follows_the_temp_variables(monkeypatch,  # type: ignore
+                                                           tmp_path: Path) -> None:
+    """No runtime directory of the user's: TMPDIR, TEMP or TMP, the first set (as Python's
+    tempfile and the jails read them), when absolute; else /tmp."""
+    from hcp_linux.runtime_files import server_directory
+    uid = os.geteuid()
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.delenv(name, raising=False)
+    assert server_directory() == f"/tmp/hcp-linux-{uid}"
+    monkeypatch.setenv("TMP", str(tmp_path / "c"))
+    monkeypatch.setenv("TEMP", str(tmp_path / "b"))
+    assert server_directory() == str(tmp_path / "b" / f"hcp-linux-{uid}")
+    monkeypatch.setenv("TMPDIR", "relative/dir")  # set, but not absolute: /tmp
+    assert server_directory() == f"/tmp/hcp-linux-{uid}"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # the user's own: it wins
+    assert server_directory() == str(tmp_path / "hcp-linux")

@@ -10,6 +10,7 @@ import tempfile
 
 from ..errors import PolicyError, printable
 from ..policy.values import dir_problem
+from ..runtime_files import TMP_VARIABLES
 
 __all__ = ["default_state_dir", "state_dir_path", "check_state_dir", "default_tmp_dir",
            "check_tmp_dir"]
@@ -104,7 +105,7 @@ def default_tmp_dir() -> str:
     one set, as Python's ``tempfile`` reads them) validated by :func:`check_tmp_dir`, else
     the system's (``/tmp``). Python falls back silently past a bad value; we name it and
     refuse, as ``mktemp`` does."""
-    for name in ("TMPDIR", "TEMP", "TMP"):
+    for name in TMP_VARIABLES:
         value = os.environ.get(name)
         if value:
             return check_tmp_dir(value, f"{name}={value}")
