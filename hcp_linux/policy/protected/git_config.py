@@ -118,7 +118,9 @@ def _variable(text: str, i: int) -> tuple[str, str, int]:
             break
         if ch == "\\":
             nxt = text[j + 1] if j + 1 < len(text) else ""
-            if nxt == "\n":  # continuation
+            if nxt == "\n":  # continuation: git writes out the blanks before it
+                value.append(pending_space)
+                pending_space = ""
                 j += 2
                 continue
             value.append(pending_space + {"n": "\n", "t": "\t", "b": "\b"}.get(nxt, nxt))
@@ -130,7 +132,7 @@ def _variable(text: str, i: int) -> tuple[str, str, int]:
             j += 1
             continue
         if ch in _BLANK and not quoted:
-            if value:
+            if any(value):
                 pending_space += " "  # git keeps each inner blank, as a space
             j += 1
             continue
