@@ -4,8 +4,9 @@ hcp-linux reads or runs some files of its own again on a later run: its code and
 binary (this package, with ``native/_build``), the Python environment it starts in (a ``.pth``
 file there runs at every start), the compiled seccomp programs
 (:mod:`hcp_linux.seccomp_profiles.cache`, in the virtual environment) and the CLI's configs
-(``/etc/hcp-linux/policy.toml``, ``$XDG_CONFIG_HOME/hcp-linux/policy.toml``), and the socket
-of the user's own planner (:func:`server_directory`). A run whose
+(``/etc/hcp-linux/policy.toml``, ``$XDG_CONFIG_HOME/hcp-linux/policy.toml``), the socket
+of the user's own planner (:func:`server_directory`), and the driver's persistent
+workspaces (:func:`state_directory`). A run whose
 writable root holds one of them could rewrite it, and the next run of this user, in any jail
 and through any runtime (one that reads no config itself, too), would be wider: a seccomp
 program that allows everything, a config that grants ``/`` or the network, another binary.
@@ -29,20 +30,42 @@ SYSTEM_CONFIG = "/etc/hcp-linux/policy.toml"
 SYSTEM_CONFIG_ENV = "HCP_LINUX_SYSTEM_CONFIG"
 
 
+def _home() -> str | None:
+    """$HOME when it is absolute, else the passwd entry's home; None when neither is."""
+    home = os.environ.get("HOME", "")
+    if not os.path.isabs(home):
+        try:
+            import pwd
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        except (KeyError, ImportError):
+            return None
+    return home if os.path.isabs(home) else None
+
+
 def user_config_path() -> str | None:
     """``$XDG_CONFIG_HOME/hcp-linux/policy.toml``; an unset or relative XDG_CONFIG_HOME
     means ``~/.config`` (the XDG spec ignores a relative one). None: no home to look in."""
     base = os.environ.get("XDG_CONFIG_HOME", "")
     if not os.path.isabs(base):
-        home = os.environ.get("HOME", "")
-        if not os.path.isabs(home):
-            try:
-                import pwd
-                home = pwd.getpwuid(os.geteuid()).pw_dir
-            except (KeyError, ImportError):
-                return None
+        home = _home()
+        if home is None:
+            return None
         base = os.path.join(home, ".config")
     return os.path.join(base, "hcp-linux", "policy.toml")
+
+
+def state_directory() -> str | None:
+    """The driver's default state directory, ``$XDG_STATE_HOME/hcp-linux`` or
+    ``~/.local/state/hcp-linux``, where every principal's persistent workspace and its lock
+    live; None when XDG_STATE_HOME is relative (hcp_linux.jails.locations refuses it, so
+    nothing is kept there). A run that could write there could plant files in another
+    principal's workspace or take its lock's name; a driver with a ``state_dir`` of its own
+    protects that one too (hcp_linux.policy.protected.protect_file)."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    if base:
+        return os.path.join(base, "hcp-linux") if os.path.isabs(base) else None
+    home = _home()
+    return None if home is None else os.path.join(home, ".local", "state", "hcp-linux")
 
 
 def config_candidates() -> list[tuple[str, str]]:
@@ -101,8 +124,8 @@ def protected_paths() -> list[str]:
     """Canonical paths of the files above, as this process names them now (its environment
     says where the configs and the program cache are): this package's directory, the
     interpreter's environment, the seccomp program cache, each config the CLI would look
-    for and the user's server's directory, whether or not it exists (a run must not make
-    one either)."""
+    for, the user's server's directory and the driver's state directory, whether or not it
+    exists (a run must not make one either)."""
     from .seccomp_profiles.cache import cache_dir
     paths = [PACKAGE_DIR, *interpreter_environment()]
     programs = cache_dir()
@@ -110,6 +133,9 @@ def protected_paths() -> list[str]:
         paths.append(programs)
     paths += [path for _, path in config_candidates()]
     paths.append(server_directory())
+    state = state_directory()
+    if state is not None:
+        paths.append(state)
     out: list[str] = []
     looked: dict[str, bool] = {}  # component -> is a symlink (the paths share prefixes)
     for path in paths:

@@ -323,3 +323,72 @@ def test_a_link_on_the_config_s_path_is_restored_after_the_run(tmp_path: Path) -
     link.unlink()
     link.symlink_to(evil)
     assert _writes_outside(other, outside, env)
+
+
+#: Plant a file in bob's workspace, rewrite his file, take his lock's name, make carol's
+#: workspace: what a run whose root holds the state dir would do to the next principal.
+_TAMPER = ("cd {ws} && echo planted > bob/planted; echo evil > bob/notes;"
+           " rm -f bob.lock && mkdir bob.lock; mkdir carol; ls")
+
+
+def test_a_run_whose_root_holds_the_state_dir_cannot_touch_a_workspace(tmp_path: Path
+                                                                       ) -> None:
+    """The driver keeps every principal's persistent workspace, and its lock, under
+    ``$XDG_STATE_HOME/hcp-linux``. A CLI run whose jail holds that (a home jail) tampers with
+    bob's: refused, and bob's next run finds his file as he left it and nothing planted.
+    Control: unconfined, the same script does all of it."""
+    from hcp_linux.driver.driver import LinuxDriver
+    from hcp_linux.policy.pack import load_pack
+    from hcp_linux.policy.policy import Policy
+    jail, scratch = tmp_path / "jail", tmp_path / "scratch"
+    (tmp_path / "pack").mkdir()
+    (tmp_path / "pack" / "pack.toml").write_text(
+        'name = "pack"\n[wrap]\nbin = ["sh"]\n[wrap.workspace]\nmode = "workspace"\n')
+    pack = load_pack(tmp_path / "pack" / "pack.toml")
+    for d in (jail, scratch):
+        d.mkdir()
+    state = jail / "state"
+    driver = LinuxDriver(Policy(jail=str(scratch)), state_dir=str(state / "hcp-linux"),
+                         tmp_dir=str(scratch))
+    r = driver.run(pack, ["sh", "-c", "echo mine > notes"], principal="bob", timeout=TIMEOUT)
+    assert r.returncode == 0
+    ws = state / "hcp-linux" / "workspaces" / "pack"
+    before = sorted(os.listdir(ws))
+    p = run_cli(jail, "/bin/sh", "-c", _TAMPER.format(ws=ws),
+                env=caller_env({"XDG_STATE_HOME": str(state)}), extra=["--no-config"])
+    assert "Read-only file system" in p.stderr.decode(), show(p)
+    assert sorted(os.listdir(ws)) == before == ["bob", "bob.lock"]
+    nxt = driver.run(pack, ["sh", "-c", "cat notes; ls"], principal="bob",
+                     capture_output=True, timeout=TIMEOUT)
+    assert nxt.stdout == b"mine\nnotes\n", nxt
+    # control: the same script, unconfined, on a copy
+    copy = tmp_path / "copy"
+    shutil.copytree(ws, copy)
+    control = subprocess.run(["/bin/sh", "-c", _TAMPER.format(ws=copy)], capture_output=True)
+    assert control.returncode == 0, control
+    assert sorted(os.listdir(copy)) == ["bob", "bob.lock", "carol"]
+    assert (copy / "bob" / "planted").exists() and (copy / "bob.lock").is_dir()
+
+
+def test_a_driver_s_own_state_dir_is_kept_from_every_run_of_its_process(tmp_path: Path
+                                                                        ) -> None:
+    """A driver given a ``state_dir`` of its own: a run of the same process (another
+    driver's, or the Python API's) whose writable root holds it cannot make a workspace
+    there, and leaves nothing (a missing name is swept). Control: the same command with the
+    state dir elsewhere makes it."""
+    from hcp_linux import Sandbox
+    from hcp_linux.driver.driver import LinuxDriver
+    from hcp_linux.policy.policy import Policy
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    state = jail / "runtime-state"
+    LinuxDriver(Policy(jail=str(tmp_path)), state_dir=str(state))
+    script = "mkdir -p runtime-state/workspaces/p/mallory && echo x > runtime-state/x; ls -R"
+    r = Sandbox(Policy(jail=str(jail))).run(["/bin/sh", "-c", script], capture_output=True,
+                                            timeout=TIMEOUT)
+    assert not state.exists(), (r.stdout, r.stderr)
+    # control: not a state dir (a sibling name), the same command makes it
+    r = Sandbox(Policy(jail=str(jail))).run(
+        ["/bin/sh", "-c", script.replace("runtime-state", "other-dir")], capture_output=True,
+        timeout=TIMEOUT)
+    assert r.returncode == 0 and (jail / "other-dir" / "x").read_text() == "x\n", r
