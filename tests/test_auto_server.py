@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -219,18 +220,17 @@ def test_a_directory_not_the_user_s_alone_is_not_used(tmp_path: Path, runtime_di
     assert sorted(os.listdir(where)) == before
 
 
-def test_an_idle_server_exits_and_removes_its_socket(runtime_dir: Path) -> None:
-    env = auto_env(runtime_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--auto",
-                             "--idle-exit", "1"], env=env, cwd="/", stdin=subprocess.DEVNULL,
+@contextmanager
+def _auto_serve(runtime: Path, *flags: str) -> Iterator[subprocess.Popen]:
+    """`serve --auto FLAGS` for ``runtime``, once it says it listens; killed (by its pid)
+    if it is still running when the test is over."""
+    proc = subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--auto", *flags],
+                            env=auto_env(runtime), cwd="/", stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         line = proc.stderr.readline()
         assert line.startswith(b"hcp-linux serve: listening on"), line
-        sock = runtime_dir / "hcp-linux" / SOCK
-        assert answers(sock)  # a request resets the idle clock: none is made here
-        assert proc.wait(timeout=TIMEOUT) == 0
-        assert not sock.exists()
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -238,26 +238,24 @@ def test_an_idle_server_exits_and_removes_its_socket(runtime_dir: Path) -> None:
         proc.stderr.close()
 
 
+def test_an_idle_server_exits_and_removes_its_socket(runtime_dir: Path) -> None:
+    with _auto_serve(runtime_dir, "--idle-exit", "1") as proc:
+        sock = runtime_dir / "hcp-linux" / SOCK
+        assert answers(sock)  # a request resets the idle clock: none is made here
+        assert proc.wait(timeout=TIMEOUT) == 0
+        assert not sock.exists()
+
+
 def test_a_server_waiting_to_idle_out_ends_on_sigterm(runtime_dir: Path) -> None:
     """SIGTERM while it waits for a client: it exits at once (not after the idle time,
     nor spinning until then), and removes its socket."""
-    proc = subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--auto",
-                             "--idle-exit", "600"], env=auto_env(runtime_dir), cwd="/",
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    try:
-        assert proc.stderr.readline().startswith(b"hcp-linux serve: listening on")
+    with _auto_serve(runtime_dir, "--idle-exit", "600") as proc:
         cpu = _cpu_ticks(proc.pid)
         time.sleep(0.5)
         assert _cpu_ticks(proc.pid) - cpu <= 5, "it spins while idle"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=TIMEOUT) == 0
         assert not (runtime_dir / "hcp-linux" / SOCK).exists()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -497,3 +495,4 @@ def test_the_fallback_directory_follows_the_temp_variables(monkeypatch,  # type:
     assert server_directory() == f"/tmp/hcp-linux-{uid}"
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # the user's own: it wins
     assert server_directory() == str(tmp_path / "hcp-linux")
+
