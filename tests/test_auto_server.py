@@ -496,3 +496,54 @@ def test_the_fallback_directory_follows_the_temp_variables(monkeypatch,  # type:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # the user's own: it wins
     assert server_directory() == str(tmp_path / "hcp-linux")
 
+
+def test_forget_unlinks_only_under_a_starting_server_s_lock(runtime_dir: Path,
+                                                           monkeypatch) -> None:  # type: ignore
+    """A client that gave up on a stuck server unlinks its socket under the lock a
+    starting server holds until it listens: while that lock is held it unlinks nothing (a
+    server may be binding there), and a socket bound while it waited is left. Before, a
+    server that bound between the client's look and its unlink lost its socket and idled
+    out unreached. Control: with the lock free, the stuck server's socket goes."""
+    import fcntl
+    import threading
+
+    from hcp_linux.cli import auto_server
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
+    monkeypatch.setattr(auto_server, "FORGET_WAIT", 0.2, raising=False)
+    d = runtime_dir / "hcp-linux"
+    d.mkdir(mode=0o700)
+    sock = d / SOCK
+    listeners = []
+
+    def bind() -> tuple[int, int]:  # a server that accepts and never answers
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(sock))
+        s.listen()
+        listeners.append(s)
+        st = sock.stat()
+        return st.st_dev, st.st_ino
+
+    lock = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        stuck = bind()
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a server starting
+        auto_server.forget(str(sock), stuck)
+        assert (sock.stat().st_dev, sock.stat().st_ino) == stuck, "unlinked under the lock"
+        monkeypatch.setattr(auto_server, "FORGET_WAIT", TIMEOUT, raising=False)
+        waiting = threading.Thread(target=auto_server.forget, args=(str(sock), stuck))
+        waiting.start()
+        time.sleep(0.1)
+        sock.unlink()  # the starting server found the stuck one gone, and binds
+        fresh = bind()
+        fcntl.flock(lock, fcntl.LOCK_UN)  # it listens
+        waiting.join(TIMEOUT)
+        assert not waiting.is_alive()
+        assert (sock.stat().st_dev, sock.stat().st_ino) == fresh, "a fresh server's socket went"
+        # control: the lock free, the socket of a server that does not answer goes
+        auto_server.forget(str(sock), fresh)
+        assert not sock.exists()
+    finally:
+        os.close(lock)
+        for s in listeners:
+            s.close()
+

@@ -29,6 +29,8 @@ IDLE_EXIT = 300.0
 #: How long a client waits for the user's server (connect, each reply) before it runs
 #: in-process; a server that does not answer in time is no longer named (see forget).
 TIMEOUT = 5.0
+#: How long :func:`forget` waits for a starting server's lock (seconds).
+FORGET_WAIT = 1.0
 
 
 def install_name() -> str:
@@ -94,13 +96,33 @@ def forget(path: str, identity: tuple[int, int]) -> None:
     """Unlink the socket of a server that accepted but did not answer (stopped, starved):
     later runs then find no server and start a fresh one, instead of each waiting
     :data:`TIMEOUT` for it. Only the socket that was connected to (``identity``: device,
-    inode), never one bound there since."""
+    inode), never one bound there since: the look and the unlink are made under the lock a
+    starting server holds until it listens (:func:`lock_path`), so none can bind between
+    them. A lock held past :data:`FORGET_WAIT` (a server starting, itself starved) leaves the
+    socket: the next run that waits for it tries again."""
+    import fcntl
+    import time
     try:
+        fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    try:
+        deadline = time.monotonic() + FORGET_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.01)
         st = os.lstat(path)
         if (st.st_dev, st.st_ino) == identity:
             os.unlink(path)
     except OSError:
         pass
+    finally:
+        os.close(fd)  # the lock with it
 
 
 def start() -> None:
