@@ -547,3 +547,64 @@ def test_forget_unlinks_only_under_a_starting_server_s_lock(runtime_dir: Path,
         for s in listeners:
             s.close()
 
+
+#: In a mount namespace of its own, as a subreaper (each process the run leaves behind
+#: becomes its child): a tmpfs of 8 inodes as XDG_RUNTIME_DIR, filled with empty files when
+#: argv[2] is "full", then one auto run. Prints the run's status and how many servers it
+#: left (alive or exited: a Python, where a spare the run made is hcp-exec), then ends
+#: everything it left by pid.
+_FULL_TMPFS = r"""
+import ctypes, os, signal, subprocess, sys
+mnt, fill, cli, jail = sys.argv[1:5]
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "nr_inodes=8,size=1m,mode=0700", "tmpfs", mnt],
+               check=True)
+i = 0
+while fill == "full":
+    try:
+        open(os.path.join(mnt, "f%d" % i), "wb").close()
+    except OSError:
+        break
+    i += 1
+env = dict(os.environ, HCP_LINUX_SERVER="auto", XDG_RUNTIME_DIR=mnt)
+p = subprocess.run([cli, "run", "--no-config", "--jail", jail, "--", "/bin/true"], env=env,
+                   cwd="/")
+left, servers = [], 0
+for name in os.listdir("/proc"):
+    try:
+        with open("/proc/%s/stat" % name, "rb") as f:
+            if name.isdigit() and int(f.read().rsplit(b")", 1)[1].split()[1]) == os.getpid():
+                left.append(int(name))
+                with open("/proc/%s/comm" % name) as c:
+                    servers += c.read().startswith("python")
+    except OSError:
+        pass
+print(p.returncode, servers)
+for pid in left:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="mounts a tmpfs (in a mount namespace of its own)")
+def test_no_server_is_started_where_it_could_not_make_its_socket(tmp_path: Path) -> None:
+    """A runtime dir with no inode left: an auto run runs in-process and starts no server
+    (one would fail to make its socket, and every run would start another). Control: the
+    same tmpfs with room, and the run starts one."""
+    mnt, jail = tmp_path / "mnt", tmp_path / "jail"
+    mnt.mkdir()
+    jail.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_TMPFS)
+    cli = os.path.join(os.path.dirname(sys.executable), "hcp-linux")
+    results = {}
+    for fill in ("full", "room"):
+        p = subprocess.run(["unshare", "--mount", sys.executable, str(script), str(mnt), fill,
+                            cli, str(jail)], capture_output=True, timeout=TIMEOUT * 2)
+        assert p.returncode == 0, show(p)
+        results[fill] = p.stdout.split()
+    assert results == {"full": [b"0", b"0"], "room": [b"0", b"1"]}

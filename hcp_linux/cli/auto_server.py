@@ -125,6 +125,25 @@ def forget(path: str, identity: tuple[int, int]) -> None:
         os.close(fd)  # the lock with it
 
 
+def full(path: str) -> bool:
+    """Whether a server could not make its directory ``path``, its lock and its socket
+    for want of room: no inode left for this user where they go, or ``path`` missing and
+    no block left to make it in (a directory takes one on a disk; on a tmpfs it does not,
+    and the server is then not started until there is room: the runs stay in-process).
+    A file system that counts no inodes (btrfs: ``f_files`` 0) has them."""
+    for where, missing in ((path, False), (os.path.dirname(path), True)):
+        try:
+            st = os.statvfs(where)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False  # not ours to judge: the server says what is wrong, or starts
+        root = os.geteuid() == 0  # root may use the blocks kept back for it (ext4's 5%)
+        blocks, inodes = (st.f_bfree, st.f_ffree) if root else (st.f_bavail, st.f_favail)
+        return (st.f_files > 0 and inodes == 0) or (missing and blocks == 0)
+    return False
+
+
 def start() -> None:
     """Start ``hcp-linux serve --auto`` for the runs after this one, detached: a session of
     its own (a terminal's ^C or hang-up is not for it), cwd ``/``, stdio on /dev/null and no
@@ -136,6 +155,8 @@ def start() -> None:
     import sys
     if not os.path.isdir(os.path.dirname(directory())):
         return  # TMPDIR names nothing: a server could not make its directory
+    if full(directory()):
+        return  # it could not make its socket: every run would start one that fails
     try:
         # PYTHONSAFEPATH (3.11+): no cwd on its sys.path, though "/" is not the run's
         env = dict(os.environ, PYTHONSAFEPATH="1")
