@@ -51,6 +51,7 @@ from . import Policy, Sandbox
 from .policy.resolve import resolve
 from . import SandboxError as HcpError
 from .jails.jailfiles import open_jail, read_in, write_in
+from .jails.locations import make_jail_home
 from .jails.reclaim import jail_name
 from .session import Session, SessionEnded
 from .jails.workspace import remove_tree, sweep_jails
@@ -224,11 +225,14 @@ class HcpSandboxBackend(BaseSandboxBackend):
         mapping = check_config(config, self.policy)
         # named for this process (hcp_linux.jails.reclaim): if the worker is killed outright, the
         # next backend on the node (or `hcp-linux gc`) knows the jail's owner is gone
-        jail = os.path.join(self.jail_root, jail_name("ray"))
         try:
+            jail = os.path.join(make_jail_home(self.jail_root), jail_name("ray"))
             os.mkdir(jail, 0o700)
         except OSError as e:
-            raise SandboxCreationError(f"hcp-linux sandbox: {jail}: {e.strerror}") from e
+            where = e.filename if e.filename is not None else self.jail_root
+            raise SandboxCreationError(f"hcp-linux sandbox: {where}: {e.strerror}") from e
+        except HcpError as e:  # a jail home that is not this user's alone
+            raise SandboxCreationError(f"hcp-linux sandbox: {e}") from e
         try:
             env = {**self.policy.env, **config.env}
             policy = dataclasses.replace(self.policy, jail=jail, env=env)

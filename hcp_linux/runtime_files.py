@@ -83,6 +83,54 @@ def config_candidates() -> list[tuple[str, str]]:
 TMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 
 
+def temp_directory() -> str:
+    """The user's temporary directory as this process's environment names it: the first of
+    :data:`TMP_VARIABLES` set, when it is absolute, else ``/tmp``."""
+    tmp = next((os.environ[name] for name in TMP_VARIABLES if os.environ.get(name)), "")
+    return os.path.normpath(tmp) if tmp.startswith("/") else "/tmp"
+
+
+def jail_home(base: str) -> str:
+    """``BASE/hcp-linux-jails-UID``: where this user's ephemeral jails are made under the
+    temp dir ``base`` (the driver's, a Ray or framework sandbox's: hcp_linux.jails.locations).
+    One directory, kept once made, so that a run whose writable root holds ``base`` (a
+    command run in /tmp) has it bound read-only, with every jail made in it later: another
+    run's live jail is never within its reach."""
+    return os.path.join(base, f"hcp-linux-jails-{os.geteuid()}")
+
+
+def private_directory_problem(path: str) -> str | None:
+    """Why the directory ``path`` is not this user's alone, or None (None too when it does
+    not exist: :func:`make_private_directory` makes it)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+    if not stat.S_ISDIR(st.st_mode):
+        return "a symlink, not a directory" if stat.S_ISLNK(st.st_mode) else "not a directory"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):04o} lets others in"
+    return None
+
+
+def make_private_directory(path: str) -> None:
+    """Make ``path`` mode 0700 if it is missing; OSError, or ValueError with why when it
+    is not the user's alone (made by someone else meanwhile, or before)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    why = private_directory_problem(path)
+    if why is not None:
+        raise ValueError(why)
+    if not os.path.isdir(path):  # removed between the mkdir and the look
+        raise FileNotFoundError(2, os.strerror(2), path)
+
+
 def server_directory() -> str:
     """Where the user's own `hcp-linux serve --auto` listens (hcp_linux.cli.auto_server):
     ``$XDG_RUNTIME_DIR/hcp-linux`` when XDG_RUNTIME_DIR is an absolute path to a directory
@@ -101,9 +149,7 @@ def server_directory() -> str:
             st = None
         if st is not None and st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode):
             return os.path.join(os.path.normpath(base), "hcp-linux")
-    tmp = next((os.environ[name] for name in TMP_VARIABLES if os.environ.get(name)), "")
-    return os.path.join(os.path.normpath(tmp) if tmp.startswith("/") else "/tmp",
-                        f"hcp-linux-{os.geteuid()}")
+    return os.path.join(temp_directory(), f"hcp-linux-{os.geteuid()}")
 
 
 def interpreter_environment() -> list[str]:
@@ -124,8 +170,9 @@ def protected_paths() -> list[str]:
     """Canonical paths of the files above, as this process names them now (its environment
     says where the configs and the program cache are): this package's directory, the
     interpreter's environment, the seccomp program cache, each config the CLI would look
-    for, the user's server's directory and the driver's state directory, whether or not it
-    exists (a run must not make one either)."""
+    for, the user's server's directory, the driver's state directory and the user's jail
+    home in the temp dir, whether or not it exists (a run must not make one either; the
+    jail home is made by :func:`hcp_linux.policy.protected.find` when a root holds it)."""
     from .seccomp_profiles.cache import cache_dir
     paths = [PACKAGE_DIR, *interpreter_environment()]
     programs = cache_dir()
@@ -133,6 +180,7 @@ def protected_paths() -> list[str]:
         paths.append(programs)
     paths += [path for _, path in config_candidates()]
     paths.append(server_directory())
+    paths.append(jail_home(temp_directory()))
     state = state_directory()
     if state is not None:
         paths.append(state)

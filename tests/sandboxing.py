@@ -405,3 +405,25 @@ def imported_by_run(jail: "Arg", *cmd: Arg, env: Mapping[str, str] | None = None
              if line.startswith("import time:") and line.count("|") == 2]
     start = names.index("hcp_linux") if "hcp_linux" in names else len(names)
     return done, names[start:]
+
+
+def jail_home_of(tmp: "Arg") -> Path:
+    """The user's jail home in the temp dir ``tmp`` (hcp_linux.runtime_files.jail_home):
+    where every ephemeral jail is made."""
+    from hcp_linux.runtime_files import jail_home
+    return Path(jail_home(os.fspath(tmp)))
+
+
+def jails_in(tmp: "Arg") -> list[str]:
+    """What the runtime left in the temp dir ``tmp``: its entries, with each jail home there
+    (kept once made, empty) replaced by the jails it holds. Any uid's: a run in a user
+    namespace names its home by its uid there (``hcp-linux-jails-0`` as nobody mapped to
+    root)."""
+    names = []
+    for name in os.listdir(tmp):
+        path = Path(tmp) / name
+        if name.startswith("hcp-linux-jails-") and name[16:].isdigit() and path.is_dir():
+            names += os.listdir(path)
+        else:
+            names.append(name)
+    return sorted(names)

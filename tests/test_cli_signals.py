@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import (EXECUTOR_ARGS, TIMEOUT, default_stop_signals, kill_by_pid, processes_with,
+from sandboxing import (EXECUTOR_ARGS, TIMEOUT, default_stop_signals, jails_in, kill_by_pid, processes_with,
                         sleep_token, wait_for)
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
@@ -75,7 +75,7 @@ def test_the_cli_dies_by_the_signal_it_was_sent(setup: Setup, pack: bool, sig: i
     assert p.returncode == -sig, err
     assert err == b""
     assert processes_with(token) == [], "a process of the run survived"
-    assert os.listdir(setup.tmp) == []  # the ephemeral jail (pack) is gone
+    assert jails_in(setup.tmp) == []  # the ephemeral jail (pack) is gone
     if pack:
         assert not setup.result_file(pack).exists()  # a killed run writes nothing back
     receipt = json.loads(setup.receipt.read_text())
@@ -102,7 +102,7 @@ def test_without_a_signal_the_command_ends_with_its_own_status(setup: Setup,
                        env=setup.env, cwd=setup.base, capture_output=True, timeout=TIMEOUT)
     assert (r.returncode, r.stderr) == (0, b"")
     assert setup.result_file(pack).read_bytes() == b"done"
-    assert os.listdir(setup.tmp) == []
+    assert jails_in(setup.tmp) == []
 
 
 def _children(pid: int) -> list[int]:
@@ -135,7 +135,7 @@ def test_a_shell_sees_128_plus_n(setup: Setup, pack: bool, sig: int | None) -> N
     assert out == f"status={128 + sig if sig else 3}\n".encode()
     if sig:
         assert processes_with(token) == []
-    assert os.listdir(setup.tmp) == []
+    assert jails_in(setup.tmp) == []
 
 
 def _blocked_on_a_lock(pid: int) -> bool:

@@ -21,7 +21,7 @@ from hcp_linux.policy.pack import Pack, load_pack
 from hcp_linux.policy.policy import Policy
 from hcp_linux.sandbox import PIPE
 from hcp_linux.jails.workspace import WorkspaceBusyError
-from sandboxing import processes_with, sleep_token, wait_for
+from sandboxing import jails_in, processes_with, sleep_token, wait_for
 
 TIMEOUT = 30.0
 
@@ -67,7 +67,7 @@ class Env:
                            tmp_dir=str(self.tmp))
 
     def leftovers(self) -> list[str]:
-        return sorted(os.listdir(self.tmp))
+        return jails_in(self.tmp)
 
 
 @pytest.fixture
@@ -647,3 +647,32 @@ def test_receipt_names_the_driver(env):
     assert r.receipt["layers"]["seccomp"]["status"] == "enforced"
     r.check_returncode()
     assert PIPE is not None
+
+
+@pytest.mark.parametrize("made", ["open to others", "a symlink"])
+def test_a_jail_home_not_the_user_s_alone_is_refused(env, made):
+    """The jail home (every ephemeral jail: hcp_linux.runtime_files.jail_home) made first
+    by someone else, or in a way others can enter: one line naming it, nothing spawned,
+    nothing made in it. Control: once it is the user's alone, the same run runs there."""
+    from sandboxing import jail_home_of
+    from hcp_linux.errors import SandboxError
+    home = jail_home_of(env.tmp)
+    elsewhere = env.base / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if made == "a symlink":
+        home.symlink_to(elsewhere)
+    else:
+        home.mkdir()
+        os.chmod(home, 0o755)
+    pack = env.pack("ephemeral")
+    with pytest.raises(SandboxError, match=r"^jail: .*hcp-linux-jails-\d+: (a symlink, not a "
+                                           r"directory|mode 0755 lets others in)"):
+        env.driver().run(pack, sh(f"touch {env.marker}"), timeout=TIMEOUT)
+    assert not env.marker.exists() and os.listdir(elsewhere) == []
+    assert (os.listdir(home) == []) if made != "a symlink" else home.is_symlink()
+    if made == "a symlink":
+        home.unlink()
+    else:
+        os.chmod(home, 0o700)
+    r = env.driver().run(pack, sh(f"touch {env.marker}"), timeout=TIMEOUT)
+    assert r.returncode == 0 and env.marker.exists() and env.leftovers() == []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import EXECUTOR_ARGS
+from sandboxing import EXECUTOR_ARGS, jails_in
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello-pack" / "pack.toml"
 TIMEOUT = 60
@@ -141,7 +141,7 @@ def test_timeout_exit_124_keeps_the_old_output(cli):
     assert r.returncode == 124
     assert r.stderr == b"error: sandbox: timed out after 0.5s; the sandbox was killed\n"
     assert dest.read_text() == "old" and os.listdir(cli.work) == ["out.txt"]
-    assert [n for n in os.listdir(cli.base) if n.startswith("hcp-linux-")] == []
+    assert [n for n in jails_in(cli.base) if n.startswith("hcp-linux-")] == []
 
 
 def test_receipt_and_exit_status(cli):

@@ -20,7 +20,7 @@ from hcp_linux.driver.driver import LinuxDriver
 from hcp_linux.errors import PolicyError
 from hcp_linux.policy.pack import load_pack
 from hcp_linux.policy.policy import Policy
-from sandboxing import (TIMEOUT, EXECUTOR_ARGS, deny_syscalls_launcher, kill_by_pid,
+from sandboxing import (TIMEOUT, EXECUTOR_ARGS, deny_syscalls_launcher, jail_home_of, jails_in, kill_by_pid,
                         processes_with, read_receipt, sleep_token, snapshot, wait_for)
 
 
@@ -53,7 +53,7 @@ class Env:
                            state_dir=str(self.base / "state"))
 
     def leftovers(self) -> list[str]:
-        return sorted(os.listdir(self.tmp))
+        return jails_in(self.tmp)
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_home_env_points_at_the_writable_scratch(env: Env) -> None:
     assert r.returncode == 0, r.stderr
     home, wrote, tmpdir, cache = r.stdout.decode().splitlines()
     assert home == cache == r.receipt["driver"]["scratch"]
-    assert home.startswith(str(env.tmp) + "/hcp-linux-none-") and wrote == "h"
+    assert home.startswith(f"{jail_home_of(env.tmp)}/hcp-linux-none-") and wrote == "h"
     assert tmpdir == "/tmp"
     assert env.leftovers() == [] and not os.path.exists(home)
     assert "h" not in os.listdir(pack.root)
@@ -272,7 +272,7 @@ def test_a_killed_runtimes_scratch_is_reclaimed_not_the_pack(env: Env) -> None:
         wait_for(lambda: processes_with(token, but=runtime.pid), "the sandboxed sleep")
         left = env.leftovers()
         assert len(left) == 1 and left[0].startswith("hcp-linux-none-"), left
-        assert os.listdir(env.tmp / left[0]) == ["scratch"]
+        assert os.listdir(jail_home_of(env.tmp) / left[0]) == ["scratch"]
     finally:
         kill_by_pid(runtime)  # SIGKILL: no cleanup; PDEATHSIG ends the sandbox
     wait_for(lambda: not processes_with(token), "the sandbox to die with its runtime", 10.0)

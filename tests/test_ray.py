@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from hcp_linux.conformance.observers import processes_with
+from sandboxing import jails_in
 
 # Ray on loopback only: without this it binds the host's interface address.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -186,11 +187,11 @@ def test_every_method_of_ray_s_runtime_works_over_the_backend(hr, tmp_path):
     assert rt.read_file(sid, "w.txt") == b"ab"
     rt.terminate(sid)
     assert rt.get_status(sid) == SandboxStatus.TERMINATED
-    assert os.listdir(tmp_path / "jails") == []
+    assert jails_in(tmp_path / "jails") == []
     short = rt.create(hr.HOST_IMAGE, ttl_seconds=1)   # Ray's TTL timer deletes it
     assert rt.get_status(short) == SandboxStatus.RUNNING
     _wait_for(lambda: rt.get_status(short) == SandboxStatus.TERMINATED, "the TTL ran out", 10)
-    _wait_for(lambda: os.listdir(tmp_path / "jails") == [], "the TTL removed the jail", 10)
+    _wait_for(lambda: jails_in(tmp_path / "jails") == [], "the TTL removed the jail", 10)
 
 
 @needs_ray

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from hcp_linux import runtime_files
-from sandboxing import TIMEOUT, caller_env, read_receipt, run_cli, show
+from sandboxing import (TIMEOUT, caller_env, jail_home_of, out, read_receipt, run_cli, show,
+                        wait_for)
 
 #: keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 0): the baseline profile denies it
 #: (EPERM); a filter that allows everything lets it through. Prints "keyctl ok" or "keyctl EN".
@@ -392,3 +393,88 @@ def test_a_driver_s_own_state_dir_is_kept_from_every_run_of_its_process(tmp_path
         ["/bin/sh", "-c", script.replace("runtime-state", "other-dir")], capture_output=True,
         timeout=TIMEOUT)
     assert r.returncode == 0 and (jail / "other-dir" / "x").read_text() == "x\n", r
+
+
+#: Plant a file in each ephemeral jail under DIR (argv: DIR), wherever one is: in the jail
+#: home, or beside it. Waits up to 10 s for one to appear (another runtime starts it);
+#: prints "planted N" (N jails written) or "none".
+_PLANT = r"""
+import glob, os, sys, time
+d = sys.argv[1]
+open(os.path.join(d, "ready"), "w").close()
+deadline = time.monotonic() + 10
+while True:
+    jails = glob.glob(d + "/hcp-linux-jails-*/hcp-linux-*/jail") + glob.glob(d + "/hcp-linux-*/jail")
+    if jails or time.monotonic() > deadline:
+        break
+    time.sleep(0.02)
+n = 0
+for j in jails:
+    try:
+        with open(os.path.join(j, "planted"), "w") as f:
+            f.write("evil")
+        n += 1
+    except OSError as e:
+        print("refused", e.strerror)
+print("planted", n) if jails else print("none")
+"""
+
+
+def _ephemeral(tmp_path: Path) -> tuple[object, object]:
+    from hcp_linux.driver.driver import LinuxDriver
+    from hcp_linux.policy.pack import load_pack
+    from hcp_linux.policy.policy import Policy
+    (tmp_path / "pack").mkdir()
+    (tmp_path / "pack" / "pack.toml").write_text(
+        'name = "pack"\n[wrap]\nbin = ["sh"]\n[wrap.workspace]\nmode = "ephemeral"\n')
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    return (LinuxDriver(Policy(jail=str(tmp_path / "pack")), tmp_dir=str(shared)),
+            load_pack(tmp_path / "pack" / "pack.toml"))
+
+
+@pytest.mark.parametrize("home", ["made before", "made during the run"])
+def test_a_run_in_the_temp_dir_cannot_reach_another_run_s_jail(tmp_path: Path,
+                                                                home: str) -> None:
+    """A command run in the temp dir (jail /tmp, TMPDIR /tmp: an agent's ``cd /tmp``) while a
+    driver runs another principal's ephemeral jail there: it cannot plant a file in that
+    jail, whether the user's jail home existed when it started or was made by the driver
+    during its run (this run made it when it found its root holding it, and has it
+    read-only). The other run sees its jail as it made it. Control: the same plant,
+    unconfined, reaches the jail, and the run sees it."""
+    import threading
+    driver, pack = _ephemeral(tmp_path)
+    shared = tmp_path / "tmp"
+    if home == "made before":
+        jail_home_of(shared).mkdir(mode=0o700)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "plant.py").write_text(_PLANT)
+    script = str(tmp_path / "scripts" / "plant.py")
+
+    def other_run(out: list) -> None:  # another principal's run, started once X is up
+        wait_for(lambda: (shared / "ready").exists(), "the command to start")
+        out.append(driver.run(pack, ["sh", "-c", "sleep 1; ls -A"], principal="bob",
+                              capture_output=True, timeout=TIMEOUT))
+    got: list = []
+    t = threading.Thread(target=other_run, args=(got,))
+    t.start()
+    try:
+        p = run_cli(shared, "python3", script, str(shared), extra=["--allow-bin", "python3",
+                    "--read-only-root", str(tmp_path / "scripts")],
+                    env=caller_env({"TMPDIR": str(shared)}))
+    finally:
+        t.join(TIMEOUT)
+    assert "refused Read-only file system" in out(p) and "planted 0" in out(p), show(p)
+    assert got[0].returncode == 0 and got[0].stdout == b"", got[0]
+    # control: unconfined, the same plant reaches the other run's jail
+    (shared / "ready").unlink()
+    got.clear()
+    t = threading.Thread(target=other_run, args=(got,))
+    t.start()
+    try:
+        control = subprocess.run([sys.executable, script, str(shared)], capture_output=True,
+                                 timeout=TIMEOUT)
+    finally:
+        t.join(TIMEOUT)
+    assert control.stdout == b"planted 1\n", control
+    assert got[0].stdout == b"planted\n", got[0]

@@ -24,7 +24,7 @@ import pytest
 from hcp_linux import Policy
 from hcp_linux.driver.driver import LinuxDriver
 from hcp_linux.errors import WritebackError
-from sandboxing import (EXECUTOR_ARGS, IS_ROOT, TIMEOUT, kill_by_pid, processes_with,
+from sandboxing import (EXECUTOR_ARGS, IS_ROOT, TIMEOUT, jail_home_of, jails_in, kill_by_pid, processes_with,
                         sleep_token, wait_for)
 
 PACK = '[wrap]\nbin = "sh"\nworkspace = { mode = "MODE" }\n'
@@ -72,7 +72,7 @@ class Cli:
                                *args], env=self.env, capture_output=True, timeout=TIMEOUT)
 
     def jails(self) -> list[str]:
-        return sorted(n for n in os.listdir(self.tmp) if n.startswith("hcp-linux-"))
+        return [n for n in jails_in(self.tmp) if n.startswith("hcp-linux-")]
 
 
 @pytest.fixture
@@ -301,7 +301,7 @@ def test_the_python_api_raises_writeback_error_with_the_result(tmp_path: Path) -
                 d.rmdir()
         finally:
             t.join(TIMEOUT)
-        assert os.listdir(tmp) == []
+        assert jails_in(tmp) == []
 
 
 # --- a runtime killed ---------------------------------------------------------------------
@@ -344,7 +344,7 @@ def test_sigkill_during_writeback_is_reclaimed(cli: Cli, reclaimer: str) -> None
     if reclaimer == "gc":
         r = cli.gc(str(d))
         assert r.returncode == 0 and r.stderr == b""
-        assert lines(r) == sorted([str(cli.tmp / jail), str(d / tmp)])
+        assert lines(r) == sorted([str(jail_home_of(cli.tmp) / jail), str(d / tmp)])
     else:
         r = cli.run('printf small > "$3"', "-o", "d/small")
         assert r.returncode == 0, r.stderr

@@ -59,39 +59,6 @@ def lock_path() -> str:
     return os.path.join(directory(), f"serve-{install_name()}.lock")
 
 
-def unusable(path: str) -> str | None:
-    """Why the directory ``path`` is not the user's alone, or None (None too when it does
-    not exist: it is made by the server, with :func:`make_directory`)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return e.strerror or str(e)
-    import stat
-    if not stat.S_ISDIR(st.st_mode):
-        return "a symlink, not a directory" if stat.S_ISLNK(st.st_mode) else "not a directory"
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}"
-    if st.st_mode & 0o077:
-        return f"mode {stat.S_IMODE(st.st_mode):04o} lets others in"
-    return None
-
-
-def make_directory(path: str) -> None:
-    """Make ``path`` mode 0700 if it is missing; OSError, or ValueError with why when it
-    is not the user's alone (made by someone else meanwhile, or before)."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    why = unusable(path)
-    if why is not None:
-        raise ValueError(why)
-    if not os.path.isdir(path):  # removed between the mkdir and the look
-        raise FileNotFoundError(path)
-
-
 def forget(path: str, identity: tuple[int, int]) -> None:
     """Unlink the socket of a server that accepted but did not answer (stopped, starved):
     later runs then find no server and start a fresh one, instead of each waiting

@@ -86,8 +86,9 @@ def main(argv: "Sequence[str] | None" = None) -> int:
 def _auto_socket() -> "str | None":
     """The user's own server's socket, or None (with the line that says why) when its
     directory is not the user's alone."""
-    from .auto_server import directory, socket_path, unusable
-    why = unusable(directory())
+    from ..runtime_files import private_directory_problem
+    from .auto_server import directory, socket_path
+    why = private_directory_problem(directory())
     if why is None:
         return socket_path()
     from .serve_client import not_using

@@ -101,11 +101,12 @@ def _auto_server(idle_exit: float | None) -> "_Server | None":
     or is starting (it holds the lock): two runs that found none each start one."""
     import fcntl
 
-    from .auto_server import IDLE_EXIT, directory, lock_path, make_directory, socket_path
+    from ..runtime_files import make_private_directory
+    from .auto_server import IDLE_EXIT, directory, lock_path, socket_path
     os.chdir("/")  # hold no directory of the run that started it
     where = directory()
     try:
-        make_directory(where)
+        make_private_directory(where)
     except (OSError, ValueError) as e:
         why = e.strerror if isinstance(e, OSError) else str(e)
         raise SandboxError(f"serve: {printable(where)}: {why}") from None

@@ -36,6 +36,7 @@ from typing import Mapping, Sequence
 from ..errors import PolicyError, SandboxError
 from ..plan.plan import working_dir as plan_working_dir
 from ..run import popen
+from ..jails.locations import make_jail_home
 from ..jails.reclaim import jail_name
 from ..jails.workspace import remove_tree, sweep_jails
 from ..policy.policy import Policy
@@ -175,7 +176,7 @@ class Box:
         if jail is None:
             root = jail_root or tempfile.gettempdir()
             _sweep_once(root)
-            jail = os.path.join(root, jail_name("box"))
+            jail = os.path.join(make_jail_home(root), jail_name("box"))
             os.mkdir(jail, 0o700)
         self.jail = jail
         try:

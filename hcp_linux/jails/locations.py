@@ -8,12 +8,13 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ..errors import PolicyError, printable
+from ..errors import PolicyError, SandboxError, printable
+from ..policy.protected import protect_file
 from ..policy.values import dir_problem
-from ..runtime_files import TMP_VARIABLES
+from ..runtime_files import TMP_VARIABLES, jail_home, make_private_directory
 
 __all__ = ["default_state_dir", "state_dir_path", "check_state_dir", "default_tmp_dir",
-           "check_tmp_dir"]
+           "check_tmp_dir", "make_jail_home"]
 
 
 def default_state_dir() -> str:
@@ -127,6 +128,25 @@ def check_tmp_dir(path: str, label: str) -> str:
         raise PolicyError(f"{printable(label)}: {why}")
     _outside_system_roots(path, label, "jails")
     return path
+
+
+def make_jail_home(base: str) -> str:
+    """This user's jail home in the temp dir ``base`` (hcp_linux.runtime_files.jail_home),
+    made mode 0700 when missing; every ephemeral jail (the driver's, a Ray or framework
+    sandbox's) is made inside it, never beside it: a run whose writable root holds ``base``
+    (a command run in /tmp) has the home bound read-only, with the jails made in it later,
+    so no run reaches another's live jail. Protected in every later run of this process
+    (``base`` may be a ``tmp_dir`` no other process knows). OSError when it cannot be made;
+    SandboxError, naming it, when it is not this user's alone (another user made it
+    first: nothing is made in it)."""
+    home = jail_home(base)
+    try:
+        make_private_directory(home)
+    except ValueError as e:
+        raise SandboxError(f"jail: {printable(home)}: {e} (not this user's alone); remove it "
+                           f"or set TMPDIR to a directory of your own") from None
+    protect_file(home)
+    return home
 
 
 def _absolute(path: object, label: str) -> str:

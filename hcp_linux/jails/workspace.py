@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..errors import PolicyError, SandboxError, printable
-from .locations import check_state_dir, check_tmp_dir, default_state_dir, default_tmp_dir
+from .locations import (check_state_dir, check_tmp_dir, default_state_dir, default_tmp_dir,
+                        make_jail_home)
 from ..policy.pack import EPHEMERAL, NONE, WORKSPACE, Pack
 from .reclaim import RENAME_NOREPLACE, Sweep, jail_name, jail_owner, renameat2, sweep_dead
+from ..runtime_files import jail_home, private_directory_problem
 
 __all__ = ["Workspace", "WorkspaceBusyError", "check_principal", "default_state_dir",
            "default_tmp_dir", "check_state_dir", "check_tmp_dir",
@@ -179,19 +181,25 @@ def open_workspace(pack: Pack, principal: str, *, state_dir: str | None = None,
 
 
 def _new_jail_parent(mode: str, tmp_dir: str | None) -> str:
-    """A fresh 0700 directory ``<tmp>/hcp-linux-<mode>-<owner>-<rand>``: the name says which
-    process owns it, so that a later sweep can reclaim it once that process is gone."""
+    """A fresh 0700 directory ``<tmp>/hcp-linux-jails-UID/hcp-linux-<mode>-<owner>-<rand>``:
+    in the user's jail home (:func:`~hcp_linux.jails.locations.make_jail_home`: no other
+    run reaches it), named for the process that owns it, so that a later sweep can reclaim
+    it once that process is gone."""
     base = default_tmp_dir() if tmp_dir is None else check_tmp_dir(tmp_dir, f"tmp_dir {tmp_dir}")
+    try:
+        home = make_jail_home(base)
+    except OSError as e:  # ENOSPC, EDQUOT, EROFS...: this run cannot have a jail
+        raise _cannot_make(base, e) from None
     for _ in range(100):
-        path = os.path.join(base, jail_name(mode))
+        path = os.path.join(home, jail_name(mode))
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
             continue
         except OSError as e:  # ENOSPC, EDQUOT, EROFS, EMFILE...: this run cannot have a jail
-            raise _cannot_make(base, e) from None
+            raise _cannot_make(home, e) from None
         return path
-    raise FileExistsError(errno.EEXIST, "no unused jail name", base)
+    raise FileExistsError(errno.EEXIST, "no unused jail name", home)
 
 
 def _cannot_make(base: str, e: OSError) -> SandboxError:
@@ -203,29 +211,37 @@ def _cannot_make(base: str, e: OSError) -> SandboxError:
 
 
 def sweep_jails(tmp_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
-    """Remove the ephemeral jails in ``tmp_dir`` whose owner process is gone.
+    """Remove the ephemeral jails in ``tmp_dir`` whose owner process is gone: those in the
+    user's jail home there, and those an earlier version made in ``tmp_dir`` itself.
 
-    One ``scandir`` of the temp dir; only names matching :data:`~hcp_linux.jails.reclaim.JAIL_RE`,
+    One ``scandir`` of each; only names matching :data:`~hcp_linux.jails.reclaim.JAIL_RE`,
     only real directories (``lstat``) of our uid, whose owner is certainly dead. A jail is
     first *claimed*: renamed (``RENAME_NOREPLACE``, in place) to a jail name owned by this
     process, so a concurrent sweep sees a live owner and leaves it, and a sweep killed half-way
     leaves a name the next one reclaims. Errors are recorded, never raised, but for a bad
-    ``TMPDIR`` (PolicyError, naming it, before anything is touched).
+    ``TMPDIR`` (PolicyError, naming it, before anything is touched). A jail home that is not
+    this user's alone is not looked in.
     """
     out = Sweep()
     base = tmp_dir if tmp_dir is not None else default_tmp_dir()
-    try:
-        dfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        out.failed.append((base, os.strerror(e.errno or errno.EIO)))
-        return out
-    try:
-        # claimed first, then removed: see above
-        out.add(sweep_dead(dfd, base, jail_owner, stat.S_ISDIR,
-                           lambda name: remove_tree(os.path.join(base, _claim(dfd, name))),
-                           dry_run=dry_run))
-    finally:
-        os.close(dfd)
+    home = jail_home(base)
+    for where in (base, home):
+        if where == home and (private_directory_problem(home) is not None
+                              or not os.path.isdir(home)):
+            continue
+        try:
+            dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            out.failed.append((where, os.strerror(e.errno or errno.EIO)))
+            continue
+        try:
+            # claimed first, then removed: see above
+            out.add(sweep_dead(dfd, where, jail_owner, stat.S_ISDIR,
+                               lambda name, where=where, dfd=dfd:  # type: ignore[misc]
+                               remove_tree(os.path.join(where, _claim(dfd, name))),
+                               dry_run=dry_run))
+        finally:
+            os.close(dfd)
     return out
 
 

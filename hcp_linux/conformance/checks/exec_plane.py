@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ...errors import HostPathError, PolicyError, SandboxError
+from ...runtime_files import jail_home
 from ..harness import Evidence, Harness, proc_summary
 from .base import PY_ARGV, _exact_refusal, _ran, _stdout, _tree_digest, _verdict, check
 
@@ -82,7 +83,7 @@ def mode_none_scratch(h: Harness, ev: Evidence) -> str:
                    f"HOME is the pack root: {home}")
         ev.require(bool(home) and not os.path.exists(home),
                    f"the scratch HOME {home} survived")
-    left = os.listdir(h.dir / "tmp")
+    left = _left_in(h.dir / "tmp")
     ev.require(left == [], f"leftovers in the driver's tmp dir: {left}")
     return _verdict(ev, "private TMPDIR per exec, writable HOME (home_env) outside the pack, "
                         "-o written back, nothing left")
@@ -109,7 +110,7 @@ def mode_ephemeral(h: Harness, ev: Evidence) -> str:
     ev.saw(f"timed-out run: timed_out={r3.timed_out} rc={r3.returncode}")
     ev.require(r3.timed_out, "the run did not time out")
     ev.require(not os.path.exists(r3.jail), "the jail of a timed-out exec survived")
-    left = os.listdir(h.dir / "tmp")
+    left = _left_in(h.dir / "tmp")
     ev.require(left == [], f"leftovers in the driver's tmp dir: {left}")
     return _verdict(ev, "each exec got a fresh jail, removed after it (also after a timeout)")
 
@@ -380,3 +381,13 @@ def writeback(h: Harness, ev: Evidence) -> str:
                    f"workspace mode: new_files {w.writeback.new_files}")
     return _verdict(ev, "--output/-o (4 spellings) written back atomically after exit 0 only; "
                         "never through a symlink; workspace new files reported")
+
+
+def _left_in(tmp: Path) -> list[str]:
+    """What the driver left in its temp dir: its entries, with the user's jail home there
+    (an empty directory, kept once made: hcp_linux.runtime_files.jail_home) replaced by
+    the jails it still holds."""
+    home = Path(jail_home(str(tmp)))
+    left = sorted(n for n in os.listdir(tmp) if tmp / n != home)
+    return left + sorted(str(Path(home.name) / n) for n in
+                         (os.listdir(home) if home.is_dir() else ()))

@@ -194,7 +194,8 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     here (PolicyError, naming it, when it cannot be made: fail closed)."""
     # here, not at the top: the served client imports this module for the sweep alone
     from . import search as protected_search
-    from ...runtime_files import protected_paths
+    from ...runtime_files import jail_home, make_private_directory, protected_paths, \
+        temp_directory
     allowed = policy.allow_write_protected
     mode = policy.protect_missing
     place = view and mode == "placeholders"
@@ -209,6 +210,16 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     roots = policy.writable_roots
     with _config_lock:
         configs = [(None, p, p, True) for p in _config_files]
+    # the user's jail home in the temp dir (every ephemeral jail: hcp_linux.jails.locations),
+    # made now when a root holds it: a jail another runtime makes there during this run is
+    # then under this run's read-only bind, not beside it. One that cannot be made (no room,
+    # another user's name) holds no jail of ours
+    home = jail_home(temp_directory())
+    if any(within(home, r) and home != r for r in roots):
+        try:
+            make_private_directory(home)
+        except (OSError, ValueError):
+            pass
     # the runtime's own files a later run trusts (its code, the seccomp programs, the CLI's
     # configs: hcp_linux.runtime_files), kept as the configuration files above are
     configs += [(None, p, p, True) for p in protected_paths()]
