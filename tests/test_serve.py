@@ -443,3 +443,26 @@ def test_a_served_run_refuses_blocked_calls_unrecorded(server: Server, jail: Pat
     r = json.loads(receipt.read_text())
     assert "served_by" not in r
     assert [d["syscall"] for d in r["denials"]] == ["unshare"]
+
+
+def test_a_receipt_goes_where_it_was_named_whatever_the_command_does(server: Server,
+                                                                      tmp_path: Path) -> None:
+    """``--receipt`` inside the jail: the command renames the receipt's directory and leaves
+    a symlink to another directory in its place. The runtime writes the receipt unconfined,
+    after the run: it goes to the directory named before the run (renamed now), never
+    through the symlink, or the command would choose where the runtime writes. In-process
+    and served. Control: the same path written after the swap, as it was written before,
+    lands in the other directory."""
+    from hcp_linux.run.receipt import write_receipt
+    for how, env in (("in-process", None), ("served", server.env())):
+        jail, target = tmp_path / how / "jail", tmp_path / how / "target"
+        (jail / "out").mkdir(parents=True)
+        target.mkdir()
+        p = run_cli(jail, "/bin/sh", "-c", f"mv out out2 && ln -s {target} out",
+                    extra=["--receipt", str(jail / "out" / "r.json")], env=env)
+        assert p.returncode == 0, show(p)
+        assert os.listdir(target) == [], how
+        receipt = json.loads((jail / "out2" / "r.json").read_text())
+        assert ("served_by" in receipt) == (how == "served"), receipt.get("served_by")
+    write_receipt({"control": True}, str(jail / "out" / "r.json"))
+    assert os.listdir(target) == ["r.json"]

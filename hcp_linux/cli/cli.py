@@ -22,7 +22,7 @@ COMMANDS = ("probe", "conformance", "run", "policy", "gc", "serve")
 
 def _run(a: argparse.Namespace) -> int:
     from .interrupt import EndOnSignal, end_by_signal
-    from .run_end import end_of_run
+    from .run_end import end_of_run, open_receipt_dir
     from ..sandbox import Sandbox
 
     argv = command_of(a)
@@ -35,6 +35,10 @@ def _run(a: argparse.Namespace) -> int:
         return run_pack(a, argv)
     policy, layers = policy_and_layers(a)
     check_outputs(a, policy)
+    try:  # where the receipt goes, fixed before the command can change the path
+        receipt_dir = open_receipt_dir(a.receipt)
+    except OSError as e:
+        raise SandboxError(f"receipt {printable(a.receipt)}: {e.strerror or e}") from None
     # The CLI's own job control: ^C, TERM or HUP kill the whole sandbox, and then the CLI
     # dies by that signal, as a shell expects (hcp_linux.cli.interrupt).
     end = EndOnSignal()
@@ -64,9 +68,10 @@ def _run(a: argparse.Namespace) -> int:
         from ..receipt_keys import set_policy_layers
         set_policy_layers(receipt, layers)
     if end.signum is not None:
-        end_by_signal(end.signum, receipt, a.receipt, status)
+        end_by_signal(end.signum, receipt, a.receipt, status, receipt_dir)
     assert receipt is not None and status is not None
-    code = end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain)
+    code = end_of_run(receipt, a.receipt, status, timed_out, policy.timeout, a.explain,
+                      receipt_dir)
     global run_over
     run_over = True
     return code

@@ -47,6 +47,11 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
     b.jail = PLACEHOLDER_JAIL  # replaced per exec by the driver (never TMPDIR itself)
     policy = policy_from_args(b)
     check_outputs(a, policy)
+    from .run_end import open_receipt_dir
+    try:  # where the receipt goes, fixed before the command can change the path
+        receipt_dir = open_receipt_dir(a.receipt)
+    except OSError as e:
+        raise SandboxError(f"receipt {printable(a.receipt)}: {e.strerror or e}") from None
     principal = a.principal if a.principal is not None else "default"
     pack = LinuxDriver.load_pack(a.pack)
     # it would widen the next run: protected in this process's runs (hcp_linux.policy.protected)
@@ -78,16 +83,16 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
             why = f"ended by {SIGNAL_NAMES.get(end.signum, end.signum)}"
             receipt = driver._receipt(ex, WritebackReport(skipped=why))
         returncode = ex.process.returncode if ex is not None and ex.process else None
-        end_by_signal(end.signum, receipt, a.receipt, returncode)
+        end_by_signal(end.signum, receipt, a.receipt, returncode, receipt_dir)
     if failed is not None:
         assert isinstance(failed.result, DriverResult)
         try:
-            _write_receipt(failed.result, a.receipt)
+            _write_receipt(failed.result, a.receipt, receipt_dir)
         except SandboxError:
             pass  # one line: the writeback's, the failure that matters
         raise failed  # main prints its one line; exit 125
     assert result is not None
-    _write_receipt(result, a.receipt)
+    _write_receipt(result, a.receipt, receipt_dir)
     if a.explain:
         from ..observe.denials import explain_lines
         for line in explain_lines(result.receipt, result.returncode):
@@ -100,9 +105,10 @@ def run_pack(a: argparse.Namespace, argv: Sequence[str]) -> int:
     return 128 - status if status < 0 else status
 
 
-def _write_receipt(result: Any, receipt_to: str | None) -> None:
+def _write_receipt(result: Any, receipt_to: str | None, receipt_dir: int | None) -> None:
     """The run's receipt with its exit (the command's own status, also when the writeback
-    failed: the ``driver.writeback`` entry says what failed)."""
+    failed: the ``driver.writeback`` entry says what failed), in ``receipt_dir`` (opened
+    before the run: hcp_linux.cli.run_end.open_receipt_dir)."""
     if not receipt_to:
         return
     from ..run.receipt import write_receipt
@@ -110,6 +116,6 @@ def _write_receipt(result: Any, receipt_to: str | None) -> None:
     from ..receipt_keys import set_exit
     set_exit(receipt, result.returncode, result.timed_out)
     try:
-        write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
+        write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to, receipt_dir)
     except OSError as e:
         raise SandboxError(f"receipt {printable(receipt_to)}: {e.strerror}") from None

@@ -89,16 +89,18 @@ class EndOnSignal:
 
 
 def end_by_signal(signum: int, receipt: dict[str, Any] | None, receipt_to: str | None,
-                  returncode: int | None) -> NoReturn:
+                  returncode: int | None, receipt_dir: int | None = None) -> NoReturn:
     """Write the receipt of a run a signal ended (when there is one: a run ended before its
-    sandbox started has none, like a refused one), then die by that signal."""
+    sandbox started has none, like a refused one), in ``receipt_dir`` when it was opened
+    before the run (hcp_linux.cli.run_end.open_receipt_dir), then die by that signal."""
     if receipt is not None and receipt_to:
         from ..errors import printable
         from ..run.receipt import write_receipt
         from ..receipt_keys import set_exit
         set_exit(receipt, returncode, False, SIGNAL_NAMES.get(signum, str(signum)))
         try:
-            write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to)
+            write_receipt(receipt, sys.stderr if receipt_to == "-" else receipt_to,
+                          receipt_dir)
         except OSError as e:
             print(f"error: sandbox: receipt {printable(receipt_to)}: "
                   f"{os.strerror(e.errno or 5)}", file=sys.stderr)

@@ -10,7 +10,7 @@ import sys
 
 from ..proc.hcp_spawn import hard_limits, memfd, spawn_hcp_exec
 from ..proc.peer import bad_server_path, more_confined, peer, process_status, same_place
-from .run_end import end_of_run
+from .run_end import end_of_run, open_receipt_dir
 from .serve_wire import PROTOCOL, decode_after, decode_sweep, encode, recv_frame
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the start-up path
@@ -132,6 +132,7 @@ class _Client:
         server, which answers with the error it means or a plan without a missing layer the
         policy lets degrade), then the run, as cli._run does it."""
         pipes = _Pipes()
+        receipt_dir = None
         try:
             reply = self.ask(_request(args, pipes))
             while True:
@@ -147,6 +148,9 @@ class _Client:
                 exe, plan, receipt, timeout, _kill_request, receipt_to, swept, made = reply[1:]
                 entries = decode_sweep(swept)
                 after = decode_after(made)
+                if receipt_dir is None:  # fixed before the command can change the path;
+                    # one that cannot be opened: the in-process run refuses it in one line
+                    receipt_dir = open_receipt_dir(receipt_to.decode())
                 import time
                 from ..proc.teardown import SETUP_TIMEOUT, Monitor, read_to_eof
                 pid = _spawn(exe, plan, pipes)
@@ -169,7 +173,7 @@ class _Client:
                 if not record:
                     self.sock.close()  # the server is free for the next client
                     return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,
-                                 receipt, receipt_to.decode(), entries, after)
+                                 receipt, receipt_to.decode(), entries, after, receipt_dir)
                 monitor.over()  # it exits 125 after its report: nothing ran
                 monitor.wait(None)
                 monitor.close()
@@ -244,7 +248,7 @@ def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
 
 def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore
           receipt_to: str, entries: "tuple[tuple[str, str | None, bool], ...]",
-          after: tuple) -> int:
+          after: tuple, receipt_dir: int | None = None) -> int:
     """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
     and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then the
     sweep of ``entries`` (the protected names') and the after-run search (``after``: the
@@ -296,5 +300,6 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
         set_end(rec, by, monitor.notes)
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
-        end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status))
-    return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout)
+        end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status), receipt_dir)
+    return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout,
+                      receipt_dir=receipt_dir)

@@ -327,28 +327,35 @@ def check_output_path(path: str, what: str, *, replace: bool = True,
         raise PolicyError(f"{shown}: directory {printable(parent)}: {why}")
 
 
-def write_receipt(receipt: Mapping[str, Any], dest: str | IO[str]) -> None:
+def write_receipt(receipt: Mapping[str, Any], dest: str | IO[str],
+                  dir_fd: int | None = None) -> None:
     """Write as JSON; to a path atomically (temp file + rename), or to an open stream.
 
     The temp file has a name of bounded length beside ``dest`` that says whose it is
     (hcp_linux.jails.reclaim: ``hcp-linux gc`` removes one a killed CLI left) and is removed when
-    the write fails; OSError then, for the caller to report in one line."""
+    the write fails; OSError then, for the caller to report in one line. ``dir_fd``: the
+    directory of ``dest`` opened before the run (hcp_linux.cli.run_end.open_receipt_dir),
+    written in whatever the command did to the path since."""
     text = json.dumps(receipt, indent=2, sort_keys=True) + "\n"
     if not isinstance(dest, str):
         dest.write(text)
         dest.flush()
         return
     from ..jails.reclaim import temp_name
-    tmp = os.path.join(os.path.dirname(dest), temp_name(os.path.basename(dest)))
+    if dir_fd is None:
+        where, name = os.path.dirname(dest), os.path.basename(dest)
+        tmp, final = os.path.join(where, temp_name(name)), dest
+    else:
+        tmp, final = temp_name(os.path.basename(dest)), os.path.basename(dest)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o666)
+                 0o666, dir_fd=dir_fd)
     try:
         with open(fd, "w", closefd=True) as f:
             f.write(text)
-        os.replace(tmp, dest)
+        os.replace(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         raise
