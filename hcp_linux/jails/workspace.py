@@ -225,24 +225,26 @@ def sweep_jails(tmp_dir: str | None = None, *, dry_run: bool = False) -> Sweep:
     out = Sweep()
     base = tmp_dir if tmp_dir is not None else default_tmp_dir()
     home = jail_home(base)
-    for where in (base, home):
-        if where == home and (private_directory_problem(home) is not None
-                              or not os.path.isdir(home)):
-            continue
-        try:
-            dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as e:
-            out.failed.append((where, os.strerror(e.errno or errno.EIO)))
-            continue
-        try:
-            # claimed first, then removed: see above
-            out.add(sweep_dead(dfd, where, jail_owner, stat.S_ISDIR,
-                               lambda name, where=where, dfd=dfd:  # type: ignore[misc]
-                               remove_tree(os.path.join(where, _claim(dfd, name))),
-                               dry_run=dry_run))
-        finally:
-            os.close(dfd)
+    out.add(_sweep_jails_in(base, dry_run))
+    if private_directory_problem(home) is None and os.path.isdir(home):
+        out.add(_sweep_jails_in(home, dry_run))
     return out
+
+
+def _sweep_jails_in(where: str, dry_run: bool) -> Sweep:
+    """sweep_jails in one directory: each dead owner's jail claimed, then removed."""
+    try:
+        dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        out = Sweep()
+        out.failed.append((where, os.strerror(e.errno or errno.EIO)))
+        return out
+    try:
+        return sweep_dead(dfd, where, jail_owner, stat.S_ISDIR,
+                          lambda name: remove_tree(os.path.join(where, _claim(dfd, name))),
+                          dry_run=dry_run)
+    finally:
+        os.close(dfd)
 
 
 def _claim(dfd: int, name: str) -> str:
