@@ -30,7 +30,7 @@ SYSTEM_CONFIG = "/etc/hcp-linux/policy.toml"
 SYSTEM_CONFIG_ENV = "HCP_LINUX_SYSTEM_CONFIG"
 
 
-def _home() -> str | None:
+def user_home() -> str | None:
     """$HOME when it is absolute, else the passwd entry's home; None when neither is."""
     home = os.environ.get("HOME", "")
     if not os.path.isabs(home):
@@ -47,7 +47,7 @@ def user_config_path() -> str | None:
     means ``~/.config`` (the XDG spec ignores a relative one). None: no home to look in."""
     base = os.environ.get("XDG_CONFIG_HOME", "")
     if not os.path.isabs(base):
-        home = _home()
+        home = user_home()
         if home is None:
             return None
         base = os.path.join(home, ".config")
@@ -64,7 +64,7 @@ def state_directory() -> str | None:
     base = os.environ.get("XDG_STATE_HOME", "")
     if base:
         return os.path.join(base, "hcp-linux") if os.path.isabs(base) else None
-    home = _home()
+    home = user_home()
     return None if home is None else os.path.join(home, ".local", "state", "hcp-linux")
 
 

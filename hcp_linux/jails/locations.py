@@ -11,7 +11,8 @@ import tempfile
 from ..errors import PolicyError, SandboxError, printable
 from ..policy.protected import protect_file
 from ..policy.values import dir_problem
-from ..runtime_files import TMP_VARIABLES, jail_home, make_private_directory
+from ..runtime_files import TMP_VARIABLES, jail_home, make_private_directory, \
+    state_directory, user_home
 
 __all__ = ["default_state_dir", "state_dir_path", "check_state_dir", "default_tmp_dir",
            "check_tmp_dir", "make_jail_home"]
@@ -35,30 +36,31 @@ def state_dir_path() -> str:
 
 def _state_dir_from_env() -> tuple[str, str | None, str]:
     """(the default state dir, the directory that must exist or None, the variable). The
-    XDG spec ignores a relative value; we refuse it: a workspace silently kept elsewhere
-    than asked is a surprise."""
+    path is :func:`hcp_linux.runtime_files.state_directory`'s, which the runs protect, once
+    the variables it is read from are valid: the XDG spec ignores a relative value; we
+    refuse it (a workspace silently kept elsewhere than asked is a surprise), and a relative
+    or missing home too."""
     xdg = os.environ.get("XDG_STATE_HOME", "")
+    home: str | None = None
     if xdg:
         if not os.path.isabs(xdg):
             raise PolicyError(f"XDG_STATE_HOME={printable(xdg)}: not an absolute path")
-        return os.path.join(xdg, "hcp-linux"), None, f"XDG_STATE_HOME={xdg}"
-    home = os.environ.get("HOME")
-    if home is not None:
+        label = f"XDG_STATE_HOME={xdg}"
+    elif "HOME" in os.environ:
+        home = os.environ["HOME"]
         if not os.path.isabs(home):
             raise PolicyError(f"HOME={printable(home)}: not an absolute path (the state dir "
                               f"is $HOME/.local/state/hcp-linux when XDG_STATE_HOME is unset)")
         label = f"HOME={home}"
     else:
-        import pwd
-        try:
-            home = pwd.getpwuid(os.geteuid()).pw_dir
-        except KeyError:
-            home = ""
-        if not os.path.isabs(home):
+        home = user_home()
+        if home is None:
             raise PolicyError(f"HOME is unset and uid {os.geteuid()} has no home directory; "
                               f"set XDG_STATE_HOME")
         label = f"HOME (unset; the home directory of uid {os.geteuid()} is {home})"
-    return os.path.join(home, ".local", "state", "hcp-linux"), home, label
+    path = state_directory()
+    assert path is not None  # None only for a relative XDG_STATE_HOME, refused above
+    return path, home, label
 
 
 def check_state_dir(path: str, label: str, *, base: str | None = None) -> str:
