@@ -68,9 +68,10 @@ def serve(path: str | None, idle_exit: float | None = None, auto: bool = False) 
         assert path is not None
         server = _Server(_socket_path(path), idle_exit)
     shown = printable(server.path)
+    # before it says it listens: a SIGTERM sent on that line must remove the socket too
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
     print(f"hcp-linux serve: listening on {shown} (clients: HCP_LINUX_SERVER={shown})",
           file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
     try:
         server.loop()
     except KeyboardInterrupt:
