@@ -67,8 +67,8 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --no-cache . scripts/policy-table
 	$(PY) -m hcp_linux.native.build --lint
 	@if command -v clang-format >/dev/null; then \
-	  clang-format --dry-run --Werror hcp_linux/native/hcp_exec.c && \
-	  echo "clang-format: hcp_linux/native/hcp_exec.c matches .clang-format"; \
+	  clang-format --dry-run --Werror hcp_linux/native/hcp_exec.c hcp_linux/native/hcp_client.c && \
+	  echo "clang-format: hcp_exec.c and hcp_client.c match .clang-format"; \
 	else \
 	  echo "lint: clang-format not installed: hcp_exec.c's layout not checked" >&2; \
 	  [ "$${CI:-}" != true ]; \

@@ -1,4 +1,5 @@
-"""The wheel carries hcp-exec, the native executor, compiled when the wheel is built.
+"""The wheel carries hcp-exec, the native executor, and the native `hcp-linux` command,
+compiled when the wheel is built.
 
 Everything else about the package is in pyproject.toml; this file only adds two steps to
 setuptools' commands:
@@ -16,6 +17,10 @@ setuptools' commands:
   glibc and musl lines pip knows for the architecture; with a dynamic one (no libc.a here),
   ``py3-none-linux_<arch>``, which no index accepts and auditwheel would have to repair.
 
+- ``build_scripts`` installs the commands: the native client (``hcp_client.c``, the same
+  recipes) as ``hcp-linux`` when hcp-exec was built, and the Python command as
+  ``hcp-linux-py`` (and as ``hcp-linux`` without the client). See BuildScriptsWithClient.
+
 Editable installs (``make setup``) build nothing here: ``make native`` builds into the clone.
 """
 from __future__ import annotations
@@ -29,6 +34,8 @@ from types import ModuleType
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
+
+from distutils.command.build_scripts import build_scripts  # setuptools' own, once it is imported
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -76,6 +83,36 @@ def platform_tag(recipe: str) -> str:
     return f"linux_{arch}"
 
 
+class BuildScriptsWithClient(build_scripts):
+    """build_scripts, then the commands as a wheel installs them: ``hcp-linux-py``, the Python
+    command (bin/hcp-linux: pip points its ``#!python`` at the environment's interpreter), and
+    ``hcp-linux``, the native client (hcp_linux/native/hcp_client.c) when it builds and hcp-exec
+    did, else the Python command again. The client execs ``hcp-linux-py`` beside it for
+    everything it does not do itself. setuptools' own step cannot take a binary (it reads the
+    first line as Python for an encoding cookie); a file in the wheel's ``.data/scripts`` is
+    installed byte for byte, executable. An editable install (``make setup``) keeps the Python
+    command under both names: ``make native`` builds the client into the clone for the tests."""
+
+    editable_mode = False  # set by setuptools' editable_wheel
+
+    def run(self) -> None:
+        super().run()
+        python = os.path.join(self.build_dir, "hcp-linux")
+        shutil.copy2(python, os.path.join(self.build_dir, "hcp-linux-py"))
+        if self.editable_mode or self.get_finalized_command("build_py").hcp_exec is None:
+            return
+        _, build = _native_build()
+        try:
+            built = build.build_into(python + ".native", target=build.CLIENT)
+        except build.CannotWrite as e:
+            raise SystemExit(f"error: hcp-linux: {e}") from None
+        if built is None:
+            if os.environ.get(build.ENV) == "1":
+                raise SystemExit(f"error: hcp-linux: {build.ENV}=1 and it was not built")
+            return
+        os.replace(built[0], python)
+
+
 class BdistWheelWithHcpExec(bdist_wheel):
     """bdist_wheel, tagged py3-none-<platform> when the wheel carries hcp-exec."""
 
@@ -94,4 +131,5 @@ class BdistWheelWithHcpExec(bdist_wheel):
         return "py3", "none", platform_tag(self._hcp_recipe or "")
 
 
-setup(cmdclass={"build_py": BuildPyWithHcpExec, "bdist_wheel": BdistWheelWithHcpExec})
+setup(cmdclass={"build_py": BuildPyWithHcpExec, "build_scripts": BuildScriptsWithClient,
+                "bdist_wheel": BdistWheelWithHcpExec})

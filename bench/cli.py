@@ -19,7 +19,9 @@ isolation equivalent to the default policy (bench/spawn.py's), then hcp-linux:
 - ``CLI``: the same with that cache filled, as every run after a user's first;
 - ``CLI, served``: with ``HCP_LINUX_SERVER`` naming a warm `hcp-linux serve`;
 - ``CLI, auto``: with ``HCP_LINUX_SERVER=auto``, once the first run has started the user's
-  own server (hcp_linux.cli.auto_server): every run after a user's first.
+  own server (hcp_linux.cli.auto_server): every run after a user's first;
+- the served and auto rows again through ``hcp-linux-py``, the Python command, when
+  ``hcp-linux`` is the native client (a wheel's install, hcp_linux/native/hcp_client.c).
 
 When present, the peers' own command lines run the same /bin/true in the same rounds:
 Codex's ``codex sandbox -- /bin/true`` (``codex sandbox linux --`` before codex-cli 0.171;
@@ -61,6 +63,8 @@ COLD = "hcp-linux run, CLI, cold caches"
 CLI = "hcp-linux run, CLI (seccomp cache warm)"
 SERVED = "hcp-linux run, CLI, served"
 AUTO = "hcp-linux run, CLI, HCP_LINUX_SERVER=auto (started)"
+SERVED_PY = "hcp-linux-py run (the Python command), served"
+AUTO_PY = "hcp-linux-py run (the Python command), auto (started)"
 IN_PROCESS = "hcp-linux in-process (Sandbox.run)"
 SESSION = "hcp-linux session (Session.run)"
 
@@ -122,6 +126,15 @@ def _auto_servers(runtime: str) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def _native(command: str) -> bool:
+    """Whether ``command`` is the native client (an ELF), not the Python command."""
+    try:
+        with open(command, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -196,11 +209,16 @@ def bench(args: argparse.Namespace, py: str) -> int:
         rows += [(IN_PROCESS, lambda: sandbox.run([TRUE], stdout=subprocess.DEVNULL), n),
                  (COLD, cold_cli(run_true, caches), max(10, n // 2)),
                  (CLI, checked(run_true), n)]
+        python = cli + "-py"  # the Python command, when `hcp-linux` is the native client
         with _server(jail, py) as served_env, Session(sandbox) as session, \
                 auto_server(run_true, caches) as auto_env:
             rows += [(SERVED, checked(run_true, env=served_env), n),
                      (AUTO, checked(run_true, env=auto_env), n),
                      (SESSION, lambda: session.run([TRUE]), n)]
+            if _native(cli) and os.path.exists(python):
+                run_py = [python, *run_true[1:]]
+                rows += [(SERVED_PY, checked(run_py, env=served_env), n),
+                         (AUTO_PY, checked(run_py, env=auto_env), n)]
             samples = measure_rows(rows)
         results = {name: summary(s) for name, s in samples.items()}
     finally:
@@ -208,7 +226,7 @@ def bench(args: argparse.Namespace, py: str) -> int:
         shutil.rmtree(caches, ignore_errors=True)
     med = {name: r["median_ms"] for name, r in results.items()}
     ratios = {f"{name} / python -c pass": round(med[name] / med[PASS], 3)
-              for name in (COLD, CLI, SERVED, AUTO) if name in med}
+              for name in (COLD, CLI, SERVED, AUTO, SERVED_PY, AUTO_PY) if name in med}
     if BWRAP in med:
         ratios.update({f"{name} / bubblewrap": round(med[name] / med[BWRAP], 3)
                        for name in (CLI, SERVED, AUTO, IN_PROCESS, SESSION)

@@ -121,9 +121,52 @@ def _mkdtemp_outside_tmp() -> str:
 EXECUTOR_ARGS: list[str] = []
 
 
+#: The command the argv below start: ``python -m hcp_linux``; the native client's tests
+#: (tests/test_serve.py) set the native `hcp-linux` (:func:`native_client`) instead.
+CLI: list[str] = [sys.executable, "-m", "hcp_linux"]
+
+
+def native_client() -> str | None:
+    """The native `hcp-linux` (hcp_linux/native/hcp_client.c) beside a `hcp-linux-py` of
+    this Python, as a wheel installs them: the installed pair when this environment has
+    it, else the one `make native` built, copied with such a script into a directory of its
+    own (once per session). None when none is built."""
+    global _native_client
+    if _native_client is None:
+        _native_client = _find_native_client() or ""
+    return _native_client or None
+
+
+_native_client: str | None = None
+
+
+def _find_native_client() -> str | None:
+    installed = os.path.join(os.path.dirname(sys.executable), "hcp-linux")
+    try:
+        with open(installed, "rb") as f:
+            if f.read(4) == b"\x7fELF":
+                return installed
+    except OSError:
+        pass
+    from hcp_linux.native.selection import client_path, trusted
+    built = client_path()
+    if not trusted(built):
+        return None
+    import atexit
+    where = _mkdtemp_outside_tmp()  # 0755: the unprivileged leg's user runs it too
+    atexit.register(shutil.rmtree, where, True)
+    command = os.path.join(where, "hcp-linux")
+    shutil.copy2(built, command)
+    with open(os.path.join(where, "hcp-linux-py"), "w") as f:
+        f.write(f"#!{sys.executable}\nimport sys\n\nfrom hcp_linux.cli.launch import entry\n\n"
+                f"if __name__ == \"__main__\":\n    sys.exit(entry())\n")
+        os.fchmod(f.fileno(), 0o755)
+    return command
+
+
 def hcp_argv(jail: "Arg | None", *cmd: Arg, extra: Sequence[Arg] = ()) -> list:
-    """argv of ``python -m hcp_linux run [--jail JAIL] EXTRA... -- CMD...``."""
-    argv: list = [sys.executable, "-m", "hcp_linux", "run", *EXECUTOR_ARGS]
+    """argv of ``python -m hcp_linux run [--jail JAIL] EXTRA... -- CMD...`` (:data:`CLI`)."""
+    argv: list = [*CLI, "run", *EXECUTOR_ARGS]
     if jail is not None:
         argv += ["--jail", os.fspath(jail)]
     argv += [os.fspath(a) if isinstance(a, os.PathLike) else a for a in extra]

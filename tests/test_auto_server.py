@@ -458,6 +458,8 @@ def test_the_installed_command_imports_no_wrapper_s_modules(tmp_path: Path,
     imports re: ~6 ms of a served run's ~25 in a plain install): a served run through it
     imports neither re nor anything of the engine (nor json: no receipt is written)."""
     command = os.path.join(os.path.dirname(sys.executable), "hcp-linux")
+    if os.path.exists(command + "-py"):  # a wheel's: `hcp-linux` is the native client
+        command += "-py"
     env = auto_env(runtime_dir)
     assert run_cli(tmp_path, "/bin/true", env=env).returncode == 0
     one_server(runtime_dir)

@@ -271,6 +271,14 @@ def test_wheel_is_a_platform_wheel_carrying_a_static_hcp_exec(dists: dict[str, P
     assert "Root-Is-Purelib: false" in wheel_meta
     assert elf[:4] == b"\x7fELF" and not _has_interpreter(elf)  # static: no dynamic loader
     assert _has_interpreter(Path(sys.executable).resolve().read_bytes())  # control: dynamic
+    # the commands: the native client as `hcp-linux` (static too), the Python one beside it
+    scripts = f"hcp_linux-{_version()}.data/scripts"
+    with zipfile.ZipFile(wheel) as z:
+        client = z.read(f"{scripts}/hcp-linux")
+        python = z.read(f"{scripts}/hcp-linux-py")
+        client_mode = stat.S_IMODE(z.getinfo(f"{scripts}/hcp-linux").external_attr >> 16)
+    assert client[:4] == b"\x7fELF" and not _has_interpreter(client) and client_mode == 0o755
+    assert python.startswith(b"#!python\n") and b"hcp_linux.cli.launch" in python
 
 
 @needs_tree
@@ -281,6 +289,10 @@ def test_sdist_without_a_compiler_gives_a_pure_wheel_without_hcp_exec(
     with zipfile.ZipFile(pure) as z:
         assert not [n for n in z.namelist() if "_build" in n]
         assert "hcp_linux/native/hcp_exec.c" in z.namelist()  # a later build can make it
+        # no native client either: `hcp-linux` is the Python command, as `hcp-linux-py` is
+        scripts = f"hcp_linux-{_version()}.data/scripts"
+        assert z.read(f"{scripts}/hcp-linux") == z.read(f"{scripts}/hcp-linux-py")
+        assert z.read(f"{scripts}/hcp-linux").startswith(b"#!python\n")
 
 
 @needs_tree
@@ -309,12 +321,19 @@ def test_wheels_installed_fresh_run_native_or_say_why_and_uninstall_clean(
         assert p.stdout == f"{expected} 0\n{expected} 0\n"
         assert ("native executor not available" in p.stderr) is warned, p.stderr
         assert len(p.stderr.splitlines()) == int(warned), p.stderr
+        commands = [venv / "bin" / "hcp-linux", venv / "bin" / "hcp-linux-py"]
+        for command in commands:  # the native one by way of the Python one
+            v = subprocess.run([str(command), "--version"], capture_output=True, text=True,
+                               timeout=TIMEOUT, cwd="/")
+            assert (v.returncode, v.stdout) == (0, f"hcp-linux {_version()}\n"), v.stderr
+        assert (commands[0].read_bytes()[:4] == b"\x7fELF") is (expected == "native")
         (site / "deps.pth").unlink()
         subprocess.run([*pip, "uninstall", "-y", "-q", "hcp-linux"], check=True,
                        capture_output=True, timeout=TIMEOUT)
         left = [str(f) for f in site.rglob("*") if "hcp_linux" in f.name or
                 "hcp_linux" in str(f.relative_to(site))]
         assert left == [], left
+        assert not any(c.exists() for c in commands)
 
 
 def _version() -> str:

@@ -34,6 +34,20 @@ def default_executor(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(sandboxing, "EXECUTOR_ARGS", [])
 
 
+@pytest.fixture(autouse=True, params=["python", "native"])
+def client(request, monkeypatch) -> str:  # type: ignore[no-untyped-def]
+    """Every test with each client: the Python command (`python -m hcp_linux`) and the
+    native one (hcp_linux/native/hcp_client.c), which must give the same results, falling
+    back to the Python command for what it does not do itself."""
+    if request.param == "native":
+        import sandboxing
+        command = sandboxing.native_client()
+        if command is None:
+            pytest.skip("the native client is not built (make native)")
+        monkeypatch.setattr(sandboxing, "CLI", [command])
+    return request.param
+
+
 class Server:
     def __init__(self, proc: subprocess.Popen, path: Path) -> None:
         self.proc, self.path = proc, path
@@ -87,10 +101,14 @@ def both(server: Server, jail: Path, *cmd: str, extra: list[str] | None = None,
     return plain, served
 
 
-def test_a_served_run_imports_only_the_light_path(server: Server, jail: Path) -> None:
+def test_a_served_run_imports_only_the_light_path(server: Server, jail: Path,
+                                                  client: str) -> None:
     """Issue 35: the served client's start-up is the point of the server. None of the
     engine, nor dataclasses, typing, argparse, subprocess, threading or hashlib, which the
     in-process run needs and the client does not (the sweep's module included)."""
+    if client == "native":
+        pytest.skip("the Python client's imports (the native one starts no Python: "
+                    "tests/test_native_client.py)")
     done, imported = imported_by_run(jail, "true", env=server.env())
     assert done.returncode == 0, show(done)
     assert "hcp_linux.cli.serve_client" in imported, imported

@@ -59,6 +59,33 @@ def lock_path() -> str:
     return os.path.join(directory(), f"serve-{install_name()}.lock")
 
 
+def name_client(key: str) -> None:
+    """Leave ``client-KEY``, a link to this environment's socket's name, in the directory:
+    the native client (hcp_linux/native/hcp_client.c) cannot compute :func:`install_name`
+    (it knows neither this package's directory nor ``sys.prefix``), so the Python command it
+    falls back to tells it, under the key it passed (a checksum of its own path and of what
+    chooses the Python code it runs). Best effort: until the link is there, the client's
+    ``auto`` runs fall back to this program, which serves them all the same. The directory is
+    made as the server makes it; one that is not the user's alone gets nothing."""
+    if len(key) != 8 or key.strip("0123456789abcdef"):
+        return
+    from ..runtime_files import make_private_directory
+    target = os.path.basename(socket_path())
+    link = os.path.join(directory(), f"client-{key}")
+    try:
+        if os.readlink(link) == target:
+            return
+    except OSError:
+        pass
+    try:
+        make_private_directory(directory())
+        tmp = f"{link}.{os.getpid()}"
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+    except (OSError, ValueError):
+        pass
+
+
 def forget(path: str, identity: tuple[int, int]) -> None:
     """Unlink the socket of a server that accepted but did not answer (stopped, starved):
     later runs then find no server and start a fresh one, instead of each waiting

@@ -58,6 +58,17 @@ def _configs(args: "list[str]") -> bool:
 def main(argv: "Sequence[str] | None" = None) -> int:
     global _at_once
     args = list(sys.argv[1:] if argv is None else argv)
+    # from the native client (hcp_linux/native/hcp_client.c), for this process alone: not
+    # for the command's environment, nor a server's
+    client = os.environ.pop(CLIENT_ENV, None)
+    handover = os.environ.pop("HCP_LINUX_FINISH", None)
+    unanswered = os.environ.pop("HCP_LINUX_UNANSWERED", None)
+    if handover is not None:
+        from . import serve_client
+        code = serve_client.finish(int(handover) if handover.isdigit() else -1)
+        if code is not None:
+            _at_once = True
+            return code
     server = os.environ.get("HCP_LINUX_SERVER")
     start_server = False
     if server and args[:1] == ["run"] and not _configs(args):
@@ -66,11 +77,18 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         if auto:
             server = _auto_socket()
         try:
-            code = None if server is None else serve_client.run_via_server(server, args, auto)
+            if server is not None and unanswered is not None:  # the native client waited
+                serve_client.unanswered(server, unanswered, auto)
+                code = None
+            else:
+                code = None if server is None else serve_client.run_via_server(server, args,
+                                                                              auto)
         except KeyboardInterrupt:  # as cli.main: nothing of the run is left by then
             from .interrupt import die_by
             die_by(2)
         if code is not None:
+            if auto and client is not None:
+                _name_client(client)
             _at_once = True
             return code
         start_server = auto and serve_client.absent
@@ -80,7 +98,20 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     if start_server and cli.run_over:  # a run that ran (a refused one starts nothing)
         from .auto_server import start
         start()
+        if client is not None:
+            _name_client(client)
     return code
+
+
+#: Set by the native client when it runs this program: its key (8 hex digits).
+CLIENT_ENV = "HCP_LINUX_CLIENT"
+
+
+def _name_client(key: str) -> None:
+    """Tell the native client that ran this program which socket is the user's own server
+    of this environment (hcp_linux.cli.auto_server.name_client)."""
+    from .auto_server import name_client
+    name_client(key)
 
 
 def _auto_socket() -> "str | None":

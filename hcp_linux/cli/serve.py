@@ -141,6 +141,10 @@ class _Server:
             listening()
         self.idle_exit = idle_exit
         self.parser = build_parser()  # holds no state between parses
+        # token -> (sweep, after, start) of each plan sent, for the end of its run
+        # (:func:`_end`); the oldest forgotten past MAX_ENDS (its client then ends the run
+        # itself: hcp_linux.cli.serve_client.finish)
+        self.ends: dict[bytes, tuple[bytes, bytes]] = {}
         self.stopping = False
         try:
             _warm()
@@ -201,6 +205,8 @@ class _Server:
             conn.sendall(encode([b"fallback", why.encode()]))
             return
         request = recv_frame(conn)
+        if request[:2] == [PROTOCOL, b"end"] and len(request) == 4:
+            return _end(self, conn, request[2], request[3])
         if request[:2] != [PROTOCOL, b"run"] or len(request) < 12:
             raise ValueError("not a run request of this protocol")
         with _as_client(request) as (state, args):
@@ -389,13 +395,14 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             keys.set_executor(receipt, "native")  # the client starts hcp-exec with this plan
             keys.set_denial_layers(receipt, denial_layers(served))
             complete(receipt, None)  # none recorded: see denial_layers
+            swept = encode_sweep(sweep_of_receipt(receipt))
+            made = encode_after(plan.protect.after if plan.protect is not None else None,
+                                plan.protect_since)
             say(b"plan", os.fsencode(native.binary() or ""), blob,
                 json.dumps(receipt).encode(),
                 b"" if policy.timeout is None else repr(policy.timeout).encode(),
-                b"%d" % child.KILL_REQUEST, (a.receipt or "").encode(),
-                encode_sweep(sweep_of_receipt(receipt)),
-                encode_after(plan.protect.after if plan.protect is not None else None,
-                             plan.protect_since))
+                b"%d" % child.KILL_REQUEST, (a.receipt or "").encode(), swept, made,
+                _remember_end(server, swept, made))
             try:
                 report = recv_frame(conn)
             except ConnectionError:  # it ran: the client closed
@@ -413,6 +420,41 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
         return refuse(e.exit_code, f"error: sandbox: {printable(str(e))}\n")
     finally:
         attempts.close()
+
+
+#: How many planned runs' ends the server keeps for their clients (a few hundred bytes each).
+MAX_ENDS = 256
+
+
+def _remember_end(server: _Server, swept: bytes, made: bytes) -> bytes:
+    """A token for the end of the run this plan is for: the native client asks the server to
+    sweep it (:func:`_end`), and the server sweeps only what it planned, never paths a client
+    names."""
+    token = os.urandom(16).hex().encode()
+    server.ends[token] = (swept, made)
+    while len(server.ends) > MAX_ENDS:
+        del server.ends[next(iter(server.ends))]
+    return token
+
+
+def _end(server: _Server, conn: socket.socket, token: bytes, status: bytes) -> None:
+    """The end of a served run whose command is over (every process of it gone): the sweep
+    of the protected names and the after-run search the plan named, then the exit code, as
+    the Python client does them (hcp_linux.cli.serve_client._end) for a run that writes no
+    receipt. A token this server did not give, or forgot, is answered "fallback": the client
+    sweeps itself. Only the native client asks (hcp_linux/native/hcp_client.c): it has no
+    Python of its own to do it in."""
+    from ..policy.protected import sweep, sweep_made
+    from .run_end import end_of_run
+    from .serve_wire import decode_after, decode_sweep
+    planned = server.ends.pop(token, None)
+    if planned is None or not status.lstrip(b"-").isdigit():
+        conn.sendall(encode([b"fallback", b"no such run"]))
+        return
+    sweep(decode_sweep(planned[0]))
+    sweep_made(*decode_after(planned[1]))
+    code = end_of_run({}, None, os.waitstatus_to_exitcode(int(status)), False, None)
+    conn.sendall(encode([b"ended", b"%d" % code]))
 
 
 def _served_plan(plan: Plan, pid: int) -> Plan:

@@ -105,6 +105,21 @@ def run_via_server(path: str, args: list[str], auto: bool = False) -> int | None
         sock.close()
 
 
+def unanswered(path: str, identity: str, auto: bool) -> None:
+    """The native client took ``path`` for a server, sent its request and had no answer in
+    time (``identity``: the socket's ``DEV:INO`` then, from ``HCP_LINUX_UNANSWERED``): as if
+    this client had waited (:func:`run_via_server`), without waiting again. None: the run
+    goes on in-process; ``auto``: that socket is forgotten and the run starts a server."""
+    global absent
+    absent = False
+    dev, _, ino = identity.partition(":")
+    if auto and dev.isdigit() and ino.isdigit():
+        from .auto_server import forget
+        forget(path, (int(dev), int(ino)))
+        absent = True
+    return None
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """(device, inode) of the socket at ``path``; None when there is none (connect says)."""
     try:
@@ -143,9 +158,10 @@ class _Client:
                     sys.stderr.write(reply[2].decode(errors="replace"))
                     sys.stderr.flush()
                     return int(reply[1])
-                if kind != b"plan" or len(reply) != 9:
+                if kind != b"plan" or len(reply) != 10:
                     raise ValueError(f"unexpected reply {kind!r}")
-                exe, plan, receipt, timeout, _kill_request, receipt_to, swept, made = reply[1:]
+                # the token names the run's end for a client with no Python (finish)
+                exe, plan, receipt, timeout, _kill_request, receipt_to, swept, made = reply[1:9]
                 entries = decode_sweep(swept)
                 after = decode_after(made)
                 if receipt_dir is None:  # fixed before the command can change the path;
@@ -250,14 +266,12 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
           receipt_to: str, entries: "tuple[tuple[str, str | None, bool], ...]",
           after: tuple, receipt_dir: int | None = None) -> int:
     """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
-    and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then the
-    sweep of ``entries`` (the protected names') and the after-run search (``after``: the
-    After and the run's start), the receipt when it is written, and the exit status."""
+    and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then
+    :func:`_end`."""
     import _signal
     import time
-    from _struct import unpack
 
-    from ..proc.teardown import TEARDOWN_WAIT, readable
+    from ..proc.teardown import readable
 
     class Killed(Exception):
         pass
@@ -278,14 +292,38 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
                 break
     except Killed as k:
         by, signum = "kill", k.args[0]
+    return _end(monitor, done_r, by, signum, timeout, receipt, receipt_to, entries, after,
+                receipt_dir)
+
+
+def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-def]
+         timeout: float | None, receipt: bytes, receipt_to: str,
+         entries: "tuple[tuple[str, str | None, bool], ...]", after: tuple,
+         receipt_dir: int | None = None, status: int | None = None) -> int:
+    """The end of a run ``by`` "exit", "timeout" or "kill" (``signum``): the command's
+    status (from the done pipe, unless ``status`` says it: read already), the monitor waited
+    for (``monitor`` None: reaped already), the sweep of ``entries`` (the protected names')
+    and the after-run search (``after``: the After and the run's start), the receipt when it
+    is written, and the exit status."""
+    import _signal
+    from _struct import unpack
+
+    from ..proc.teardown import TEARDOWN_WAIT, readable
     for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
         _signal.signal(sig, _signal.SIG_IGN)  # the run is ending already
-    data = os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT) else b""
-    monitor.over()  # the init reported, or is gone: the monitor's time to exit counts
-    status = monitor.wait(None)
-    monitor.close()
-    if len(data) == 4:
-        status = unpack("<i", data)[0]
+    if status is None:
+        data = os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT) else b""
+        if len(data) == 4:
+            status = unpack("<i", data)[0]
+    notes: list[str] = []
+    if monitor is not None:
+        monitor.over()  # the init reported, or is gone: the monitor's time to exit counts
+        waited = monitor.wait(None)
+        monitor.close()
+        notes = monitor.notes
+        if status is None:
+            status = waited
+    assert status is not None
     timed_out = by == "timeout"
     from ..policy.protected import sweep, sweep_made
     done = sweep(entries)  # every process of the run is gone (the init said)
@@ -297,9 +335,112 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
         from ..receipt_keys import set_end, set_protected_sweep
         rec = json.loads(receipt)
         set_protected_sweep(rec, done)
-        set_end(rec, by, monitor.notes)
+        set_end(rec, by, notes)
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
         end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status), receipt_dir)
     return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout,
                       receipt_dir=receipt_dir)
+
+
+#: What hcp_linux/native/hcp_client.c says when it hands a run over (FINISH_VERSION).
+FINISH_VERSION = b"finish 1"
+
+
+def finish(fd: int) -> int | None:
+    """Take over a run the native client (hcp_linux/native/hcp_client.c) started, then
+    exec'd this program (``HCP_LINUX_FINISH=FD``): a memfd saying where the run stands,
+    hcp-exec still our child (an exec keeps the process), its pipes still open. The phases:
+
+    - ``setup``: no exec yet, and a signal came (it is died by, once the run is killed) or
+      the setup's time ran out (its line, its exit status);
+    - ``failed``: a step failed, nothing ran: hcp-exec is waited for, then None: the run
+      is made again here, as if the native client had never been (its errors, its fallbacks);
+    - ``run``: the command runs, and a signal or the timeout ends it;
+    - ``over``: the command's end came, and its monitor has not exited in a second;
+    - ``end``: all is over and reaped, and the server could not end the run.
+
+    Then as the Python client ends a run (:func:`_end`). A handover that is not one (not a
+    memfd of ours, a pid not our child, a malformed state) is one line and exit 125; its
+    pid is not touched."""
+    from ..errors import EXIT_REFUSED
+    from .serve_wire import decode
+    try:
+        items = decode(_read_handover(fd))
+        if items[:1] != [FINISH_VERSION] or len(items) != 10:
+            raise ValueError("not a handover of this version")
+        phase = items[1].decode()
+        pid, done_r, err_r, signum, status = (int(i) for i in items[2:5] + items[6:8])
+        timeout = float(items[5]) if items[5] else None
+        entries, after = decode_sweep(items[8]), decode_after(items[9])
+        if phase not in ("setup", "failed", "run", "over", "end") \
+                or (pid != -1) != (phase != "end") or (pid != -1 and not _our_child(pid)):
+            raise ValueError(f"phase {phase!r} of pid {pid}")
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"error: sandbox: {FINISH_ENV}: {e}\n")
+        return EXIT_REFUSED
+    from ..proc.teardown import Monitor
+    monitor = Monitor(pid, True) if pid != -1 else None
+    if err_r >= 0:
+        os.close(err_r)
+    if phase in ("setup", "failed"):
+        assert monitor is not None
+        if phase == "setup":
+            monitor.kill()
+        monitor.over()
+        monitor.wait(None)
+        monitor.close()
+        os.close(done_r)
+        if phase == "failed":
+            return None
+        if signum:
+            from .interrupt import die_by
+            die_by(signum)
+        from ..errors import SetupTimeoutError
+        from ..proc.teardown import SETUP_TIMEOUT
+        error = SetupTimeoutError(SETUP_TIMEOUT)
+        sys.stderr.write(f"error: sandbox: {error}\n")
+        return error.exit_code
+    by = "exit"
+    if phase == "run":
+        assert monitor is not None
+        monitor.kill()
+        by = "kill" if signum else "timeout"
+    return _end(monitor, done_r, by, signum, timeout, b"", "", entries, after,
+                status=None if status == -1 else status)
+
+
+#: The variable that names the handover (hcp_linux/native/hcp_client.c's FINISH_ENV).
+FINISH_ENV = "HCP_LINUX_FINISH"
+
+
+def _read_handover(fd: int) -> bytes:
+    """The handover's bytes: ``fd`` must be the client's memfd, which is then closed."""
+    link = os.readlink(f"/proc/self/fd/{fd}")
+    if not link.startswith("/memfd:hcp-finish "):
+        raise ValueError(f"fd {fd} is not the native client's handover")
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        parts = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            parts.append(chunk)
+    finally:
+        os.close(fd)
+    body = b"".join(parts)
+    from _struct import unpack_from
+    if len(body) < 4 or unpack_from("<I", body)[0] != len(body) - 4:
+        raise ValueError("a truncated handover")
+    return body[4:]
+
+
+def _our_child(pid: int) -> bool:
+    """Whether ``pid`` is a child of this process (which the Monitor's pidfd is for)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return int(stat.rsplit(b")", 1)[1].split()[1]) == os.getpid()

@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 #: 2: a plan's reply carries the run's sweep (encode_sweep), so that a client that writes no
 #: receipt never parses it (json, with re and enum: ~7 ms of a served run's start-up).
 #: 3: and the after-run search for what the run made below the top level (encode_after).
-PROTOCOL = b"hcp-linux/serve 3"
+#: 4: and a token naming the run, for its end asked of the server (the native client:
+#: hcp_linux/native/hcp_client.c, which has no Python of its own to sweep in).
+PROTOCOL = b"hcp-linux/serve 4"
 MAX_FRAME = 16 << 20
 
 

@@ -14,6 +14,8 @@ EXECUTORS = ("auto", "native", "ctypes")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "hcp_exec.c")
+#: The native `hcp-linux` command for served runs (not the executor: see hcp_client.c).
+CLIENT_SOURCE = os.path.join(HERE, "hcp_client.c")
 BUILD_DIR = os.path.join(HERE, "_build")
 
 _default = "auto"
@@ -51,6 +53,15 @@ def source_digest() -> str:
 def artifact_name() -> str:
     """The binary's file name for the current source: a build of other source is not used."""
     return "hcp-exec-" + source_digest()
+
+
+def client_path() -> str:
+    """Where ``make native`` puts the native `hcp-linux` command built from the current
+    ``hcp_client.c`` (a wheel installs it as the `hcp-linux` script instead: setup.py).
+    The runtime never runs it; tests do."""
+    from .._sha256 import sha256
+    with open(CLIENT_SOURCE, "rb") as f:
+        return os.path.join(BUILD_DIR, "hcp-linux-" + sha256(f.read()).hexdigest()[:16])
 
 
 def artifact_path() -> str:

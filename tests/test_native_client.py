@@ -1,0 +1,248 @@
+"""The native `hcp-linux` (hcp_linux/native/hcp_client.c): a served run with no Python (issue 35).
+
+What must hold: a served run through it starts no Python (its fallback, `hcp-linux-py`, is
+not run); everything it does not do itself goes to that Python command, with the same result
+(tests/test_serve.py runs every served test with both clients); the run's end (the protected
+names' sweep) happens whether the server that planned the run does it or has gone; the
+server sweeps only what it planned, never what a request names; `HCP_LINUX_SERVER=auto` finds
+the user's server through the link the Python command leaves; a handover that is not one is
+refused in one line.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import sandboxing
+from sandboxing import TIMEOUT, caller_env, jail, kill_by_pid, out, show, wait_for  # noqa: F401
+from test_serve import Server, start_server, stop_server
+
+
+@pytest.fixture(autouse=True)
+def default_executor(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A server plans for the native executor only (`--executor ctypes` runs in-process)."""
+    monkeypatch.setattr(sandboxing, "EXECUTOR_ARGS", [])
+
+
+@pytest.fixture
+def command(tmp_path: Path) -> Path:
+    """The native client in a directory of its own, beside a `hcp-linux-py` that notes each
+    time it runs (in ``python-ran``), then runs the Python command."""
+    built = sandboxing.native_client()
+    if built is None:
+        pytest.skip("the native client is not built (make native)")
+    where = tmp_path / "bin"
+    where.mkdir()
+    where.chmod(0o755)
+    shutil.copy2(built, where / "hcp-linux")
+    python = where / "hcp-linux-py"
+    python.write_text(f"#!{sys.executable}\n"
+                      f"import sys\n"
+                      f"with open({str(where / 'python-ran')!r}, 'a') as f:\n"
+                      f"    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
+                      f"from hcp_linux.cli.launch import entry\n"
+                      f"sys.exit(entry())\n")
+    python.chmod(0o755)
+    return where / "hcp-linux"
+
+
+def python_ran(command: Path) -> list[str]:
+    try:
+        return (command.parent / "python-ran").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    (tmp_path / "server").mkdir()
+    s = start_server(tmp_path / "server")
+    yield s
+    stop_server(s)
+
+
+def run(command: Path, jail: Path, *cmd: str, extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(command), "run", "--jail", str(jail), *extra, "--", *cmd],
+                          env=env, capture_output=True, timeout=TIMEOUT, cwd="/",
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_served_run_starts_no_python(command: Path, server: Server, jail: Path,
+                                       tmp_path: Path) -> None:
+    """The plan from the server, hcp-exec started here, the status back: the Python
+    command never runs. Control: a run with a receipt (the Python command's to write) runs
+    it, and so does any run without a server."""
+    p = run(command, jail, "sh", "-c", "echo served; exit 3", env=server.env())
+    assert p.returncode == 3 and out(p) == "served\n" and p.stderr == b"", show(p)
+    assert python_ran(command) == []
+    receipt = tmp_path / "r.json"
+    p = run(command, jail, "true", extra=("--receipt", str(receipt)), env=server.env())
+    assert p.returncode == 0 and receipt.exists(), show(p)
+    assert len(python_ran(command)) == 1
+    p = run(command, jail, "true", env=caller_env())
+    assert p.returncode == 0 and len(python_ran(command)) == 2, show(p)
+
+
+def test_a_refusal_comes_from_the_server_as_the_cli_says_it(command: Path, server: Server,
+                                                            jail: Path) -> None:
+    p = run(command, jail, "true", extra=("--bogus",), env=server.env())
+    plain = sandboxing.run_cli(jail, "true", extra=["--bogus"])
+    assert (p.returncode, p.stderr) == (plain.returncode, plain.stderr), show(p)
+    assert p.returncode == 2 and python_ran(command) == []
+
+
+@pytest.mark.parametrize("server_there", [True, False], ids=["server", "server-gone"])
+def test_the_run_s_end_sweeps_what_the_command_planted(command: Path, server: Server,
+                                                       jail: Path, server_there: bool) -> None:
+    """A file planted at a missing protected name (.envrc: direnv runs it in the host's
+    shell) is removed once the run is over: by the server that planned the run, or, when it
+    has gone meanwhile, by the Python command the client hands the end to. Control: the
+    same plant by an unconfined process stays."""
+    gate = jail / "gate"
+    script = f"echo planted > .envrc; while [ ! -e {gate.name} ]; do sleep 0.05; done; exit 5"
+    client = subprocess.Popen([str(command), "run", "--jail", str(jail), "--", "sh", "-c",
+                               script], env=server.env(), cwd="/", stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (jail / ".envrc").exists(), "the plant")
+        if not server_there:
+            stop_server(server)
+        gate.touch()
+        assert client.wait(timeout=TIMEOUT) == 5, client.stderr.read()
+    finally:
+        kill_by_pid(client)
+        client.stdout.close()
+        client.stderr.close()
+    assert not (jail / ".envrc").exists(), "the plant outlived the run"
+    assert len(python_ran(command)) == (0 if server_there else 1)
+    subprocess.run(["sh", "-c", "echo planted > .envrc"], cwd=jail, check=True)
+    assert (jail / ".envrc").exists()  # control: the same plant, unconfined
+
+
+def _ask(server: Server, *items: bytes) -> list[bytes]:
+    from hcp_linux.cli.serve_wire import encode, recv_frame
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(TIMEOUT)
+        s.connect(str(server.path))
+        s.sendall(encode(list(items)))
+        return recv_frame(s)
+
+
+def test_the_server_sweeps_only_what_it_planned(server: Server, jail: Path) -> None:
+    """An end request names its run by the token the plan came with: one the server did not
+    give, or gave and was used, sweeps nothing. Control: the file an unplanned sweep would
+    have removed is still there."""
+    from hcp_linux.cli.serve_wire import PROTOCOL
+    (jail / ".envrc").write_text("the user's own\n")
+    for token in (b"0" * 32, b"", os.urandom(16).hex().encode()):
+        assert _ask(server, PROTOCOL, b"end", token, b"0")[0] == b"fallback"
+    assert (jail / ".envrc").read_text() == "the user's own\n"
+
+
+def test_auto_finds_the_server_through_the_python_command_s_link(command: Path, jail: Path,
+                                                                  tmp_path: Path) -> None:
+    """`auto` names the user's server by a checksum the client cannot compute: the first
+    runs fall back to the Python command, which starts the server and leaves the link;
+    the runs after it start no Python."""
+    from test_auto_server import servers_of
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    env = caller_env({"HCP_LINUX_SERVER": "auto", "XDG_RUNTIME_DIR": str(runtime)})
+    try:
+        assert run(command, jail, "true", env=env).returncode == 0
+        assert len(python_ran(command)) == 1
+        links = [n for n in os.listdir(runtime / "hcp-linux") if n.startswith("client-")]
+        assert len(links) == 1, os.listdir(runtime / "hcp-linux")
+        sock = runtime / "hcp-linux" / os.readlink(runtime / "hcp-linux" / links[0])
+        wait_for(lambda: _answers(sock), "the server to listen")
+        for _ in range(3):
+            p = run(command, jail, "sh", "-c", "echo hi", env=env)
+            assert p.returncode == 0 and out(p) == "hi\n", show(p)
+        assert len(python_ran(command)) == 1
+    finally:
+        for pid in servers_of(runtime):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.mark.parametrize("case", ["not-a-memfd", "not-a-number", "not-our-child"])
+def test_a_handover_that_is_not_one_is_refused(tmp_path: Path, case: str) -> None:
+    """HCP_LINUX_FINISH names the native client's memfd, and its pid is our child: anything
+    else is one line, exit 125, and no process is signalled. Control: the process named
+    lives on."""
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        r, w = os.pipe()
+        if case == "not-our-child":
+            fd = os.memfd_create("hcp-finish", 0)
+            from hcp_linux.cli.serve_wire import encode
+            body = encode([b"finish 1", b"run", b"%d" % victim.pid, b"%d" % r, b"-1", b"",
+                           b"15", b"-1", encode([])[4:], encode([b"0"])[4:]])
+            os.write(fd, body)
+        else:
+            fd = r
+        value = "x" if case == "not-a-number" else str(fd)
+        p = subprocess.run([sys.executable, "-m", "hcp_linux", "run", "--", "true"],
+                           env=caller_env({"HCP_LINUX_FINISH": value}), capture_output=True,
+                           timeout=TIMEOUT, pass_fds=(fd,) if case != "not-a-number" else (),
+                           stdin=subprocess.DEVNULL, cwd="/")
+        assert p.returncode == 125, show(p)
+        assert p.stderr.decode().startswith("error: sandbox: HCP_LINUX_FINISH: "), show(p)
+        assert p.stderr.decode().count("\n") == 1, show(p)
+        assert victim.poll() is None  # control: it lives
+    finally:
+        kill_by_pid(victim)
+
+
+def test_a_stopped_server_is_waited_for_once(command: Path, jail: Path, tmp_path: Path) -> None:
+    """A user's server that accepts and never answers (stopped): the native client waits
+    for it, then tells the Python command (which therefore does not wait a second time: a
+    matter of time, not asserted here); that socket is forgotten, the run goes on
+    in-process, and it starts a fresh server. Control: before the stop, the same run is
+    served with no Python."""
+    from test_auto_server import servers_of
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    env = caller_env({"HCP_LINUX_SERVER": "auto", "XDG_RUNTIME_DIR": str(runtime)})
+    stopped = None
+    try:
+        assert run(command, jail, "true", env=env).returncode == 0
+        where = runtime / "hcp-linux"
+        link = next(n for n in os.listdir(where) if n.startswith("client-"))
+        sock = where / os.readlink(where / link)
+        wait_for(lambda: _answers(sock), "the server to listen")
+        assert run(command, jail, "true", env=env).returncode == 0
+        assert len(python_ran(command)) == 1  # control: served by it, no Python
+        (stopped,) = servers_of(runtime)
+        before = sock.stat().st_ino
+        os.kill(stopped, signal.SIGSTOP)
+        p = run(command, jail, "sh", "-c", "echo ran", env=env)
+        assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
+        assert len(python_ran(command)) == 2
+        # the stopped one's socket is gone; the run started another, which binds anew
+        wait_for(lambda: len(servers_of(runtime)) == 2 and _answers(sock)
+                 and sock.stat().st_ino != before, "a fresh server")
+    finally:
+        for pid in servers_of(runtime):
+            os.kill(pid, signal.SIGKILL)
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
