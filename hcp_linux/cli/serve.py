@@ -141,7 +141,8 @@ class _Server:
             listening()
         self.idle_exit = idle_exit
         self.parser = build_parser()  # holds no state between parses
-        # token -> (sweep, after, start) of each plan sent, for the end of its run
+        # token -> (the sweep, the after-run search with the run's start), both as sent,
+        # of each plan sent, for the end of its run
         # (:func:`_end`); the oldest forgotten past MAX_ENDS (its client then ends the run
         # itself: hcp_linux.cli.serve_client.finish)
         self.ends: dict[bytes, tuple[bytes, bytes]] = {}
