@@ -24,6 +24,7 @@ import pytest
 
 import sandboxing
 from sandboxing import TIMEOUT, caller_env, jail, kill_by_pid, out, show, wait_for  # noqa: F401
+from test_auto_server import answers
 from test_serve import Server, start_server, stop_server
 
 
@@ -164,7 +165,7 @@ def test_auto_finds_the_server_through_the_python_command_s_link(command: Path, 
         links = [n for n in os.listdir(runtime / "hcp-linux") if n.startswith("client-")]
         assert len(links) == 1, os.listdir(runtime / "hcp-linux")
         sock = runtime / "hcp-linux" / os.readlink(runtime / "hcp-linux" / links[0])
-        wait_for(lambda: _answers(sock), "the server to listen")
+        wait_for(lambda: answers(sock), "the server to listen")
         for _ in range(3):
             p = run(command, jail, "sh", "-c", "echo hi", env=env)
             assert p.returncode == 0 and out(p) == "hi\n", show(p)
@@ -172,15 +173,6 @@ def test_auto_finds_the_server_through_the_python_command_s_link(command: Path, 
     finally:
         for pid in servers_of(runtime):
             os.kill(pid, signal.SIGKILL)
-
-
-def _answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(str(path))
-            return True
-        except OSError:
-            return False
 
 
 @pytest.mark.parametrize("case", ["not-a-memfd", "not-a-number", "not-our-child"])
@@ -228,7 +220,7 @@ def test_a_stopped_server_is_waited_for_once(command: Path, jail: Path, tmp_path
         where = runtime / "hcp-linux"
         link = next(n for n in os.listdir(where) if n.startswith("client-"))
         sock = where / os.readlink(where / link)
-        wait_for(lambda: _answers(sock), "the server to listen")
+        wait_for(lambda: answers(sock), "the server to listen")
         assert run(command, jail, "true", env=env).returncode == 0
         assert len(python_ran(command)) == 1  # control: served by it, no Python
         (stopped,) = servers_of(runtime)
@@ -238,7 +230,7 @@ def test_a_stopped_server_is_waited_for_once(command: Path, jail: Path, tmp_path
         assert p.returncode == 0 and out(p) == "ran\n" and p.stderr == b"", show(p)
         assert len(python_ran(command)) == 2
         # the stopped one's socket is gone; the run started another, which binds anew
-        wait_for(lambda: len(servers_of(runtime)) == 2 and _answers(sock)
+        wait_for(lambda: len(servers_of(runtime)) == 2 and answers(sock)
                  and sock.stat().st_ino != before, "a fresh server")
     finally:
         for pid in servers_of(runtime):

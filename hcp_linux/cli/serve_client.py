@@ -438,9 +438,8 @@ def _read_handover(fd: int) -> bytes:
 
 def _our_child(pid: int) -> bool:
     """Whether ``pid`` is a child of this process (which the Monitor's pidfd is for)."""
+    from ..proc.teardown import _parent
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        return _parent(pid) == os.getpid()
     except OSError:
         return False
-    return int(stat.rsplit(b")", 1)[1].split()[1]) == os.getpid()
