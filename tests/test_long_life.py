@@ -242,26 +242,38 @@ LIMITS = textwrap.dedent(r"""
     for _ in range(3):  # the kind repeats: the pool keeps spares of it
         before = ulimit_n()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    used = {int(fd) for fd in os.listdir("/proc/self/fd")}
-    tight, free = 0, 0  # the lowest limit under which a spare can still be made (4 fds)
-    while free < 4:
-        free += tight not in used
-        tight += 1
+
+    def lowest():  # the lowest limit under which a spare can still be made (4 fds)
+        used = {int(fd) for fd in os.listdir("/proc/self/fd")}
+        tight, free = 0, 0
+        while free < 4:
+            free += tight not in used
+            tight += 1
+        return tight
+
     out = {"before": before, "runs": []}
-    for low in (tight, 256):  # too low to take a run's fds; merely lower
-        if executor == "native":  # the keeper makes the kind's spares in its own time
+    for low in (None, 256):  # too low to take a run's fds; merely lower
+        if executor == "native":
+            # The keeper makes and retires the kind's spares in its own time, with fds of
+            # its own: hold its lock while it is between two, so that the fds counted are
+            # the fds there are while the spare is made.
             import time
             pool = native.spares.pool()
             deadline = time.monotonic() + 60
-            while not pool.idle and time.monotonic() < deadline:
-                time.sleep(0.01)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
-        try:  # while the limit is low, a spare is made (as the pool's keeper would)
-            if executor == "native":
-                kind = next(iter(pool.idle))
-                put_spare(pool, kind, native.spares.make(kind))
+            pool.cond.acquire()
+            while (not pool.idle or pool.busy) and time.monotonic() < deadline:
+                pool.cond.wait(0.01)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (low or lowest(), hard))
+            try:  # while the limit is low, a spare is made (as the pool's keeper would)
+                if executor == "native":
+                    kind = next(iter(pool.idle))
+                    put_spare(pool, kind, native.spares.make(kind))
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            if executor == "native":
+                pool.cond.release()
         out["runs"].append(ulimit_n())  # the limit is back: the next run is as ever
     print(json.dumps(out))
 """)
