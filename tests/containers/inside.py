@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 HCP = [sys.executable, "-m", "hcp_linux"]
 TMP = "/tmp/hcp-leg"
@@ -82,6 +83,97 @@ def listener() -> int:
     return srv.getsockname()[1]
 
 
+#: The attacks a served run tries too (each names files or a process outside the sandbox).
+SERVED_ATTACKS = ("read_outside", "write_outside", "signal_sibling")
+
+
+def served(flags: list[str], sibling: "subprocess.Popen[bytes]") -> dict:
+    """The image's native `hcp-linux` (the wheel's: a static program) served by an
+    `hcp-linux serve` in this container, then by the user's `auto` server: whether a run
+    starts Python (a copy of the program beside a `hcp-linux-py` that notes each time it
+    runs, then runs the Python command), its pid namespace, and the attacks of
+    SERVED_ATTACKS through it. A rung the server does not serve falls back to Python."""
+    installed = "/opt/hcp/bin/hcp-linux"
+    with open(installed, "rb") as f:
+        out: dict = {"native": f.read(4) == b"\x7fELF"}
+    if not out["native"]:
+        return out
+    where, ran = f"{TMP}/bin", f"{TMP}/python-ran"
+    os.makedirs(where)
+    shutil.copy2(installed, f"{where}/hcp-linux")
+    with open(f"{where}/hcp-linux-py", "w") as f:
+        f.write(f"#!{sys.executable}\nimport sys\nopen({ran!r}, 'a').write('ran\\n')\n"
+                "from hcp_linux.cli.launch import entry\nsys.exit(entry())\n")
+    os.chmod(f"{where}/hcp-linux-py", 0o755)
+
+    def python_runs() -> int:
+        try:
+            with open(ran) as f:
+                return len(f.read().splitlines())
+        except FileNotFoundError:
+            return 0
+
+    def run(server: str, *argv: str) -> dict:
+        before = python_runs()
+        p = subprocess.run([f"{where}/hcp-linux", "run", *flags, "--", *argv],
+                           env=dict(os.environ, HCP_LINUX_SERVER=server),
+                           capture_output=True, text=True, timeout=60, cwd=JAIL)
+        return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:],
+                "python": python_runs() > before}
+
+    def unconfined(name: str) -> bool:  # the control: outside any sandbox, it works
+        victim = subprocess.Popen(["sleep", "300"])
+        try:
+            p = subprocess.run([sys.executable, "-c",
+                                ATTACKS[name].replace("PID", str(victim.pid))],
+                               capture_output=True, text=True, timeout=30, cwd=JAIL)
+            return "ESCAPED" in p.stdout
+        finally:
+            victim.kill()
+            victim.wait()
+            if os.path.exists(f"{OUTSIDE}/written"):
+                os.unlink(f"{OUTSIDE}/written")
+
+    out["controls"] = {name: unconfined(name) for name in SERVED_ATTACKS}
+    sock = f"{TMP}/serve.sock"
+    server = subprocess.Popen([*HCP, "serve", "--socket", sock], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+    try:
+        assert server.stderr is not None
+        out["listening"] = server.stderr.readline().decode()
+        out["view"] = run(sock, "sh", "-c", f"readlink /proc/self/ns/pid; if test -e "
+                                            f"/proc/{sibling.pid}; then echo SEES-SIBLING; fi")
+        attacks = {}
+        for name in SERVED_ATTACKS:
+            code = ATTACKS[name].replace("PID", str(sibling.pid))
+            r = run(sock, "python3", "-c", code)
+            escaped = "ESCAPED" in r["stdout"] or sibling.poll() is not None
+            if name == "write_outside":
+                escaped = escaped or os.path.exists(f"{OUTSIDE}/written")
+            attacks[name] = {"escaped": escaped, "rc": r["rc"], "python": r["python"],
+                             "detail": (r["stdout"] + r["stderr"])[-300:]}
+        out["attacks"] = attacks
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    out["server_said"] = server.stderr.read().decode()[-2000:] if server.stderr else ""
+    # auto: the first run (Python) starts the user's server and leaves the program its
+    # link; the runs after it, once that server listens, are the program's alone
+    autos = [run("auto", "true")]
+    for _ in range(20):  # a rung the server does not serve: each run is Python's
+        time.sleep(0.1)
+        autos.append(run("auto", "true"))
+        if not autos[-1]["python"] or autos[-1]["rc"] != 0:
+            break
+    out["auto"] = {"runs": len(autos), "rcs": sorted({a["rc"] for a in autos}),
+                   "last": autos[-1]}
+    return out
+
+
 def main() -> None:
     shutil.rmtree(TMP, ignore_errors=True)
     os.makedirs(JAIL)
@@ -135,6 +227,7 @@ def main() -> None:
         if sibling.poll() is not None:  # a signal got through: a fresh sibling for the rest
             sibling = subprocess.Popen(["sleep", "300"])
     out["attacks"] = attacks
+    out["served"] = served(flags, sibling)
     if rung == "full":  # the HCP §10 conformance checks, every one by doing it, here
         conf = hcp("conformance", "--json", timeout=240)
         try:

@@ -1,7 +1,8 @@
 """Real containers (issue 31): hcp-linux, installed from its wheel in a Debian 12 image, in
 Docker, rootful Podman and rootless Podman, each with its defaults and with the recipe
 docs/deploying.md gives. In each: what `probe` says (rung, remedy), the strict run, the run
-at the rung probe names, and attacks at that rung on what lies outside the sandbox
+at the rung probe names, and attacks at that rung on what lies outside the sandbox; then the
+wheel's native `hcp-linux` against a server in the container (issue 35)
 (tests/containers/inside.py runs them in the container and reports; this module judges).
 
 Driven by scripts/test-containers, which builds the image, starts the engines and sets the
@@ -197,6 +198,34 @@ def test_conformance_at_full(results: dict[str, dict[str, Any]], name: str) -> N
     conf = _result(results, name)["conformance"]
     assert conf.get("conformant") is True, conf
     print(f"{name}: conformance {conf['summary']}")
+
+
+@pytest.mark.parametrize("name", list(ENVS))
+def test_the_native_client_served_in_the_container(results: dict[str, dict[str, Any]],
+                                                   name: str) -> None:
+    """The wheel's `hcp-linux` (the native program) against an `hcp-linux serve` in the
+    same container, then `HCP_LINUX_SERVER=auto`: at the full rung a run starts no Python
+    (its fallback is never run) and is confined as an in-process run is (a pid namespace of
+    its own, the attacks held, each of which works outside the sandbox); at a rung the server does not serve, the program falls back
+    to the Python command, which holds them too."""
+    r = _result(results, name)
+    s = r["served"]
+    assert s["native"], "the wheel's hcp-linux is not the native program"
+    assert s["listening"].startswith("hcp-linux serve: listening on"), s
+    assert "a request failed" not in s["server_said"], s["server_said"]
+    python = r["rung"] != "full"  # only the full rung has every layer a server serves
+    view = s["view"]
+    assert view["rc"] == 0 and view["python"] == python, view
+    pidns = "pidns" not in r["probe"]["rung"]["missing"]
+    assert ("SEES-SIBLING" in view["stdout"]) == (not pidns), view
+    assert s["controls"] == dict.fromkeys(s["attacks"], True), s["controls"]  # unconfined
+    for attack, v in s["attacks"].items():  # the same attacks, held in-process (above)
+        assert not v["escaped"] and v["python"] == python, (attack, v)
+        assert not r["attacks"][attack]["escaped"], r["attacks"][attack]
+    auto = s["auto"]
+    assert auto["rcs"] == [0] and auto["last"]["python"] == python, auto
+    print(f"{name} at {r['rung']}: served runs {'by Python' if python else 'native'}, "
+          f"{len(s['attacks'])} attacks held; auto: {auto['runs']} run(s)")
 
 
 def test_unmasked_proc_lets_container_root_write_core_pattern(
