@@ -238,3 +238,41 @@ def test_a_stopped_server_is_waited_for_once(command: Path, jail: Path, tmp_path
         if stopped is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)
+
+
+#: Covers /proc with an empty tmpfs in a mount namespace of the test's, then runs the rest.
+NO_PROC = 'mount -t tmpfs none /proc || exit 99; test -e /proc/self && exit 98; exec "$@"'
+
+
+@pytest.mark.parametrize("how", ["its path", "a link's path", "a link on PATH"])
+def test_without_proc_the_python_command_is_found_through_argv0(command: Path,
+                                                                tmp_path: Path,
+                                                                how: str) -> None:
+    """Where no /proc is mounted (a chroot, a container that mounts none), the program
+    finds `hcp-linux-py` through argv[0] as the shell found it (a path, or the first of that
+    name on PATH), links resolved, as /proc/self/exe would have found it. Without
+    `hcp-linux-py` beside it, one line, exit 127."""
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-Urm"]
+    control = subprocess.run([*unshare, "sh", "-c", NO_PROC, "sh", "true"],
+                             capture_output=True, timeout=TIMEOUT)
+    if control.returncode != 0:
+        pytest.skip(f"cannot cover /proc here: {control.returncode} {control.stderr!r}")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "hcp-linux").symlink_to(command)
+    argv0 = {"its path": str(command), "a link's path": str(other / "hcp-linux"),
+             "a link on PATH": "hcp-linux"}[how]
+    env = dict(os.environ, PATH=f"{tmp_path / 'empty'}:{other}:/usr/bin:/bin")
+
+    def version() -> subprocess.CompletedProcess:
+        return subprocess.run([*unshare, "sh", "-c", NO_PROC, "sh", argv0, "--version"],
+                              env=env, capture_output=True, timeout=TIMEOUT, cwd="/",
+                              stdin=subprocess.DEVNULL)
+
+    p = version()
+    assert p.returncode == 0 and p.stdout.startswith(b"hcp-linux "), show(p)
+    assert python_ran(command) == ["--version"]
+    (command.parent / "hcp-linux-py").unlink()  # the control: nothing to find beside it
+    p = version()
+    assert p.returncode == 127 and p.stdout == b"", show(p)
+    assert p.stderr.decode().count("\n") == 1 and "hcp-linux-py" in p.stderr.decode(), show(p)

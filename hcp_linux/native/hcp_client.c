@@ -7,7 +7,8 @@
  * interpreter's start-up for that, ~1.5x `python -c pass` before any planning
  * (docs/performance.md); this program does what the Python client does on its common path, in
  * ~1 ms of its own, and hands everything else to the Python command, `hcp-linux-py`, installed
- * beside it (found through /proc/self/exe, so a link to this program finds it too):
+ * beside it (found through /proc/self/exe, so a link to this program finds it too; without a
+ * /proc, through argv[0] and PATH):
  *
  *   - before anything is started (not `run`, no server, a config, a server it does not trust, a
  *     refusal it cannot read, a receipt to write, a setup that failed): exec hcp-linux-py with
@@ -89,12 +90,37 @@ static pid_t g_monitor = -1; /* hcp-exec, once started: killed if it cannot be h
 
 /* ---- handing over to the Python command ---- */
 
+/* This program's own path, resolved: /proc/self/exe, or without a /proc (a chroot, a
+ * container that mounts none) argv[0] as the shell found it: a path if it has a slash, else
+ * the first executable of that name on PATH (execvp's search), with its links resolved. The
+ * caller chose what to run either way: argv[0] grants it nothing it could not run itself. */
+static int own_path(char *self, size_t size) {
+    ssize_t n = readlink("/proc/self/exe", self, size - 1);
+    if (n > 0) {
+        self[n] = 0;
+        return 0;
+    }
+    const char *name = g_argv[0];
+    if (name == NULL || *name == 0 || size < PATH_MAX)
+        return -1;
+    if (strchr(name, '/') != NULL)
+        return realpath(name, self) == NULL ? -1 : 0;
+    const char *dirs = getenv("PATH");
+    for (const char *d = dirs ? dirs : ""; *d;) {
+        const char *colon = strchrnul(d, ':');
+        char candidate[PATH_MAX];
+        int w = snprintf(candidate, sizeof candidate, "%.*s/%s", (int)(colon - d), d, name);
+        if (colon > d && w > 0 && (size_t)w < sizeof candidate && access(candidate, X_OK) == 0)
+            return realpath(candidate, self) == NULL ? -1 : 0;
+        d = *colon ? colon + 1 : colon;
+    }
+    return -1;
+}
+
 static int python_command(char *out, size_t size) {
     char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
+    if (own_path(self, sizeof self) < 0)
         return -1;
-    self[n] = 0;
     char *slash = strrchr(self, '/');
     if (slash == NULL)
         return -1;
@@ -108,7 +134,8 @@ static int python_command(char *out, size_t size) {
 __attribute__((noreturn)) static void to_python(int finish) {
     char path[PATH_MAX + 32];
     if (python_command(path, sizeof path) < 0) {
-        fprintf(stderr, "hcp-linux: cannot find %s beside /proc/self/exe\n", PYTHON_COMMAND);
+        fprintf(stderr, "hcp-linux: cannot find %s beside this program (%s)\n", PYTHON_COMMAND,
+                g_argv[0] ? g_argv[0] : "no argv[0]");
         _exit(127);
     }
     if (g_key[0] && setenv(CLIENT_ENV, g_key, 1) < 0)
