@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 from .run import popen
 from .errors import SandboxError
 from .plan.plan import compile_plan, prepare
+from .proc.stdio import fill_closed
 from .policy.policy import LAYERS, Policy
 from .policy.resolve import resolve
 from .sandbox import Sandbox
@@ -128,6 +129,7 @@ class Session:
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
         self.policy = sandbox.policy
+        fill_closed()  # the control socket below must not be where the zygote's stdio is
         self._unlisted: Policy | None = None  # the policy of run(ours=True), made once
         with open(_SOURCE_PATH, encoding="utf-8") as f:
             source = f.read()

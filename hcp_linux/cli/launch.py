@@ -57,6 +57,19 @@ def _configs(args: "list[str]") -> bool:
 
 def main(argv: "Sequence[str] | None" = None) -> int:
     global _at_once
+    from ..proc.stdio import fill_closed
+    try:
+        fill_closed()  # before any fd of ours: none may land where a command's stdio is taken
+    except OSError as e:  # no /dev/null to open: fd 2 may be the closed one; say it if not
+        try:
+            os.write(2, f"error: sandbox: a standard fd (0, 1 or 2) is closed and /dev/null "
+                        f"cannot be opened on it: {e.strerror}\n".encode())
+        except OSError:
+            pass
+        return 125
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        if getattr(sys, name) is None:  # closed at Python's start: /dev/null is there now
+            setattr(sys, name, open(fd, "w" if fd else "r", closefd=False))
     args = list(sys.argv[1:] if argv is None else argv)
     # from the native client (hcp_linux/native/hcp_client.c), for this process alone: not
     # for the command's environment, nor a server's

@@ -161,6 +161,25 @@ __attribute__((noreturn)) static void fall_back(void) {
     to_python(-1);
 }
 
+/* /dev/null on each of fds 0-2 the caller left closed, before any fd of ours: else the done
+ * pipe or the socket could land where hcp-exec takes the command's stdio from (the Python
+ * command does the same: hcp_linux/proc/stdio.py). -1 when one cannot be filled. */
+static int fill_closed_stdio(void) {
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0)
+            continue;
+        if (errno != EBADF)
+            return -1;
+        int null = open("/dev/null", O_RDWR);
+        if (null != fd) {
+            if (null >= 0)
+                close(null);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- frames: a u32 length, then items (u32 length + bytes), little-endian ---- */
 
 struct buf {
@@ -748,6 +767,8 @@ static int end_by_server(const char *path, struct item token, long long status) 
 
 int main(int argc, char **argv) {
     g_argv = argv;
+    if (fill_closed_stdio() < 0)
+        fall_back(); /* the Python command tries again, and says why it cannot */
     /* as Python's start-up does, so that hcp-exec and the request see what the Python client
      * would pass on (the plan gives the command both at their default, DEFAULT_SIGNALS) */
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR || signal(SIGXFSZ, SIG_IGN) == SIG_ERR)

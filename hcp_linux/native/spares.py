@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..proc.hcp_spawn import memfd
+from ..proc.stdio import fill_closed
 from ..protocol import (INLINE_MAX, LAYER_FLAGS, MESSAGE_BITS, PLAN_MAGIC, PLAN_VERSION,
                         RUN_FDS, RunFds)
 from .wire import u64
@@ -158,6 +159,7 @@ def make(kind: tuple, sigmask: "set[int] | None" = None) -> Spare:
     ``sigmask``: its signal mask (default: the calling thread's, as for any spawn)."""
     import socket
     flags, uid, gid, exe, view = kind
+    fill_closed()  # its control socket must not be where a run's command inherits stdio
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     ours, theirs = a.detach(), b.detach()
     devnull = view_fd = -1
@@ -171,7 +173,9 @@ def make(kind: tuple, sigmask: "set[int] | None" = None) -> Spare:
             view_fd = memfd(view)
             argv.append(str(view_fd))
             actions.append((os.POSIX_SPAWN_DUP2, view_fd, view_fd))
-        if min(theirs, devnull, 3 if view_fd < 0 else view_fd) < 3:
+        # the caller closed one since: a command that inherited the control socket could
+        # send this unconfined hcp-exec a plan of its own
+        if min(ours, theirs, devnull, 3 if view_fd < 0 else view_fd) < 3:
             raise OSError(errno.EBADF, "fds 0-2 are not open")
         before = limits()
         if sigmask is None:

@@ -23,6 +23,7 @@ from .. import native
 from ..ctypes_executor import child_main
 from ..observe import landlock_log
 from ..proc import spawner, teardown
+from ..proc import stdio as stdio_fds
 from ..observe.denials import MAX_RECORDED, SeccompListener, denial_layers, receive_listener
 from ..errors import (ChildSetupError, HelperLostError, SandboxError, SetupTimeoutError,
                      printable)
@@ -135,6 +136,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     within ``setup_timeout`` seconds (default ``teardown.SETUP_TIMEOUT``) is killed and
     raises :class:`SetupTimeoutError`."""
     limit = teardown.SETUP_TIMEOUT if setup_timeout is None else setup_timeout
+    stdio_fds.fill_closed()  # else a pipe of this run's could land where stdin is inherited
     prepare(plan)  # what the run needs on disk (compile_plan writes nothing)
     if plan.landlock_log:
         landlock_log.prepare()  # subscribed before the run can log anything

@@ -1,0 +1,112 @@
+"""A caller whose fd 0, 1 or 2 is closed (hcp_linux/proc/stdio.py).
+
+What must hold: no fd of the runtime's (a run's capture pipe, a spare's control socket, a
+pipe it keeps) lands where a command inherits its standard streams; the command finds
+/dev/null where its caller had nothing; the CLI, Python or native, in-process or served,
+runs the command and exits with its status, no traceback. Each case first shows the hole is
+real: the closed fd is EBADF in the process that then uses the runtime.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import sandboxing
+from sandboxing import TIMEOUT, caller_env, jail, show  # noqa: F401
+from test_serve import start_server, stop_server
+
+#: A command (a shell) that writes what its fds 0-2 are into `fds` in the jail, and exits 3.
+SHOW = ('exec 3>fds; for f in 0 1 2; do x=$(readlink /proc/$$/fd/$f) || x=closed; '
+        'echo "$x" >&3; done; exit 3')  # dash redirects a command's fds in the shell itself
+
+#: Closes fd K, checks it is closed, then runs the command 6 times (the pool's spares are
+#: made meanwhile): slot K inherited, the others captured; prints what fds 0-2 of each run's
+#: command were, and this process's fd K afterwards.
+API = textwrap.dedent(r"""
+    import errno, json, os, subprocess, sys
+    from hcp_linux import Policy, Sandbox, native
+    k, jail, executor, SHOW = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    os.close(k)
+    try:
+        os.fstat(k)
+        sys.exit("fd %d is still open" % k)
+    except OSError as e:
+        assert e.errno == errno.EBADF
+    native.set_default(executor)
+    sandbox = Sandbox(Policy(jail=jail))
+    show = SHOW
+    runs = []
+    for _ in range(6):
+        stdio = [subprocess.DEVNULL, subprocess.PIPE, subprocess.PIPE]
+        stdio[k] = None  # inherited: what this process has there
+        r = sandbox.run(["sh", "-c", show], stdin=stdio[0], stdout=stdio[1],
+                        stderr=stdio[2], timeout=20)
+        with open(os.path.join(jail, "fds")) as f:
+            runs.append([r.returncode, f.read().split()])
+    out = {"runs": runs, "ours": os.readlink("/proc/self/fd/%d" % k)}
+    os.write(3 - k if k else 1, json.dumps(out).encode())
+""")
+
+
+@pytest.mark.parametrize("executor", ["native", "ctypes"])
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_the_api_fills_a_closed_standard_fd_with_dev_null(jail: Path, k: int,
+                                                          executor: str) -> None:
+    from hcp_linux import native
+    if executor == "native" and not native.available():
+        pytest.skip("native executor not built")
+    p = subprocess.run([sys.executable, "-c", API, str(k), str(jail), executor, SHOW],
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, show(p)
+    out = json.loads(p.stderr if k == 1 else p.stdout)
+    assert out["ours"] == "/dev/null", out
+    for returncode, fds in out["runs"]:
+        assert returncode == 3, out
+        assert fds[k] == "/dev/null", out  # not a pipe or socket of the runtime's
+        assert all(fd == "/dev/null" or fd.startswith("pipe:") for fd in fds), out
+        if k != 0:  # stdin is DEVNULL; the other captured stream is a pipe of its own
+            assert fds[3 - k].startswith("pipe:"), out
+
+
+
+
+def _closed(k: int, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``argv`` started with fd ``k`` closed (a shell closes it, then execs it); the
+    other two of 0-2 are a pipe each (stdin an empty one)."""
+    return subprocess.run(["sh", "-c", f'exec "$@" {k}>&-', "sh", *argv], env=env,
+                          capture_output=True, timeout=TIMEOUT, cwd="/", input=b"")
+
+
+@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_the_cli_runs_with_a_closed_standard_fd(jail: Path, tmp_path: Path, k: int,
+                                                how: str) -> None:
+    client = sandboxing.native_client() if how.startswith("native") else None
+    if how.startswith("native") and client is None:
+        pytest.skip("the native client is not built (make native)")
+    cli = [client] if client else sandboxing.CLI
+    control = _closed(k, ["sh", "-c", f"readlink /proc/self/fd/{k} || echo closed >&{3 - k}"
+                          if k else "readlink /proc/self/fd/0 || echo closed"], caller_env())
+    assert b"closed" in control.stdout + control.stderr, show(control)  # the hole is real
+    server = None
+    env = caller_env()
+    env.pop("HCP_LINUX_SERVER", None)
+    if how.endswith("served"):
+        (tmp_path / "server").mkdir()
+        server = start_server(tmp_path / "server")
+        env["HCP_LINUX_SERVER"] = str(server.path)
+    try:
+        p = _closed(k, [*cli, "run", "--jail", str(jail), "--", "sh", "-c", SHOW], env)
+    finally:
+        if server is not None:
+            stop_server(server)
+    assert p.returncode == 3, show(p)
+    assert b"Traceback" not in p.stderr, show(p)
+    fds = (jail / "fds").read_text().split()
+    assert fds[k] == "/dev/null", (fds, show(p))
+    assert all(fd == "/dev/null" or fd.startswith("pipe:") for fd in fds), (fds, show(p))
