@@ -484,3 +484,36 @@ def test_a_receipt_goes_where_it_was_named_whatever_the_command_does(server: Ser
         assert ("served_by" in receipt) == (how == "served"), receipt.get("served_by")
     write_receipt({"control": True}, str(jail / "out" / "r.json"))
     assert os.listdir(target) == ["r.json"]
+
+
+def test_a_client_that_leaves_before_its_request_is_no_error(tmp_path: Path,
+                                                           jail: Path) -> None:
+    """A client that connects and leaves (gone, or falling back before its request: a cwd
+    that no longer exists) is nothing the server reports; the run says why in one line, as
+    in-process, and the next run is served."""
+    import socket
+    import sandboxing
+    (tmp_path / "server").mkdir()
+    server = start_server(tmp_path / "server")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(server.path))  # and closes
+        gone = tmp_path / "gone"
+        gone.mkdir()
+        p = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh",
+                            str(gone), *sandboxing.CLI, "run", "--", "true"],
+                           env=server.env(), capture_output=True, timeout=TIMEOUT)
+        assert p.returncode == 125, show(p)
+        assert p.stderr.decode().splitlines() == [
+            "error: sandbox: run: the current directory: No such file or directory "
+            "(give --jail DIR)"], show(p)
+        receipt = tmp_path / "r.json"
+        ok = run_cli(jail, "true", extra=["--receipt", str(receipt)], env=server.env())
+        assert ok.returncode == 0, show(ok)
+        assert json.loads(receipt.read_text())["served_by"]["pid"] == server.proc.pid
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(timeout=TIMEOUT)
+        said = server.proc.stderr.read()
+    finally:
+        stop_server(server)
+    assert server.proc.returncode == 0 and said == b"", said  # no "a request failed"

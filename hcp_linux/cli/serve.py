@@ -174,6 +174,8 @@ class _Server:
                     return
                 try:
                     self.serve_one(conn)
+                except ConnectionError:  # the client went away (gone, or falling back)
+                    pass
                 except Exception as e:  # the client falls back; the server goes on
                     print(f"hcp-linux serve: a request failed: {type(e).__name__}: {e}",
                           file=sys.stderr, flush=True)
@@ -201,7 +203,10 @@ class _Server:
         # a client under a confinement we lack would have us read or write on its behalf
         # what it may not; one that sees other paths or processes, or sits in another
         # cgroup, would get a plan (and a receipt) that is not its own
-        why = same_place(pid) or more_confined(pid) or _other_cgroup(pid)
+        try:
+            why = same_place(pid) or more_confined(pid) or _other_cgroup(pid)
+        except FileNotFoundError:  # /proc/PID: the client is gone already
+            return
         if why is not None:
             conn.sendall(encode([b"fallback", why.encode()]))
             return

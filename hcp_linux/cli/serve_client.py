@@ -60,6 +60,10 @@ def run_via_server(path: str, args: list[str], auto: bool = False) -> int | None
     if why is not None:
         not_using(f"HCP_LINUX_SERVER={path}", why)
         return None
+    try:
+        os.getcwd()  # else the request cannot be made: the in-process run says why
+    except OSError:
+        return None
     import _socket
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:

@@ -781,17 +781,18 @@ int main(int argc, char **argv) {
         || server_socket(server, path, sizeof path) < 0)
         fall_back();
 
+    /* the request first (no cwd, say: the Python command says why), then the server */
+    int err[2], done[2];
+    if (pipe2(err, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0)
+        fall_back();
+    struct buf b = {0};
+    put_request(&b, argc, argv, done[1]);
     struct stat socket_st;
     if (lstat(path, &socket_st) < 0)
         fall_back();
     int sock = connect_server(path);
     if (sock < 0)
         fall_back();
-    int err[2], done[2];
-    if (pipe2(err, O_CLOEXEC) < 0 || pipe2(done, O_CLOEXEC) < 0)
-        fall_back();
-    struct buf b = {0};
-    put_request(&b, argc, argv, done[1]);
     size_t len;
     char *reply;
     if (write_all(sock, b.p, b.len) < 0 || (reply = recv_frame(sock, &len)) == NULL) {
