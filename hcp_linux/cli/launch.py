@@ -70,6 +70,11 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     for fd, name in enumerate(("stdin", "stdout", "stderr")):
         if getattr(sys, name) is None:  # closed at Python's start: /dev/null is there now
             setattr(sys, name, open(fd, "w" if fd else "r", closefd=False))
+    # SIGCHLD ignored by our caller and inherited: the kernel would reap hcp-exec and a run
+    # without a pid namespace would end with its status lost. Default, as coreutils'
+    # timeout(1) sets it; the command then finds it at default too (hcp_client.c: the same).
+    import _signal
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     args = list(sys.argv[1:] if argv is None else argv)
     # from the native client (hcp_linux/native/hcp_client.c), for this process alone: not
     # for the command's environment, nor a server's

@@ -773,6 +773,10 @@ int main(int argc, char **argv) {
      * would pass on (the plan gives the command both at their default, DEFAULT_SIGNALS) */
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR || signal(SIGXFSZ, SIG_IGN) == SIG_ERR)
         fall_back();
+    /* as the Python command does (hcp_linux.cli.launch): a SIGCHLD ignored by our caller
+     * would have the kernel reap hcp-exec, and its status be lost */
+    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR)
+        fall_back();
     make_key();
     const char *server = getenv("HCP_LINUX_SERVER");
     char path[PATH_MAX];

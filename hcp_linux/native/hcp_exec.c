@@ -1593,6 +1593,12 @@ static void __attribute__((noreturn)) print_protocol(void) {
 int main(int argc, char **argv) {
     int plan_fd, status_pipe[2];
     pid_t pid;
+    /* A runtime that ignores SIGCHLD (its caller's, inherited through exec) passes that on:
+     * the kernel would reap our children, and the init's and the monitor's waits would find
+     * no status (the command's exit lost). Ours at default; the command gets the runtime's
+     * disposition from the plan (do_exec). */
+    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR)
+        _exit(125);
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0)
         print_protocol();
     if (argc == 3 && strcmp(argv[1], "--dump-plan") == 0 && (plan_fd = parse_fd(argv[2])) >= 0)

@@ -181,6 +181,11 @@ def _parent(pid: int) -> int:
         raise OSError(f"/proc/{pid}/stat: unexpected format") from None
 
 
+def _ignores_sigchld() -> bool:
+    """Whether this process ignores SIGCHLD (then the kernel reaps its children)."""
+    return signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN
+
+
 class Monitor:
     """The runtime's handle on one run's monitor (our child): ends the run by itself and
     waits for it with bounds.
@@ -266,7 +271,9 @@ class Monitor:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:  # reaped by someone else (a waitpid(-1) of the runtime's)
             pid, status = self.pid, signal.SIGKILL
-            self.notes.append("monitor: reaped by another part of the runtime; status lost")
+            self.notes.append("monitor: reaped by the kernel (this process ignores SIGCHLD); "
+                              "status lost" if _ignores_sigchld() else
+                              "monitor: reaped by another part of the runtime; status lost")
         if pid:
             self.status = status
 

@@ -1,10 +1,18 @@
-"""A caller whose fd 0, 1 or 2 is closed (hcp_linux/proc/stdio.py).
+"""What a caller leaves its process in: fd 0, 1 or 2 closed (hcp_linux/proc/stdio.py), SIGCHLD
+ignored (inherited through exec, or set by a runtime that wants no zombies).
 
-What must hold: no fd of the runtime's (a run's capture pipe, a spare's control socket, a
+What must hold, for a closed fd: no fd of the runtime's (a run's capture pipe, a spare's control socket, a
 pipe it keeps) lands where a command inherits its standard streams; the command finds
 /dev/null where its caller had nothing; the CLI, Python or native, in-process or served,
 runs the command and exits with its status, no traceback. Each case first shows the hole is
 real: the closed fd is EBADF in the process that then uses the runtime.
+
+For SIGCHLD ignored: the run's status is the command's (the kernel reaps an ignoring process's
+children, and the runtime's, hcp-exec's and the init's waits found none: 137 or -9 was
+reported for an exit 3), at every rung, through the API and the CLI; the command finds
+SIGCHLD as a fork of the caller would (ignored through the API; at default through the CLI,
+which resets it for itself, as coreutils' timeout does). Each case first shows the kernel
+really reaps: a plain child's exit status is lost there.
 """
 from __future__ import annotations
 
@@ -110,3 +118,84 @@ def test_the_cli_runs_with_a_closed_standard_fd(jail: Path, tmp_path: Path, k: i
     fds = (jail / "fds").read_text().split()
     assert fds[k] == "/dev/null", (fds, show(p))
     assert all(fd == "/dev/null" or fd.startswith("pipe:") for fd in fds), (fds, show(p))
+
+
+#: Ignores SIGCHLD, shows the kernel then reaps (a plain child's status is lost), then runs
+#: a command that exits 3 at the rung asked, and prints the statuses and the command's
+#: SigIgn.
+IGNORING = textwrap.dedent(r"""
+    import json, signal, subprocess, sys
+    from hcp_linux import Policy, Sandbox, native
+    executor, rung, jail = sys.argv[1:4]
+    native.set_default(executor)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    plain = subprocess.run(["sh", "-c", "exit 3"]).returncode  # ECHILD: Popen says 0
+    sandbox = Sandbox(Policy(jail=jail, rung=rung))
+    r = sandbox.run(["sh", "-c", "exit 3"], timeout=20)
+    # not through a shell: dash sets SIGCHLD to default for itself
+    seen = sandbox.run(["grep", "SigIgn", "/proc/self/status"], capture_output=True,
+                       timeout=20)
+    print(json.dumps({"plain": plain, "run": r.returncode, "out": seen.stdout.decode()}))
+""")
+
+SIGCHLD_BIT = 1 << 16  # SIGCHLD (17) in /proc/PID/status's SigIgn
+
+
+def _sig_ign(text: str) -> int:
+    return int(text.split("SigIgn:")[1].split()[0], 16)
+
+
+@pytest.mark.parametrize("rung", ["full", "no-pidns"])
+@pytest.mark.parametrize("executor", ["native", "ctypes"])
+def test_the_api_reports_the_status_when_sigchld_is_ignored(jail: Path, executor: str,
+                                                           rung: str) -> None:
+    from hcp_linux import native
+    if executor == "native" and not native.available():
+        pytest.skip("native executor not built")
+    p = subprocess.run([sys.executable, "-c", IGNORING, executor, rung, str(jail)],
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, show(p)
+    out = json.loads(p.stdout)
+    assert out["plain"] == 0, out  # the control: the kernel reaped it, its 3 is lost
+    assert out["run"] == 3, out
+    assert _sig_ign(out["out"]) & SIGCHLD_BIT, out  # as a fork of the caller has it
+
+
+#: Ignores SIGCHLD, then execs the rest: a caller that passes it on.
+EXEC_IGNORING = ("import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+                 "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+@pytest.mark.parametrize("rung", ["full", "no-pidns"])
+@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+def test_the_cli_reports_the_status_when_sigchld_is_ignored(jail: Path, tmp_path: Path,
+                                                           how: str, rung: str) -> None:
+    client = sandboxing.native_client() if how.startswith("native") else None
+    if how.startswith("native") and client is None:
+        pytest.skip("the native client is not built (make native)")
+    cli = [client] if client else sandboxing.CLI
+    control = subprocess.run([sys.executable, "-c", EXEC_IGNORING, "grep", "SigIgn",
+                              "/proc/self/status"], capture_output=True, timeout=TIMEOUT)
+    assert _sig_ign(control.stdout.decode()) & SIGCHLD_BIT, show(control)  # passed on
+    env = caller_env()
+    env.pop("HCP_LINUX_SERVER", None)
+    server = None
+    if how.endswith("served"):
+        (tmp_path / "server").mkdir()
+        server = start_server(tmp_path / "server")
+        env["HCP_LINUX_SERVER"] = str(server.path)
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", EXEC_IGNORING, *cli, "run", "--jail",
+                               str(jail), "--rung", rung, "--", *argv],
+                              env=env, capture_output=True, timeout=TIMEOUT, cwd="/",
+                              stdin=subprocess.DEVNULL)
+    try:
+        p = run("sh", "-c", "exit 3")
+        seen = run("grep", "SigIgn", "/proc/self/status")  # not through dash: it resets it
+    finally:
+        if server is not None:
+            stop_server(server)
+    assert p.returncode == 3, show(p)
+    assert seen.returncode == 0, show(seen)
+    assert not _sig_ign(seen.stdout.decode()) & SIGCHLD_BIT, show(seen)  # the CLI's default
