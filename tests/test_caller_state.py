@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import sandboxing
-from sandboxing import TIMEOUT, caller_env, jail, show  # noqa: F401
+from sandboxing import TIMEOUT, caller_env, jail, kill_by_pid, show, wait_for  # noqa: F401
 from test_serve import start_server, stop_server
 
 #: A command (a shell) that writes what its fds 0-2 are into `fds` in the jail, and exits 3.
@@ -199,3 +199,53 @@ def test_the_cli_reports_the_status_when_sigchld_is_ignored(jail: Path, tmp_path
     assert p.returncode == 3, show(p)
     assert seen.returncode == 0, show(seen)
     assert not _sig_ign(seen.stdout.decode()) & SIGCHLD_BIT, show(seen)  # the CLI's default
+
+
+#: Sets SIG (argv[1]) ignored or default (argv[2]), then execs the rest: a caller that
+#: passes it on (nohup's HUP, a background job's INT in a script).
+EXEC_WITH = ("import os, signal, sys; sig = getattr(signal, sys.argv[1]); "
+             "signal.signal(sig, signal.SIG_IGN if sys.argv[2] == 'ignored' "
+             "else signal.SIG_DFL); os.execvp(sys.argv[3], sys.argv[3:])")
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+def test_a_signal_ignored_by_the_caller_stays_ignored(jail: Path, tmp_path: Path, how: str,
+                                                      name: str) -> None:
+    """INT, TERM and HUP end a run (the CLI dies by the signal) unless the caller ignored them (the
+    control); ignored, the run goes on to the command's own exit, served or not, as a plain
+    command would."""
+    import signal
+    client = sandboxing.native_client() if how.startswith("native") else None
+    if how.startswith("native") and client is None:
+        pytest.skip("the native client is not built (make native)")
+    cli = [client] if client else sandboxing.CLI
+    env = caller_env()
+    env.pop("HCP_LINUX_SERVER", None)
+    server = None
+    if how.endswith("served"):
+        (tmp_path / "server").mkdir()
+        server = start_server(tmp_path / "server")
+        env["HCP_LINUX_SERVER"] = str(server.path)
+    codes = {}
+    try:
+        for disposition in ("default", "ignored"):
+            started = jail / "started"
+            p = subprocess.Popen([sys.executable, "-c", EXEC_WITH, name, disposition, *cli,
+                                  "run", "--jail", str(jail), "--", "sh", "-c",
+                                  "touch started; sleep 1; exit 3"],
+                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, cwd="/")
+            try:
+                wait_for(started.exists, "the command to start")
+                p.send_signal(getattr(signal, name))
+                out, err = p.communicate(timeout=TIMEOUT)
+            finally:
+                kill_by_pid(p)
+            started.unlink()
+            codes[disposition] = (p.returncode, err.decode()[-300:])
+    finally:
+        if server is not None:
+            stop_server(server)
+    assert codes["default"][0] == -getattr(signal, name), codes  # the control: dies by it
+    assert codes["ignored"][0] == 3, codes

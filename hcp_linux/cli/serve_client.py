@@ -284,7 +284,8 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
         monitor.kill()
         raise Killed(signum)  # out of the wait: from now on it is bounded
     for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
-        _signal.signal(sig, on_signal)
+        if _signal.getsignal(sig) != _signal.SIG_IGN:  # ignored when we started (nohup, a
+            _signal.signal(sig, on_signal)  # background job's INT): stays so, as in-process
     by, signum = "exit", 0
     deadline = None if timeout is None else time.monotonic() + timeout
     try:

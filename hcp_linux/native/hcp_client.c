@@ -849,10 +849,20 @@ int main(int argc, char **argv) {
     }
 
     /* INT, TERM, HUP end the sandbox from here on (as the Python client's handlers do):
-     * blocked, and read from a signalfd; hcp-exec gets the caller's mask */
+     * blocked, and read from a signalfd; hcp-exec gets the caller's mask. One ignored when we
+     * started (nohup's HUP, a background job's INT) stays ignored, as in-process. */
     sigset_t ours;
-    if (sigemptyset(&ours) || sigaddset(&ours, SIGINT) || sigaddset(&ours, SIGTERM)
-        || sigaddset(&ours, SIGHUP) || sigprocmask(SIG_BLOCK, &ours, &g_old_mask) < 0)
+    if (sigemptyset(&ours))
+        fall_back();
+    static const int ENDING[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof ENDING / sizeof ENDING[0]; i++) {
+        struct sigaction old;
+        if (sigaction(ENDING[i], NULL, &old) < 0)
+            fall_back();
+        if (old.sa_handler != SIG_IGN && sigaddset(&ours, ENDING[i]) < 0)
+            fall_back();
+    }
+    if (sigprocmask(SIG_BLOCK, &ours, &g_old_mask) < 0)
         fall_back();
     g_masked = 1;
     r.sfd = signalfd(-1, &ours, SFD_CLOEXEC);
