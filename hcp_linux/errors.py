@@ -98,13 +98,23 @@ class LayerUnavailableError(SandboxError):
         self.layer, self.reason, self.remedy = layer, reason, remedy
 
 
+def limit_hint(err: int | None) -> str:
+    """For running out of fds (EMFILE), the limit that did it and the remedy; else ""."""
+    import errno
+    if err != errno.EMFILE:
+        return ""
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return f" (this process may have {soft} open: RLIMIT_NOFILE; raise it, e.g. ulimit -n)"
+
+
 class ChildSetupError(SandboxError):
     """A step of the child's setup failed; the command never ran."""
 
     def __init__(self, step: str, errno_: int, detail: str = "") -> None:
         import os
         where = f"{step} {detail}".strip()
-        super().__init__(f"{where}: {os.strerror(errno_)}")
+        super().__init__(f"{where}: {os.strerror(errno_)}{limit_hint(errno_)}")
         self.step, self.errno, self.detail = step, errno_, detail
 
 

@@ -17,6 +17,7 @@ really reaps: a plain child's exit status is lost there.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -249,3 +250,45 @@ def test_a_signal_ignored_by_the_caller_stays_ignored(jail: Path, tmp_path: Path
             stop_server(server)
     assert codes["default"][0] == -getattr(signal, name), codes  # the control: dies by it
     assert codes["ignored"][0] == 3, codes
+
+
+@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+def test_too_few_fds_is_one_line_naming_the_limit(jail: Path, tmp_path: Path,
+                                                  how: str) -> None:
+    """RLIMIT_NOFILE too low for a run (the planner, the spawn or the child's setup runs out
+    of fds, depending on how low): one line naming the limit and the remedy, exit 125, no
+    traceback, nothing left in the jail; with room (the control) the same run runs. Served
+    runs end in the same line: the program falls back when it cannot make its own fds."""
+    import resource
+    client = sandboxing.native_client() if how.startswith("native") else None
+    if how.startswith("native") and client is None:
+        pytest.skip("the native client is not built (make native)")
+    cli = [client] if client else sandboxing.CLI
+    env = caller_env()
+    env.pop("HCP_LINUX_SERVER", None)
+    server = None
+    if how.endswith("served"):
+        (tmp_path / "server").mkdir()
+        server = start_server(tmp_path / "server")
+        env["HCP_LINUX_SERVER"] = str(server.path)
+
+    def run(limit: int) -> subprocess.CompletedProcess:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        return subprocess.run([*cli, "run", "--jail", str(jail), "--", "sh", "-c",
+                               "touch ran; exit 3"], env=env, capture_output=True,
+                              timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                    (limit, hard)))
+    try:
+        for limit in (5, 8, 12):
+            p = run(limit)
+            lines = p.stderr.decode().splitlines()
+            assert p.returncode == 125, (limit, show(p))
+            assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), (limit, lines)
+            assert "Too many open files" in lines[0] and "RLIMIT_NOFILE" in lines[0], lines
+            assert os.listdir(jail) == [], (limit, os.listdir(jail))
+        control = run(256)
+    finally:
+        if server is not None:
+            stop_server(server)
+    assert control.returncode == 3 and (jail / "ran").exists(), show(control)

@@ -14,7 +14,8 @@ import sys
 from typing import Sequence
 
 from .cli_args import build_parser, check_outputs, command_of, policy_and_layers
-from ..errors import EXIT_USAGE, PolicyError, SandboxError, printable
+from ..errors import (EXIT_REFUSED, EXIT_USAGE, PolicyError, SandboxError, limit_hint,
+                      printable)
 
 #: The subcommands, for the hint a bare `hcp-linux` prints.
 COMMANDS = ("probe", "conformance", "run", "policy", "gc", "serve")
@@ -75,6 +76,13 @@ def _run(a: argparse.Namespace) -> int:
     global run_over
     run_over = True
     return code
+
+
+def os_refusal(e: OSError) -> str:
+    """What the host refused, in one line: the path if there is one, the reason, and for
+    running out of fds the limit that did it."""
+    what = f"{printable(os.fsdecode(e.filename))}: " if e.filename is not None else ""
+    return f"{what}{e.strerror or e}{limit_hint(e.errno)}"
 
 
 #: Set once a plain `run` has ended: its command and every process of it are gone (the
@@ -257,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SandboxError as e:
         print(f"error: sandbox: {printable(str(e))}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # the host refused us something (fds, memory): one line, no trace
+        print(f"error: sandbox: {os_refusal(e)}", file=sys.stderr)
+        return EXIT_REFUSED
     except KeyboardInterrupt:  # ^C before (or after) a run: end by it, as a shell expects
         from .interrupt import die_by
         die_by(signal.SIGINT)
