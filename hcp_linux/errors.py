@@ -98,14 +98,20 @@ class LayerUnavailableError(SandboxError):
         self.layer, self.reason, self.remedy = layer, reason, remedy
 
 
-def limit_hint(err: int | None) -> str:
-    """For running out of fds (EMFILE), the limit that did it and the remedy; else ""."""
+def limit_hint(err: int | None, making_a_process: bool = False) -> str:
+    """For running out of fds (EMFILE), or of processes (EAGAIN where one is made), the
+    limit that may have done it and the remedy; else ""."""
     import errno
-    if err != errno.EMFILE:
-        return ""
     import resource
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return f" (this process may have {soft} open: RLIMIT_NOFILE; raise it, e.g. ulimit -n)"
+    if err == errno.EMFILE:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return f" (this process may have {soft} open: RLIMIT_NOFILE; raise it, e.g. ulimit -n)"
+    if err == errno.EAGAIN and making_a_process:
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        return (f" (no process could be made: this user may have "
+                f"{'no limit on' if soft == resource.RLIM_INFINITY else soft} processes: "
+                f"RLIMIT_NPROC, ulimit -u; or its cgroup's pids.max is reached)")
+    return ""
 
 
 class ChildSetupError(SandboxError):
@@ -114,7 +120,8 @@ class ChildSetupError(SandboxError):
     def __init__(self, step: str, errno_: int, detail: str = "") -> None:
         import os
         where = f"{step} {detail}".strip()
-        super().__init__(f"{where}: {os.strerror(errno_)}{limit_hint(errno_)}")
+        hint = limit_hint(errno_, step.startswith(("fork", "clone", "spawn")))
+        super().__init__(f"{where}: {os.strerror(errno_)}{hint}")
         self.step, self.errno, self.detail = step, errno_, detail
 
 

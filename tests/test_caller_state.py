@@ -292,3 +292,54 @@ def test_too_few_fds_is_one_line_naming_the_limit(jail: Path, tmp_path: Path,
         if server is not None:
             stop_server(server)
     assert control.returncode == 3 and (jail / "ran").exists(), show(control)
+
+
+#: A uid no process has (checked), for a process limit that only the test's processes count
+#: against.
+LONE_UID = 54321
+
+
+def test_too_few_processes_is_one_line_naming_the_limit() -> None:
+    """RLIMIT_NPROC too low for a run (the CLI's thread, hcp-exec, its init, the command:
+    whichever cannot be made): one line naming the limit, exit 125; with room (the control)
+    the run runs. As a uid of its own, so that no other process counts against the limit."""
+    import shutil
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root's setpriv, to run as a uid of its own")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            assert os.stat(f"/proc/{pid}").st_uid != LONE_UID, f"pid {pid} has uid {LONE_UID}"
+        except FileNotFoundError:
+            pass
+    import tempfile
+    home = Path(tempfile.mkdtemp(prefix="hcp-lone-uid-", dir="/tmp"))  # tmp_path is root's
+    try:
+        _too_few_processes(home)
+    finally:
+        shutil.rmtree(home)
+
+
+def _too_few_processes(home: Path) -> None:
+    jail = home / "jail"
+    jail.mkdir()
+    for d in (home, jail):
+        os.chown(d, LONE_UID, LONE_UID)
+    env = caller_env({"HOME": str(home), "TMPDIR": str(home)})
+    env.pop("HCP_LINUX_SERVER", None)
+
+    def run(limit: int) -> subprocess.CompletedProcess:
+        import resource
+        return subprocess.run(["setpriv", f"--reuid={LONE_UID}", f"--regid={LONE_UID}",
+                               "--clear-groups", *sandboxing.CLI, "run", "--jail", str(jail),
+                               "--", "sh", "-c", "exit 3"], env=env, capture_output=True,
+                              timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NPROC,
+                                                                    (limit, limit)))
+    for limit in (1, 2, 3):
+        p = run(limit)
+        lines = p.stderr.decode().splitlines()
+        assert p.returncode == 125, (limit, show(p))
+        assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), (limit, lines)
+        assert "RLIMIT_NPROC" in lines[0], (limit, lines)
+    control = run(64)
+    assert control.returncode == 3, show(control)

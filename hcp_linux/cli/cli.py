@@ -80,9 +80,10 @@ def _run(a: argparse.Namespace) -> int:
 
 def os_refusal(e: OSError) -> str:
     """What the host refused, in one line: the path if there is one, the reason, and for
-    running out of fds the limit that did it."""
+    running out of fds or processes (EAGAIN here is a fork, a spawn or a thread) the limit
+    that may have done it."""
     what = f"{printable(os.fsdecode(e.filename))}: " if e.filename is not None else ""
-    return f"{what}{e.strerror or e}{limit_hint(e.errno)}"
+    return f"{what}{e.strerror or e}{limit_hint(e.errno, making_a_process=True)}"
 
 
 #: Set once a plain `run` has ended: its command and every process of it are gone (the
@@ -267,6 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except OSError as e:  # the host refused us something (fds, memory): one line, no trace
         print(f"error: sandbox: {os_refusal(e)}", file=sys.stderr)
+        return EXIT_REFUSED
+    except RuntimeError as e:
+        if str(e) != "can't start new thread":  # threading's words for EAGAIN from clone
+            raise
+        import errno
+        print(f"error: sandbox: cannot start a thread{limit_hint(errno.EAGAIN, True)}",
+              file=sys.stderr)
         return EXIT_REFUSED
     except KeyboardInterrupt:  # ^C before (or after) a run: end by it, as a shell expects
         from .interrupt import die_by

@@ -13,7 +13,7 @@ import hcp_linux.landlock as landlock
 import hcp_linux.seccomp_profiles as seccomp_profiles
 
 from ..observe.denials import OBSERVED_PROFILE
-from ..errors import ChildSetupError, LayerUnavailableError, PolicyError
+from ..errors import ChildSetupError, LayerUnavailableError, PolicyError, SandboxError
 from ..policy.policy import Policy
 from ..host.remedies import REMEDIES, remedy
 
@@ -137,6 +137,8 @@ def seccomp_filter(policy: Policy, layers: frozenset[str]
         names += (OBSERVED_PROFILE,)
     try:
         bpf = seccomp_profiles.compile_profiles(names, notify=not unrecorded)
+    except seccomp_profiles.SeccompLibraryError as e:  # not the kernel's: fails closed
+        raise SandboxError(f"seccomp: {e}") from None
     except seccomp_profiles.SeccompCompileError as e:
         # libseccomp asks the kernel what it supports while compiling: a host (or a filter on
         # this process) without seccomp fails here, before any child could try to install it.

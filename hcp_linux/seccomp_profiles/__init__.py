@@ -17,6 +17,7 @@ from .errors import (
     ProfileFormatError,
     ProfileNotFoundError,
     SeccompCompileError,
+    SeccompLibraryError,
     SeccompProfileError,
     UnknownSyscallError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "SECCOMP_FILTER_FLAG_SPEC_ALLOW",
     "SECCOMP_FILTER_FLAG_TSYNC",
     "SeccompCompileError",
+    "SeccompLibraryError",
     "SeccompProfileError",
     "UnknownSyscallError",
     "available_profiles",

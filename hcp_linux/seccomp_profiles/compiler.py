@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from . import bpf as _bpf
 from .conditions import Comparison, expand
-from .errors import SeccompCompileError
+from .errors import SeccompCompileError, SeccompLibraryError
 from .machines import X32_SYSCALL_BIT, Machine
 from .model import OBSERVE, Profile
 from .syscalls import native_number
@@ -60,7 +60,12 @@ def notified(action: str) -> bool:
 def compile_bpf(profiles: Sequence[Profile], machine: Machine, notify: bool = False) -> bytes:
     """One program for all `profiles` (their rules are merged) on the native `machine`;
     ``notify``: with the policy denials as SECCOMP_RET_USER_NOTIF (see :func:`notified`)."""
-    import pyseccomp  # lazy: ~20 ms, and only a cache miss needs it
+    try:
+        import pyseccomp  # lazy: ~20 ms, and only a cache miss needs it
+    except RuntimeError as e:  # its find_library runs ldconfig: a process limit stops that
+        raise SeccompLibraryError(f"cannot load libseccomp through pyseccomp ({e}; it looks "
+                                  f"for the library by running ldconfig, which a process "
+                                  f"limit such as RLIMIT_NPROC can stop)") from None
 
     defaults = {p.default_action for p in profiles}
     if len(defaults) != 1:

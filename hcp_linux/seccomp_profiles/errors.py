@@ -57,3 +57,8 @@ class UnknownSyscallError(SeccompProfileError, ValueError):
 
 class SeccompCompileError(SeccompProfileError):
     """libseccomp refused the profiles, or the machine/libseccomp cannot compile them."""
+
+
+class SeccompLibraryError(SeccompProfileError):
+    """libseccomp could not be loaded (pyseccomp's import failed): nothing about the kernel's
+    seccomp, so no layer to degrade."""
