@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .errors import (BinNotExecutableError, BinNotFoundError, ChildSetupError,
                          HostPathError, LayerUnavailableError, NotAllowlistedError,
                          PolicyError, SandboxError)
+    from ._version import __version__
     from .policy.policy import Policy
     from .probe import ProbeReport, probe
     from .sandbox import (DEVNULL, PIPE, CompletedRun, Sandbox, SandboxProcess, confine,
@@ -29,9 +30,9 @@ _WHERE = {
     "SandboxError": "errors", "PolicyError": "errors", "NotAllowlistedError": "errors",
     "BinNotFoundError": "errors", "BinNotExecutableError": "errors", "HostPathError": "errors",
     "LayerUnavailableError": "errors", "ChildSetupError": "errors",
+    "__version__": "_version",
 }
-__all__ = list(_WHERE)
-__version__ = "0.1.0"
+__all__ = [name for name in _WHERE if not name.startswith("_")]
 
 
 def __getattr__(name: str) -> Any:

@@ -47,9 +47,10 @@ from ray.experimental.sandbox.config import (  # type: ignore[import-not-found, 
 from ray.util.scheduling_strategies import (  # type: ignore[import-not-found, unused-ignore]
     NodeAffinitySchedulingStrategy)
 
-from . import Policy, Sandbox
+from .policy.policy import Policy
+from .sandbox import Sandbox
 from .policy.resolve import resolve
-from . import SandboxError as HcpError
+from .errors import SandboxError as HcpError
 from .jails.jailfiles import open_jail, read_in, write_in
 from .jails.locations import make_jail_home
 from .jails.reclaim import jail_name

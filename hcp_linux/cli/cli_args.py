@@ -10,7 +10,7 @@ import re
 import sys
 from typing import Any, NoReturn, Sequence
 
-from .. import __version__
+from .._version import __version__
 from ..policy import ladder, policy_flags, protected
 from ..errors import EXIT_USAGE, PolicyError, SandboxError, printable
 from ..policy.policy import Policy

@@ -76,7 +76,7 @@ def run_check(h: Harness, c: Check) -> CheckResult:
 def _host_facts() -> dict:
     import pwd
 
-    from .. import __version__
+    from .._version import __version__
     from ..probe import probe
     try:
         user = pwd.getpwuid(os.geteuid()).pw_name

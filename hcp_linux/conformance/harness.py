@@ -136,8 +136,8 @@ _NO_CONFIG = {"HCP_LINUX_NO_CONFIG": "1"}
 
 
 def _package_parent() -> str:
-    import hcp_linux
-    return os.path.dirname(os.path.dirname(os.path.abspath(hcp_linux.__file__)))
+    """The directory hcp_linux is in (this file is hcp_linux/conformance/harness.py)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def system_python() -> str:
