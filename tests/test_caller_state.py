@@ -16,12 +16,14 @@ really reaps: a plain child's exit status is lost there.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -91,29 +93,40 @@ def _closed(k: int, argv: list[str], env: dict[str, str]) -> subprocess.Complete
                           capture_output=True, timeout=TIMEOUT, cwd="/", input=b"")
 
 
-@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
-@pytest.mark.parametrize("k", [0, 1, 2])
-def test_the_cli_runs_with_a_closed_standard_fd(jail: Path, tmp_path: Path, k: int,
-                                                how: str) -> None:
+#: The ways to run the CLI: the Python command or the native one, in-process or served.
+WAYS = ["python", "native", "native served", "python served"]
+
+
+@contextlib.contextmanager
+def way(how: str, tmp_path: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """The command line and environment of one of WAYS, with a server of its own for the
+    served ones (stopped after)."""
     client = sandboxing.native_client() if how.startswith("native") else None
     if how.startswith("native") and client is None:
         pytest.skip("the native client is not built (make native)")
-    cli = [client] if client else sandboxing.CLI
-    control = _closed(k, ["sh", "-c", f"readlink /proc/self/fd/{k} || echo closed >&{3 - k}"
-                          if k else "readlink /proc/self/fd/0 || echo closed"], caller_env())
-    assert b"closed" in control.stdout + control.stderr, show(control)  # the hole is real
-    server = None
     env = caller_env()
     env.pop("HCP_LINUX_SERVER", None)
+    server = None
     if how.endswith("served"):
         (tmp_path / "server").mkdir()
         server = start_server(tmp_path / "server")
         env["HCP_LINUX_SERVER"] = str(server.path)
     try:
-        p = _closed(k, [*cli, "run", "--jail", str(jail), "--", "sh", "-c", SHOW], env)
+        yield ([client] if client else sandboxing.CLI), env
     finally:
         if server is not None:
             stop_server(server)
+
+
+@pytest.mark.parametrize("how", WAYS)
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_the_cli_runs_with_a_closed_standard_fd(jail: Path, tmp_path: Path, k: int,
+                                                how: str) -> None:
+    control = _closed(k, ["sh", "-c", f"readlink /proc/self/fd/{k} || echo closed >&{3 - k}"
+                          if k else "readlink /proc/self/fd/0 || echo closed"], caller_env())
+    assert b"closed" in control.stdout + control.stderr, show(control)  # the hole is real
+    with way(how, tmp_path) as (cli, env):
+        p = _closed(k, [*cli, "run", "--jail", str(jail), "--", "sh", "-c", SHOW], env)
     assert p.returncode == 3, show(p)
     assert b"Traceback" not in p.stderr, show(p)
     fds = (jail / "fds").read_text().split()
@@ -168,35 +181,20 @@ EXEC_IGNORING = ("import os, signal, sys; signal.signal(signal.SIGCHLD, signal.S
 
 
 @pytest.mark.parametrize("rung", ["full", "no-pidns"])
-@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+@pytest.mark.parametrize("how", WAYS)
 def test_the_cli_reports_the_status_when_sigchld_is_ignored(jail: Path, tmp_path: Path,
                                                            how: str, rung: str) -> None:
-    client = sandboxing.native_client() if how.startswith("native") else None
-    if how.startswith("native") and client is None:
-        pytest.skip("the native client is not built (make native)")
-    cli = [client] if client else sandboxing.CLI
     control = subprocess.run([sys.executable, "-c", EXEC_IGNORING, "grep", "SigIgn",
                               "/proc/self/status"], capture_output=True, timeout=TIMEOUT)
     assert _sig_ign(control.stdout.decode()) & SIGCHLD_BIT, show(control)  # passed on
-    env = caller_env()
-    env.pop("HCP_LINUX_SERVER", None)
-    server = None
-    if how.endswith("served"):
-        (tmp_path / "server").mkdir()
-        server = start_server(tmp_path / "server")
-        env["HCP_LINUX_SERVER"] = str(server.path)
-
-    def run(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", EXEC_IGNORING, *cli, "run", "--jail",
-                               str(jail), "--rung", rung, "--", *argv],
-                              env=env, capture_output=True, timeout=TIMEOUT, cwd="/",
-                              stdin=subprocess.DEVNULL)
-    try:
+    with way(how, tmp_path) as (cli, env):
+        def run(*argv: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-c", EXEC_IGNORING, *cli, "run", "--jail",
+                                   str(jail), "--rung", rung, "--", *argv],
+                                  env=env, capture_output=True, timeout=TIMEOUT, cwd="/",
+                                  stdin=subprocess.DEVNULL)
         p = run("sh", "-c", "exit 3")
         seen = run("grep", "SigIgn", "/proc/self/status")  # not through dash: it resets it
-    finally:
-        if server is not None:
-            stop_server(server)
     assert p.returncode == 3, show(p)
     assert seen.returncode == 0, show(seen)
     assert not _sig_ign(seen.stdout.decode()) & SIGCHLD_BIT, show(seen)  # the CLI's default
@@ -210,26 +208,15 @@ EXEC_WITH = ("import os, signal, sys; sig = getattr(signal, sys.argv[1]); "
 
 
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
-@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+@pytest.mark.parametrize("how", WAYS)
 def test_a_signal_ignored_by_the_caller_stays_ignored(jail: Path, tmp_path: Path, how: str,
                                                       name: str) -> None:
     """INT, TERM and HUP end a run (the CLI dies by the signal) unless the caller ignored them (the
     control); ignored, the run goes on to the command's own exit, served or not, as a plain
     command would."""
     import signal
-    client = sandboxing.native_client() if how.startswith("native") else None
-    if how.startswith("native") and client is None:
-        pytest.skip("the native client is not built (make native)")
-    cli = [client] if client else sandboxing.CLI
-    env = caller_env()
-    env.pop("HCP_LINUX_SERVER", None)
-    server = None
-    if how.endswith("served"):
-        (tmp_path / "server").mkdir()
-        server = start_server(tmp_path / "server")
-        env["HCP_LINUX_SERVER"] = str(server.path)
     codes = {}
-    try:
+    with way(how, tmp_path) as (cli, env):
         for disposition in ("default", "ignored"):
             started = jail / "started"
             p = subprocess.Popen([sys.executable, "-c", EXEC_WITH, name, disposition, *cli,
@@ -245,32 +232,23 @@ def test_a_signal_ignored_by_the_caller_stays_ignored(jail: Path, tmp_path: Path
                 kill_by_pid(p)
             started.unlink()
             codes[disposition] = (p.returncode, err.decode()[-300:])
-    finally:
-        if server is not None:
-            stop_server(server)
     assert codes["default"][0] == -getattr(signal, name), codes  # the control: dies by it
     assert codes["ignored"][0] == 3, codes
 
 
-@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+@pytest.mark.parametrize("how", WAYS)
 def test_too_few_fds_is_one_line_naming_the_limit(jail: Path, tmp_path: Path,
                                                   how: str) -> None:
     """RLIMIT_NOFILE too low for a run (the planner, the spawn or the child's setup runs out
     of fds, depending on how low): one line naming the limit and the remedy, exit 125, no
     traceback, nothing left in the jail; with room (the control) the same run runs. Served
     runs end in the same line: the program falls back when it cannot make its own fds."""
+    with way(how, tmp_path) as (cli, env):
+        _too_few_fds(jail, cli, env)
+
+
+def _too_few_fds(jail: Path, cli: list[str], env: dict[str, str]) -> None:
     import resource
-    client = sandboxing.native_client() if how.startswith("native") else None
-    if how.startswith("native") and client is None:
-        pytest.skip("the native client is not built (make native)")
-    cli = [client] if client else sandboxing.CLI
-    env = caller_env()
-    env.pop("HCP_LINUX_SERVER", None)
-    server = None
-    if how.endswith("served"):
-        (tmp_path / "server").mkdir()
-        server = start_server(tmp_path / "server")
-        env["HCP_LINUX_SERVER"] = str(server.path)
 
     def run(limit: int) -> subprocess.CompletedProcess:
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -279,18 +257,9 @@ def test_too_few_fds_is_one_line_naming_the_limit(jail: Path, tmp_path: Path,
                               timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL,
                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
                                                                     (limit, hard)))
-    try:
-        for limit in (5, 8, 12):
-            p = run(limit)
-            lines = p.stderr.decode().splitlines()
-            assert p.returncode == 125, (limit, show(p))
-            assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), (limit, lines)
-            assert "Too many open files" in lines[0] and "RLIMIT_NOFILE" in lines[0], lines
-            assert os.listdir(jail) == [], (limit, os.listdir(jail))
-        control = run(256)
-    finally:
-        if server is not None:
-            stop_server(server)
+    for limit in (5, 8, 12):
+        _refused_in_one_line(run(limit), jail, "Too many open files", "RLIMIT_NOFILE")
+    control = run(256)
     assert control.returncode == 3 and (jail / "ran").exists(), show(control)
 
 
@@ -331,15 +300,21 @@ def _too_few_processes(home: Path) -> None:
         import resource
         return subprocess.run(["setpriv", f"--reuid={LONE_UID}", f"--regid={LONE_UID}",
                                "--clear-groups", *sandboxing.CLI, "run", "--jail", str(jail),
-                               "--", "sh", "-c", "exit 3"], env=env, capture_output=True,
+                               "--", "sh", "-c", "touch ran; exit 3"], env=env,
+                              capture_output=True,
                               timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL,
                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NPROC,
                                                                     (limit, limit)))
     for limit in (1, 2, 3):
-        p = run(limit)
-        lines = p.stderr.decode().splitlines()
-        assert p.returncode == 125, (limit, show(p))
-        assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), (limit, lines)
-        assert "RLIMIT_NPROC" in lines[0], (limit, lines)
+        _refused_in_one_line(run(limit), jail, "RLIMIT_NPROC")
     control = run(64)
-    assert control.returncode == 3, show(control)
+    assert control.returncode == 3 and (jail / "ran").exists(), show(control)
+
+
+def _refused_in_one_line(p: subprocess.CompletedProcess, jail: Path, *words: str) -> None:
+    """Exit 125, one `error: sandbox:` line with each of ``words``, nothing in the jail."""
+    lines = p.stderr.decode().splitlines()
+    assert p.returncode == 125, show(p)
+    assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), lines
+    assert all(w in lines[0] for w in words), (words, lines)
+    assert os.listdir(jail) == [], os.listdir(jail)
