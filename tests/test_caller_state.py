@@ -31,6 +31,36 @@ import sandboxing
 from sandboxing import TIMEOUT, caller_env, jail, kill_by_pid, show, wait_for  # noqa: F401
 from test_serve import start_server, stop_server
 
+#: Closes fd 0 after a spawn and before its end (when the runtime makes the lasting fds of a
+#: run's end: the reaper's pipe), then runs 3 commands that inherit stdin.
+LATE = textwrap.dedent(r"""
+    import json, os, subprocess, sys
+    from hcp_linux import Policy, Sandbox, native
+    native.set_default(sys.argv[1])
+    sandbox = Sandbox(Policy(jail=sys.argv[2]))
+    p = sandbox.spawn(["true"], stdin=subprocess.DEVNULL)
+    os.close(0)
+    p.wait()
+    seen = [sandbox.run(["readlink", "/proc/self/fd/0"], capture_output=True,
+                        timeout=20).stdout.decode().strip() for _ in range(3)]
+    print(json.dumps({"seen": seen, "ours": os.readlink("/proc/self/fd/0")}))
+""")
+
+
+@pytest.mark.parametrize("executor", ["native", "ctypes"])
+def test_fd_0_closed_between_a_spawn_and_its_end_is_filled(jail: Path, executor: str) -> None:
+    """The caller closes fd 0 while a run goes on: the fds the run's end makes to last (the
+    reaper's) do not land there, and later runs' commands find /dev/null on stdin."""
+    from hcp_linux import native
+    if executor == "native" and not native.available():
+        pytest.skip("native executor not built")
+    p = subprocess.run([sys.executable, "-c", LATE, executor, str(jail)], capture_output=True,
+                       timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, show(p)
+    out = json.loads(p.stdout)
+    assert out == {"seen": ["/dev/null"] * 3, "ours": "/dev/null"}, out
+
+
 #: A command (a shell) that writes what its fds 0-2 are into `fds` in the jail, and exits 3.
 SHOW = ('exec 3>fds; for f in 0 1 2; do x=$(readlink /proc/$$/fd/$f) || x=closed; '
         'echo "$x" >&3; done; exit 3')  # dash redirects a command's fds in the shell itself

@@ -24,6 +24,8 @@ import _thread
 import os
 import select
 
+from .stdio import fill_closed
+
 #: Seconds a monitor has to exit once its run is over (the init reported, or is gone) before
 #: it is killed: normally it exits within a millisecond; only a stopped or stuck one is late.
 MONITOR_GRACE = 1.0
@@ -332,6 +334,9 @@ class Reaper:
         import threading
         self.lock = threading.Lock()
         self.entries: dict[int, list] = {}  # pid: [pidfd, handed over at, grace, signals sent]
+        # made on a run's end, maybe after the caller closed an fd 0-2 since the run's spawn:
+        # the pipe lasts, and in a standard fd's place it would be every later run's stdio
+        fill_closed()
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.thread: threading.Thread | None = None
         self.sent = {"SIGCONT": 0, "SIGKILL": 0}  # escalations so far (tests, bench)
