@@ -348,3 +348,54 @@ def _refused_in_one_line(p: subprocess.CompletedProcess, jail: Path, *words: str
     assert len(lines) == 1 and lines[0].startswith("error: sandbox: "), lines
     assert all(w in lines[0] for w in words), (words, lines)
     assert os.listdir(jail) == [], os.listdir(jail)
+
+
+#: A command that prints its umask and the mode of a file it makes.
+UMASK_SHOW = "umask; touch made; stat -c %a made"
+
+
+@pytest.mark.parametrize("mask", [0o377, 0o777])
+@pytest.mark.parametrize("how", WAYS)
+def test_a_caller_s_umask_is_the_command_s_not_the_setup_s(jail: Path, tmp_path: Path,
+                                                          how: str, mask: int) -> None:
+    """A caller's umask that takes the owner's search bit away (0377, 0777): the runtime's
+    own steps (the view's directories) are not made under it, so the run runs (it was
+    refused at its first Landlock rule: `/dev/shm: Permission denied`), and the command
+    has it, as a plain child of the caller does (the control)."""
+    def preexec() -> None:
+        os.umask(mask)
+    control = subprocess.run(["sh", "-c", f"cd {jail} && {UMASK_SHOW} && rm made"],
+                             capture_output=True, timeout=TIMEOUT, preexec_fn=preexec)
+    with way(how, tmp_path) as (cli, env):
+        p = subprocess.run([*cli, "run", "--jail", str(jail), "--", "sh", "-c", UMASK_SHOW],
+                           env=env, capture_output=True, timeout=TIMEOUT, cwd="/",
+                           stdin=subprocess.DEVNULL, preexec_fn=preexec)
+    assert p.returncode == 0, show(p)
+    assert p.stdout == control.stdout, (show(p), show(control))
+    assert p.stdout.split() == [b"%04o" % mask, b"%o" % (0o666 & ~mask)], show(p)
+
+
+@pytest.mark.parametrize("executor", ["native", "ctypes"])
+def test_the_api_gives_the_command_the_caller_s_umask(jail: Path, executor: str) -> None:
+    """The same through the API, 4 runs in a row (the later ones through the pool's spares,
+    made before the umask changed): each command has the caller's umask of its run."""
+    from hcp_linux import native
+    if executor == "native" and not native.available():
+        pytest.skip("native executor not built")
+    script = textwrap.dedent(r"""
+        import json, os, sys
+        from hcp_linux import Policy, Sandbox, native
+        native.set_default(sys.argv[1])
+        sandbox = Sandbox(Policy(jail=sys.argv[2]))
+        out = []
+        for mask in (0o022, 0o022, 0o377, 0o777, 0o022):
+            os.umask(mask)
+            r = sandbox.run(["sh", "-c", "umask"], capture_output=True, timeout=20)
+            out.append([r.returncode, r.stdout.decode().strip(), r.stderr.decode()[-200:]])
+        print(json.dumps(out))
+    """)
+    p = subprocess.run([sys.executable, "-c", script, executor, str(jail)],
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+    assert p.returncode == 0, show(p)
+    assert json.loads(p.stdout) == [[0, m, ""] for m in ("0022", "0022", "0377", "0777",
+                                                          "0022")], p.stdout

@@ -79,13 +79,16 @@ def run(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None") -> NoRetu
     failing step's record goes to ``fds.err``; the sandbox's init reports the command's
     status on ``fds.done`` once the run's processes are all gone; the seccomp filter's
     listener is sent on ``fds.notify`` (plan.seccomp_listener). Never returns."""
-    global _chld_ignored
+    global _chld_ignored, _command_umask
     try:
         # A runtime that ignores SIGCHLD (its caller's, inherited) would have the kernel
         # reap our children: the init's and this monitor's waits would find no status. Ours
         # at default; the command gets the runtime's disposition back (_exec).
         _chld_ignored = _signal.getsignal(_signal.SIGCHLD) == _signal.SIG_IGN
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        # Our steps under 022 (a caller's 0377 would make the view's directories
+        # untraversable); the command gets the caller's back (_exec).
+        _command_umask = os.umask(0o022)
         _monitor(plan, fds, ruleset)
     except _StepFailed as f:
         _report(fds.err, f.step, f.err, f.detail)
@@ -306,8 +309,10 @@ def _kill_quietly(pid: int, sig: int) -> None:
 
 
 
-#: Whether the runtime ignored SIGCHLD when it forked this child (set in :func:`run`).
+#: Whether the runtime ignored SIGCHLD when it forked this child, and its umask then (set
+#: in :func:`run`).
 _chld_ignored = False
+_command_umask = 0o022
 
 
 def _exec(plan: "Plan") -> NoReturn:
@@ -315,6 +320,7 @@ def _exec(plan: "Plan") -> NoReturn:
         _step("execve", _signal.signal, sig, _signal.SIG_DFL)
     if _chld_ignored:  # as a fork of the runtime would have it
         _step("execve", _signal.signal, _signal.SIGCHLD, _signal.SIG_IGN)
+    os.umask(_command_umask)
     try:
         os.execve(plan.exe, plan.argv, plan.env)
     except OSError as e:

@@ -1031,6 +1031,11 @@ static void verify(void) {
         check_status(status, status_seccomp, 1);
 }
 
+/* The command's umask: the caller's (inherited, or the plan's for a spare or a served run).
+ * Our own steps run under 022: a caller's 0377 would have the view's directories made
+ * untraversable, and the run refused at its first Landlock rule. */
+static mode_t command_umask = 022;
+
 static void __attribute__((noreturn)) do_exec(void) {
     /* Signal dispositions and mask as a fork of the spawning thread would have them now (a
      * spare was started a while ago; glibc's posix_spawn makes its internal signals 32 and
@@ -1049,6 +1054,7 @@ static void __attribute__((noreturn)) do_exec(void) {
     }
     if (syscall(SYS_rt_sigprocmask, SIG_SETMASK, &P.sig_blocked, NULL, 8) != 0)
         report(S_EXECVE, errno, "native executor: setting the signal mask");
+    umask(command_umask);
     execve(P.exe, P.argv, P.env);
     report(S_EXECVE, errno, P.exe);
 }
@@ -1455,7 +1461,7 @@ static void receive(int sock, uint32_t spare_flags, int64_t uid, int64_t gid) {
         report(S_INTERNAL, EPROTO, "native executor: the fds do not match the plan");
     channels_above_stdio();
     if (P.umask != ~(uint64_t)0)
-        umask((mode_t)P.umask);
+        command_umask = (mode_t)P.umask; /* set at exec (do_exec), not for our steps */
 }
 
 /* What a spare does before the plan comes: the monitor's steps, pid 1 (the monitor itself
@@ -1599,6 +1605,7 @@ int main(int argc, char **argv) {
      * disposition from the plan (do_exec). */
     if (signal(SIGCHLD, SIG_DFL) == SIG_ERR)
         _exit(125);
+    command_umask = umask(022); /* the caller's, for the command (do_exec); 022 for our steps */
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0)
         print_protocol();
     if (argc == 3 && strcmp(argv[1], "--dump-plan") == 0 && (plan_fd = parse_fd(argv[2])) >= 0)
@@ -1626,7 +1633,7 @@ int main(int argc, char **argv) {
                 report(S_STDIO, errno, NULL);
     }
     if (P.umask != ~(uint64_t)0)
-        umask((mode_t)P.umask);
+        command_umask = (mode_t)P.umask; /* set at exec (do_exec), not for our steps */
     setup_stdio();
     monitor_steps();
     if (!(P.flags & F_PIDNS))
