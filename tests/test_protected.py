@@ -937,3 +937,45 @@ def test_a_home_s_agent_and_tool_settings_are_not_planted(jail: Path) -> None:
 def _allowing(*names: str) -> list[str]:
     """``--allow-write-protected NAME`` for each name: the controls' opt-out."""
     return [arg for name in names for arg in ("--allow-write-protected", name)]
+
+
+def test_a_gitdir_file_swapped_for_a_fifo_does_not_hold_the_sweep(jail: Path) -> None:
+    """The after-run search reads a ``.git`` file it found (a worktree's ``gitdir:``
+    pointer) to tell whether it points home. Between its look and its read, another process
+    with the root (a concurrent run in the same workspace) can put a FIFO there: opened to
+    be read, a FIFO waits for a writer for ever, and the runtime with it. The swap is made
+    here between the two steps (the window is too short to hit from a real run at will).
+    Control: a plain open of that FIFO does wait."""
+    import stat as stat_mod
+    import threading
+    from hcp_linux.policy.protected import after
+    wt = jail / "wt"
+    wt.mkdir()
+    (wt / ".git").write_text(f"gitdir: {jail}/.git/worktrees/wt\n")
+    looked = os.lstat(wt / ".git")
+    assert stat_mod.S_ISREG(looked.st_mode)
+    (wt / ".git").unlink()
+    os.mkfifo(wt / ".git")
+
+    def call(results: list, target) -> threading.Thread:  # type: ignore[no-untyped-def]
+        t = threading.Thread(target=lambda: results.append(target()), daemon=True)
+        t.start()
+        t.join(10)
+        return t
+
+    opened: list = []
+    control = call(opened, lambda: os.open(wt / ".git", os.O_RDONLY))
+    assert control.is_alive(), "a plain open of a FIFO with no writer should wait"
+    os.close(os.open(wt / ".git", os.O_WRONLY | os.O_NONBLOCK))  # lets the control go
+    control.join(10)
+    os.close(opened[0])
+
+    fd = os.open(wt, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        answered: list = []
+        t = call(answered, lambda: after._points_home(fd, ".git", ".git", str(wt / ".git"),
+                                                      (str(jail / ".git"),), looked))
+        assert not t.is_alive(), "the sweep waited on a FIFO put in place of a .git file"
+        assert answered == [False]
+    finally:
+        os.close(fd)

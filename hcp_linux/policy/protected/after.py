@@ -295,23 +295,31 @@ def _sweep_made_one(fd: int, name: str, key: str, path: str, since: int,
     if key in FILE_ONLY and stat.S_ISDIR(st.st_mode):
         return ""  # a repository's .git directory: its hooks and config are searched
     if key in (".git", ".git/commondir") and stat.S_ISREG(st.st_mode) \
-            and _points_home(fd, name, key, path, homes):
+            and _points_home(fd, name, key, path, homes, st):
         return ""
     remove(fd, name, st)
     return "removed"
 
 
-def _points_home(fd: int, name: str, key: str, path: str, homes: tuple[str, ...]) -> bool:
+def _points_home(fd: int, name: str, key: str, path: str, homes: tuple[str, ...],
+                 st: os.stat_result) -> bool:
     """Whether a ``.git`` file (``gitdir: X``) names a git directory inside a root's own
     ``.git/worktrees`` or ``.git/modules``, or a ``commondir`` names a root's ``.git``:
     what ``git worktree add`` and ``git submodule add`` write. Their hooks and config are
     the protected ones (bound, or swept when the run made them). Through no symlink (a
-    later run could re-point one): the path as written must be the real path."""
+    later run could re-point one): the path as written must be the real path. ``st``: the
+    file as it was looked at; another process with the root (a concurrent run) could have
+    put a FIFO in its place since, whose open would wait for a writer for ever: opened
+    without waiting, and read only when it is still that file."""
     try:
-        held = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        held = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                       dir_fd=fd)
     except OSError:
         return False
     try:
+        now = os.fstat(held)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(now.st_mode):
+            return False
         text = os.read(held, 4097)
     finally:
         os.close(held)
