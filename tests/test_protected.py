@@ -10,6 +10,7 @@ executors (``--executor native|ctypes``) and as root and nobody (scripts/test-un
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxing import (EXIT_REFUSED, TIMEOUT, assert_ok, jail, out,  # noqa: F401
-                        outside, read_receipt, run_cli, show, single_error_line)
+import sandboxing
+from sandboxing import (EXIT_REFUSED, TIMEOUT, assert_ok, caller_env, jail, out,  # noqa: F401
+                        outside, read_receipt, run_cli, show, single_error_line, wait_for)
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@example.com",
            "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@example.com"}
@@ -979,3 +981,118 @@ def test_a_gitdir_file_swapped_for_a_fifo_does_not_hold_the_sweep(jail: Path) ->
         assert answered == [False]
     finally:
         os.close(fd)
+
+
+# --- a bind lost during the run -----------------------------------------------------------
+# An existing protected name is kept by a read-only bind of its file over itself. The bind
+# hangs on the host's name: when another process unlinks the file or renames something over
+# it during the run (the user's editor or git saving by rename, a concurrent run's sweep),
+# the kernel takes the bind away in every other mount namespace, and the command can then
+# make a new file there. Once the run is over, whatever holds the name but is not the bound
+# inode is moved aside, and the receipt says so.
+
+#: Waits for ``go`` in the jail, writing ``.envrc`` before and after: ``before=denied`` shows
+#: the bind, ``after=ok`` that it was gone (the condition each test makes is real).
+_WAIT_THEN_PLANT = ("echo x >> .envrc 2>/dev/null && echo before=ok || echo before=denied; "
+                    "touch ready; while [ ! -e go ]; do sleep 0.02; done; "
+                    "echo planted > .envrc 2>/dev/null && echo after=ok || echo after=denied")
+
+
+def _start(cli: list[str], env: dict[str, str], jail: Path, script: str,
+           receipt: Path | None = None) -> subprocess.Popen:
+    extra = ["--receipt", str(receipt)] if receipt is not None else []
+    return subprocess.Popen([*cli, "run", *sandboxing.EXECUTOR_ARGS, "--jail", str(jail), *extra,
+                             "--", "/bin/sh", "-c",
+                             script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env, cwd="/")
+
+
+def _aside(jail: Path, name: str) -> list[Path]:
+    return sorted(jail.glob(f"{name}.hcp-linux-replaced-*"))
+
+
+@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+def test_a_name_replaced_on_the_host_during_the_run_is_not_left_to_the_command(
+        jail: Path, tmp_path: Path, how: str) -> None:
+    """The user's editor saves ``.envrc`` by rename while a command runs: the command's
+    bind of the old file goes, and what it then writes there would be the user's next
+    direnv. After the run it is moved aside (not removed: it may be the user's). Served
+    runs too: the Python client sweeps itself, the native one asks the server."""
+    from test_caller_state import way
+    (jail / ".envrc").write_text("user\n")
+    # a receipt to write sends the native command to Python: its own end is the server's
+    receipt = None if how.startswith("native") else tmp_path / "r.json"
+    with way(how, tmp_path) as (cli, env):
+        proc = _start(cli, env, jail, _WAIT_THEN_PLANT, receipt)
+        try:
+            wait_for(lambda: (jail / "ready").exists(), "the command to start")
+            (jail / ".envrc.new").write_text("user, edited\n")
+            os.replace(jail / ".envrc.new", jail / ".envrc")  # an editor's atomic save
+            (jail / "go").touch()
+            stdout, stderr = proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = stdout.decode()
+    assert proc.returncode == 0, stderr.decode()
+    assert "before=denied" in text and "after=ok" in text, text  # bound, then not
+    assert not (jail / ".envrc").exists()
+    moved = _aside(jail, ".envrc")
+    assert [p.read_text() for p in moved] == ["planted\n"]
+    if receipt is not None:
+        swept = json.loads(receipt.read_text())["protected_sweep"]
+        assert swept[str(jail / ".envrc")].endswith(moved[0].name)
+
+
+def test_a_name_left_alone_during_the_run_stays_as_it_was(jail: Path) -> None:
+    """Control: the same run with no replacement on the host: the bind holds (the command's
+    writes are refused), the file stays, nothing is moved aside."""
+    (jail / ".envrc").write_text("user\n")
+    (jail / "go").touch()
+    p = run_cli(jail, "/bin/sh", "-c", _WAIT_THEN_PLANT)
+    assert_ok(p)
+    assert "before=denied" in out(p) and "after=denied" in out(p), show(p)
+    assert (jail / ".envrc").read_text() == "user\n"
+    assert not _aside(jail, ".envrc")
+
+
+def test_a_replaced_name_the_policy_opts_out_of_is_the_command_s(jail: Path) -> None:
+    """Control: with ``--allow-write-protected .envrc`` there is no bind, and the command's
+    file stays where it wrote it."""
+    (jail / ".envrc").write_text("user\n")
+    (jail / "go").touch()
+    p = run_cli(jail, "/bin/sh", "-c", _WAIT_THEN_PLANT, extra=_allowing(".envrc"))
+    assert_ok(p)
+    assert "after=ok" in out(p), show(p)
+    assert (jail / ".envrc").read_text() == "planted\n"
+    assert not _aside(jail, ".envrc")
+
+
+def test_a_concurrent_run_s_sweep_does_not_open_a_name_to_another_run(jail: Path) -> None:
+    """Two runs in one workspace. A makes ``.envrc`` (missing when it started: swept after
+    it); B starts meanwhile, finds it, and binds it read-only. A's sweep removes it while B
+    runs, which takes B's bind away: B's command writes ``.envrc``, and B, which found one
+    there, used to leave it (the user's next direnv ran it)."""
+    a = _start([*sandboxing.CLI], caller_env(), jail,
+               "echo a > .envrc; touch a-ready; while [ ! -e go-a ]; do sleep 0.02; done")
+    b = None
+    try:
+        wait_for(lambda: (jail / "a-ready").exists(), "run A's .envrc")
+        b = _start([*sandboxing.CLI], caller_env(), jail, _WAIT_THEN_PLANT)
+        wait_for(lambda: (jail / "ready").exists(), "run B to start")
+        (jail / "go-a").touch()
+        a.communicate(timeout=TIMEOUT)
+        assert a.returncode == 0
+        assert not (jail / ".envrc").exists()  # A's sweep
+        (jail / "go").touch()
+        stdout, stderr = b.communicate(timeout=TIMEOUT)
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert b.returncode == 0, stderr.decode()
+    assert "before=denied" in stdout.decode() and "after=ok" in stdout.decode()
+    assert not (jail / ".envrc").exists()
+    assert [p.read_text() for p in _aside(jail, ".envrc")] == ["planted\n"]

@@ -44,7 +44,6 @@ from ..observe.denials import complete, denial_layers
 from ..plan.plan import Plan
 from ..plan.rulesets import answered_by_filter
 from ..policy.policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
-from ..policy.protected import sweep_of_receipt
 from ..sandbox import Sandbox
 from .serve_wire import PROTOCOL, encode, encode_after, encode_sweep, recv_frame
 
@@ -401,7 +400,7 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             keys.set_executor(receipt, "native")  # the client starts hcp-exec with this plan
             keys.set_denial_layers(receipt, denial_layers(served))
             complete(receipt, None)  # none recorded: see denial_layers
-            swept = encode_sweep(sweep_of_receipt(receipt))
+            swept = encode_sweep(plan.protect.sweep if plan.protect is not None else ())
             made = encode_after(plan.protect.after if plan.protect is not None else None,
                                 plan.protect_since)
             say(b"plan", os.fsencode(native.binary() or ""), blob,

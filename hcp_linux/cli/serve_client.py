@@ -17,6 +17,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the s
 if TYPE_CHECKING:
     from typing import Sequence
 
+    from ..policy.protected import SweepEntry
+
 #: How long the client waits for the server (connect, each reply) before falling back.
 SERVER_TIMEOUT = 5.0
 #: Set by run_via_server when no server was there to ask (no socket, nobody listening on
@@ -267,7 +269,7 @@ def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
 
 
 def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore
-          receipt_to: str, entries: "tuple[tuple[str, str | None, bool], ...]",
+          receipt_to: str, entries: "tuple[SweepEntry, ...]",
           after: tuple, receipt_dir: int | None = None) -> int:
     """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
     and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then
@@ -303,7 +305,7 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
 
 def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-def]
          timeout: float | None, receipt: bytes, receipt_to: str,
-         entries: "tuple[tuple[str, str | None, bool], ...]", after: tuple,
+         entries: "tuple[SweepEntry, ...]", after: tuple,
          receipt_dir: int | None = None, status: int | None = None) -> int:
     """The end of a run ``by`` "exit", "timeout" or "kill" (``signum``): the command's
     status (from the done pipe, unless ``status`` says it: read already), the monitor waited

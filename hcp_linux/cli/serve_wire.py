@@ -9,13 +9,16 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the s
 if TYPE_CHECKING:
     from typing import Sequence
 
+    from ..policy.protected import SweepEntry
+
 #: The protocol's name and version; a server that does not say it is not talked to.
 #: 2: a plan's reply carries the run's sweep (encode_sweep), so that a client that writes no
 #: receipt never parses it (json, with re and enum: ~7 ms of a served run's start-up).
 #: 3: and the after-run search for what the run made below the top level (encode_after).
 #: 4: and a token naming the run, for its end asked of the server (the native client:
 #: hcp_linux/native/hcp_client.c, which has no Python of its own to sweep in).
-PROTOCOL = b"hcp-linux/serve 4"
+#: 5: the sweep names each bound file's inode (``@DEV:INO``): what replaced it is moved aside.
+PROTOCOL = b"hcp-linux/serve 5"
 MAX_FRAME = 16 << 20
 
 
@@ -40,33 +43,51 @@ def decode(body: bytes) -> list[bytes]:
     return out
 
 
-def encode_sweep(entries: "Sequence[tuple[str, str | None, bool]]") -> bytes:
-    """The protected names' sweep (hcp_linux.policy.protected.sweep_of_receipt) as one item:
-    per entry its path, ``-`` (remove what appears) or ``=`` and the link's target (restore
-    it), and ``1`` when only a non-directory is removed."""
+def encode_sweep(entries: "Sequence[SweepEntry]") -> bytes:
+    """The protected names' sweep (hcp_linux.policy.protected.SweepEntry) as one item: per
+    entry its path, ``-`` (remove what appears), ``=`` and the link's target (restore it) or
+    ``@DEV:INO`` (the bound inode: move aside another), and ``1`` when only a non-directory
+    is removed."""
     import os
     items = []
     for path, target, file_only in entries:
-        items += [os.fsencode(path), b"-" if target is None else b"=" + os.fsencode(target),
-                  b"1" if file_only else b"0"]
+        if target is None:
+            how = b"-"
+        elif isinstance(target, tuple):
+            how = b"@%d:%d" % target
+        else:
+            how = b"=" + os.fsencode(target)
+        items += [os.fsencode(path), how, b"1" if file_only else b"0"]
     return encode(items)[4:]
 
 
-def decode_sweep(item: bytes) -> "tuple[tuple[str, str | None, bool], ...]":
+def decode_sweep(item: bytes) -> "tuple[SweepEntry, ...]":
     """encode_sweep's entries back (ValueError on anything else: nothing is run then)."""
     import os
     items = decode(item)
     if len(items) % 3:
         raise ValueError("a sweep of incomplete entries")
-    out = []
+    out: "list[SweepEntry]" = []
     for i in range(0, len(items), 3):
         path, how, flag = items[i:i + 3]
-        if how[:1] not in (b"-", b"=") or (how == b"-") != (how[:1] == b"-") \
+        if how[:1] not in (b"-", b"=", b"@") or (how == b"-") != (how[:1] == b"-") \
                 or flag not in (b"0", b"1") or not path.startswith(b"/"):
             raise ValueError("a malformed sweep entry")
-        out.append((os.fsdecode(path), None if how == b"-" else os.fsdecode(how[1:]),
-                    flag == b"1"))
+        target: "str | tuple[int, int] | None" = None
+        if how[:1] == b"=":
+            target = os.fsdecode(how[1:])
+        elif how[:1] == b"@":
+            target = _inode(how[1:])
+        out.append((os.fsdecode(path), target, flag == b"1"))
     return tuple(out)
+
+
+def _inode(text: bytes) -> tuple[int, int]:
+    """``DEV:INO`` (decimal) as (st_dev, st_ino); ValueError on anything else."""
+    dev, sep, ino = text.partition(b":")
+    if not sep or not dev.isdigit() or not ino.isdigit() or len(dev) > 20 or len(ino) > 20:
+        raise ValueError("a malformed inode in a sweep entry")
+    return int(dev), int(ino)
 
 
 def encode_after(after, since: int) -> bytes:  # type: ignore[no-untyped-def]

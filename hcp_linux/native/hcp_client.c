@@ -59,7 +59,7 @@
 extern char **environ;
 
 /* hcp_linux.cli.serve_wire.PROTOCOL */
-#define PROTOCOL "hcp-linux/serve 4"
+#define PROTOCOL "hcp-linux/serve 5"
 /* hcp_linux.cli.serve_wire.MAX_FRAME */
 #define MAX_FRAME (16u << 20)
 /* hcp_linux.cli.serve_client.SERVER_TIMEOUT */

@@ -192,7 +192,7 @@ def _protected(plan) -> dict[str, Any]:
     out: dict[str, Any] = {"protected": dict(found.how)}
     if found.stopped:
         out["protected_search"] = dict(found.stopped)
-    links = {path: target for path, target, _ in found.sweep if target is not None}
+    links = {path: target for path, target, _ in found.sweep if isinstance(target, str)}
     if links:
         out["protected_links"] = links
     return out

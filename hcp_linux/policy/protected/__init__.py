@@ -48,8 +48,16 @@ from .after import CTIME_SLACK, After, now, sweep_made
 from .names import FILE_ONLY, NAMES
 from .walk import join, open_dir_path, remove, within
 
-__all__ = ["CTIME_SLACK", "After", "Found", "check_allowed", "find", "now", "protect_file",
-           "sweep", "sweep_made", "sweep_of_receipt"]
+__all__ = ["CTIME_SLACK", "After", "Found", "SweepEntry", "check_allowed", "find", "now",
+           "protect_file", "sweep", "sweep_made"]
+
+#: One path the after-run sweep looks at: (path, what it must hold, file_only). What it must
+#: hold: None, nothing (what appeared is removed); a str, the symlink to that target
+#: (restored); (st_dev, st_ino), the file or directory bound read-only over itself, which a
+#: run cannot have written: anything else there once the run is over was put there during
+#: it, when that bind was gone, and is moved aside (:func:`sweep`). ``file_only``: a
+#: directory at a removed name is left (a repository's ``.git``).
+SweepEntry = tuple[str, "str | tuple[int, int] | None", bool]
 
 #: ``protect_missing``: what keeps a missing name missing during a run (docs/policy.md):
 #: ``quiet`` (the default) makes placeholders only where nobody sees them: inside existing
@@ -138,7 +146,7 @@ class Found:
     cache's key). ``read_only``: existing files and directories to bind read-only;
     ``pins``: existing directories between a protected path and its root, bound over
     themselves so that none can be renamed away; ``how``: each path and how it is kept;
-    ``sweep``: (path, symlink target or None for missing, file_only) for the sweep;
+    ``sweep``: :data:`SweepEntry` for the sweep;
     ``stopped``: (root, why) for each writable root whose nested search stopped early;
     ``after``: the search again once the run is over, for what it made below the top level
     (:func:`sweep_made`).
@@ -150,13 +158,13 @@ class Found:
     read_only: tuple[str, ...]
     pins: tuple[str, ...]
     how: tuple[tuple[str, str], ...]
-    sweep: tuple[tuple[str, str | None, bool], ...]
+    sweep: tuple[SweepEntry, ...]
     stopped: tuple[tuple[str, str], ...]
     after: "After | None"
 
     def __init__(self, read_only: tuple[str, ...] = (), pins: tuple[str, ...] = (),
                  how: tuple[tuple[str, str], ...] = (),
-                 sweep: tuple[tuple[str, str | None, bool], ...] = (),
+                 sweep: tuple[SweepEntry, ...] = (),
                  stopped: tuple[tuple[str, str], ...] = (),
                  after: "After | None" = None) -> None:
         for name, value in zip(self.__slots__, (read_only, pins, how, sweep, stopped, after)):
@@ -205,7 +213,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     read_only: list[str] = []
     pins: list[str] = []
     how: list[tuple[str, str]] = []
-    sweep: list[tuple[str, str | None, bool]] = []
+    sweep: list[SweepEntry] = []
     stopped: list[tuple[str, str]] = []
     roots = policy.writable_roots
     with _config_lock:
@@ -287,11 +295,13 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                 if os.path.isdir(real) or os.path.isfile(real):
                     read_only.append(real)
                     pins.extend(real_parents or ())
+                    _keep(sweep, real)
         elif kind in ("file", "dir"):
             if view:
                 how.append((path, PLACED if placed else BOUND))
                 read_only.append(path)
                 pins.extend(parents or ())
+                _keep(sweep, path)
             else:
                 how.append((path, WRITABLE_NO_VIEW))
         # anything else (a fifo, a socket, a device) is left as it is: no code in it
@@ -300,6 +310,19 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                   tuple(allowed)) if roots else None
     return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
                  how=tuple(how), sweep=tuple(sweep), stopped=tuple(stopped), after=after)
+
+
+def _keep(sweep: list[SweepEntry], path: str) -> None:
+    """Have the sweep check that ``path`` still holds the inode bound read-only over it now.
+    A bind is on the host's name, not on the file: when another process unlinks or renames
+    it during the run (a concurrent run's sweep, the user's editor or git replacing a file
+    by rename), the kernel takes the bind away in every other mount namespace, and the
+    command can make a file there that this run's bind was to keep out."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return  # gone already: nothing was bound; whatever appears is the next run's
+    sweep.append((path, (st.st_dev, st.st_ino), False))
 
 
 def _profile_files(profiles: tuple[str, ...]) -> list[str]:
@@ -430,9 +453,10 @@ def _dir_kind(path: str) -> str:
 
 # --- after the run -------------------------------------------------------------------------
 
-def sweep(entries: tuple[tuple[str, str | None, bool], ...]) -> dict[str, str]:
+def sweep(entries: tuple[SweepEntry, ...]) -> dict[str, str]:
     """Once every process of the run is gone: remove what appeared at each missing path,
-    restore each changed symlink. Walks from / without following a symlink (a directory
+    restore each changed symlink, move aside what replaced a bound file or directory
+    (:data:`SweepEntry`). Walks from / without following a symlink (a directory
     swapped for a link leads nowhere), each directory opened once. Returns each path acted
     on and what was done (or why it could not be)."""
     done: dict[str, str] = {}
@@ -454,19 +478,13 @@ def sweep(entries: tuple[tuple[str, str | None, bool], ...]) -> dict[str, str]:
     return done
 
 
-def sweep_of_receipt(receipt: dict) -> tuple[tuple[str, str | None, bool], ...]:
-    """The sweep a served run's client does, from the receipt the server made."""
-    links = receipt.get("protected_links") or {}
-    out = []
-    for path, how in (receipt.get("protected") or {}).items():
-        if how.startswith(REMOVED):
-            out.append((path, None, os.path.basename(path) in FILE_ONLY))
-        elif how.startswith(RESTORED) and path in links:
-            out.append((path, links[path], False))
-    return tuple(out)
+#: The sweep's word for a bound name found holding another inode (the receipt's
+#: ``protected_sweep``), followed by the name it was moved to.
+MOVED_ASIDE = "replaced during the run (its read-only bind went with the old file): moved to"
 
 
-def _sweep_one(fd: int, name: str, target: str | None, file_only: bool) -> str:
+def _sweep_one(fd: int, name: str, target: "str | tuple[int, int] | None",
+               file_only: bool) -> str:
     """The sweep of ``name`` in the directory ``fd``: what was done, or "" for nothing."""
     if not os.access(name, os.F_OK, dir_fd=fd, follow_symlinks=False):
         st = None  # the usual case: nothing appeared (no exception raised for it)
@@ -480,6 +498,18 @@ def _sweep_one(fd: int, name: str, target: str | None, file_only: bool) -> str:
             return ""
         remove(fd, name, st)
         return "removed"
+    if isinstance(target, tuple):
+        if st is None or (st.st_dev, st.st_ino) == target:
+            return ""  # the bound file, or nothing (deleted on the host)
+        # the user's tools could have put it there as well as the command: not removed,
+        # but no longer at a name they run
+        aside = f"{name[:200]}.hcp-linux-replaced-{os.urandom(6).hex()}"
+        try:
+            os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError:  # cannot be moved (no room for the name...): not left where it is
+            remove(fd, name, st)
+            return "removed: replaced during the run, and could not be moved aside"
+        return f"{MOVED_ASIDE} {aside}"
     if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=fd) == target:
         return ""
     if st is not None:
