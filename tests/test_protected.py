@@ -1096,3 +1096,40 @@ def test_a_concurrent_run_s_sweep_does_not_open_a_name_to_another_run(jail: Path
     assert "before=denied" in stdout.decode() and "after=ok" in stdout.decode()
     assert not (jail / ".envrc").exists()
     assert [p.read_text() for p in _aside(jail, ".envrc")] == ["planted\n"]
+
+
+# --- what the run left that the runtime reads after it ------------------------------------
+
+def test_a_directory_swapped_for_a_symlink_is_not_chmodded_through_it(
+        jail: Path, tmp_path: Path) -> None:
+    """The sweep makes a mode-000 directory listable before emptying it. Between its look
+    and the chmod, another process with the root (a concurrent run) can put a symlink
+    there: the chmod by name followed it, and the unconfined runtime set a file outside
+    the jail to 0700. The swap is made here between the two steps. Control: a chmod by
+    name does follow the link."""
+    from hcp_linux.policy.protected import walk
+    victim = tmp_path / "victim"
+    victim.write_text("outside the jail\n")
+    victim.chmod(0o644)
+    (jail / "d").mkdir(mode=0o000)
+    looked = os.lstat(jail / "d")
+    (jail / "d").rmdir()
+    (jail / "d").symlink_to(victim)
+    fd = os.open(jail, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with pytest.raises(OSError):
+            walk._open_dir(fd, "d", looked)
+        assert victim.stat().st_mode & 0o7777 == 0o644
+        os.chmod("d", 0o700, dir_fd=fd)  # control: by name, through the link
+        assert victim.stat().st_mode & 0o7777 == 0o700
+    finally:
+        os.close(fd)
+
+
+def test_a_mode_000_tree_the_run_made_at_a_protected_name_is_removed(jail: Path) -> None:
+    """What the chmod is for: a run that leaves a directory it made at a missing name
+    unlistable (mode 000 at two levels) has it removed all the same."""
+    p = run_cli(jail, "/bin/sh", "-c",
+                "mkdir -p .envrc/a && echo x > .envrc/a/f && chmod 000 .envrc/a .envrc")
+    assert_ok(p)
+    assert not os.path.lexists(jail / ".envrc")

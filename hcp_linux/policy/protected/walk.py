@@ -74,15 +74,33 @@ def remove(dir_fd: int, name: str, st: os.stat_result) -> None:
 
 
 def _open_dir(dir_fd: int, name: str, st: os.stat_result) -> int:
+    """``name`` under ``dir_fd``, the directory ``st`` describes, opened to be listed. The
+    chmod that makes a mode-000 directory listable goes through an O_PATH fd checked to be
+    that inode: by name it would follow a symlink another process (a concurrent run with
+    the root) put there since the lstat, and chmod the link's target, anywhere."""
     if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
-        os.chmod(name, 0o700, dir_fd=dir_fd)  # a directory (lstat): chmod follows nothing
+        held = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=dir_fd)
+        try:
+            _same(held, name, st)
+            # the magic link acts on the inode behind the fd, whatever is at the name now
+            os.chmod(f"/proc/self/fd/{held}", 0o700)
+        finally:
+            os.close(held)
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                  dir_fd=dir_fd)
+    try:
+        _same(fd, name, st)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _same(fd: int, name: str, st: os.stat_result) -> None:
     now = os.fstat(fd)
     if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-        os.close(fd)
-        raise OSError(f"{name}: changed while it was removed")
-    return fd
+        raise OSError(errno.ESTALE, f"{name}: changed while it was removed")
 
 
 def real_dir(path: str) -> bool:
