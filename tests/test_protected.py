@@ -1133,3 +1133,49 @@ def test_a_mode_000_tree_the_run_made_at_a_protected_name_is_removed(jail: Path)
                 "mkdir -p .envrc/a && echo x > .envrc/a/f && chmod 000 .envrc/a .envrc")
     assert_ok(p)
     assert not os.path.lexists(jail / ".envrc")
+
+
+def test_a_submodule_path_git_could_not_check_out_does_not_stop_the_sweep(
+        jail: Path, tmp_path: Path) -> None:
+    """The index is the run's to write. A gitlink whose path has a name too long for the
+    file system made the after-run search raise: the run's end failed, and a submodule
+    config the run planted further down (an fsmonitor command the host's `git status`
+    runs) stayed. Now that one entry is said to have failed and the rest is checked.
+    Control: opted out of `.git/config`, the planted config stays."""
+    long = "0" * 300  # sorts before a/b/c/d/sub in the index
+    script = (
+        "set -e; git init -q .; mkdir -p a/b/c/d/sub; cd a/b/c/d/sub; git init -q .; "
+        "git commit -q --allow-empty -m i; "
+        "git config core.fsmonitor 'touch /tmp/pwned; false'; cd \"$OLDPWD\"; "
+        "H=$(git -C a/b/c/d/sub rev-parse HEAD); "
+        "git update-index --add --cacheinfo 160000,$H,a/b/c/d/sub; "
+        f"git update-index --add --cacheinfo 160000,$H,{long}")
+    config = jail / "a/b/c/d/sub/.git/config"
+    receipt = tmp_path / "r.json"
+    p = run_cli(jail, "/bin/sh", "-c", script, extra=["--receipt", str(receipt), *_envs()])
+    assert_ok(p)
+    assert not config.exists(), show(p)
+    assert f"{jail}/{long}" in read_receipt(receipt)["protected_sweep"]
+    for name in (".git", "a"):
+        subprocess.run(["rm", "-rf", "--", str(jail / name)], check=True)
+    p = run_cli(jail, "/bin/sh", "-c", script, extra=[*_envs(), *_allowing(".git/config")])
+    assert_ok(p)
+    assert "fsmonitor" in config.read_text()
+
+
+def test_a_worktrees_link_out_of_the_root_is_not_followed(jail: Path, tmp_path: Path) -> None:
+    """The after-run search lists a repository's ``.git/worktrees`` and reads each
+    worktree's ``gitdir`` and index. A run that makes ``.git/worktrees`` a symlink had the
+    unconfined runtime list and read files outside the jail. Seen by the outside file's
+    access time (set to 0, so that a read moves it under relatime); control: a plain
+    read moves it."""
+    outside = tmp_path / "outside"
+    (outside / "w").mkdir(parents=True)
+    gitdir = outside / "w" / "gitdir"
+    gitdir.write_text(f"{jail}/wt/.git\n")
+    os.utime(gitdir, (0, gitdir.stat().st_mtime))
+    p = run_cli(jail, "/bin/sh", "-c", f"git init -q . && ln -s {outside} .git/worktrees")
+    assert_ok(p)
+    assert gitdir.stat().st_atime == 0, "the runtime read a file through the run's link"
+    gitdir.read_text()  # control
+    assert gitdir.stat().st_atime != 0

@@ -10,6 +10,10 @@ import os
 import stat
 import time
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (the served client)
+if TYPE_CHECKING:
+    from .search import Search
+
 from .names import FILE_ONLY, GIT_DIR_NAMES
 from .walk import join, open_dir_path, real_dir, remove, within
 
@@ -87,28 +91,48 @@ def sweep_made(after: After | None, since: int) -> dict[str, str]:
     dirs: dict[str, int | None] = {}
     try:
         for root, depth, skip in after.roots:
-            search = Search(root, depth, set(skip))
-            for path, key, _ in search.run():
-                if path in known or key in allowed or path in allowed \
-                        or any(within(path, c) for c in skip if c != root):
-                    continue
-                parent, name = path.rsplit("/", 1)
-                try:
-                    fd = open_dir_path(parent or "/", dirs)
-                    result = "" if fd is None else _sweep_made_one(fd, name, key, path,
-                                                                   since, homes)
-                except OSError as e:
-                    result = f"failed: {e.strerror or e}"
-                if result:
-                    done[path] = result
-            if search.stopped:
-                done[root] = f"failed: below the top level, {search.stopped}"
-        _sweep_submodules(after, known, allowed, since, homes, dirs, done)
+            # what the run left can make the search itself fail (a tree it cannot enter):
+            # that root's search is said to have failed, and the others still run
+            try:
+                _sweep_root(Search(root, depth, set(skip)), root, skip, known, allowed,
+                            since, homes, dirs, done)
+            except (OSError, RecursionError) as e:
+                done[root] = f"failed: below the top level, {_why(e)}"
+        try:
+            _sweep_submodules(after, known, allowed, since, homes, dirs, done)
+        except (OSError, RecursionError) as e:
+            done[after.roots[0][0]] = f"failed: submodules, {_why(e)}"
     finally:
         for fd in dirs.values():
             if fd is not None:
                 os.close(fd)
     return done
+
+
+def _sweep_root(search: "Search", root: str, skip: tuple[str, ...], known: set[str],
+                allowed: set[str], since: int, homes: tuple[str, ...],
+                dirs: dict[str, int | None], done: dict[str, str]) -> None:
+    """:func:`sweep_made` in one writable root."""
+    for path, key, _ in search.run():
+        if path in known or key in allowed or path in allowed \
+                or any(within(path, c) for c in skip if c != root):
+            continue
+        parent, name = path.rsplit("/", 1)
+        try:
+            fd = open_dir_path(parent or "/", dirs)
+            result = "" if fd is None else _sweep_made_one(fd, name, key, path, since, homes)
+        except OSError as e:
+            result = f"failed: {e.strerror or e}"
+        if result:
+            done[path] = result
+    if search.stopped:
+        done[root] = f"failed: below the top level, {search.stopped}"
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, RecursionError):
+        return "a tree nested too deep to search"
+    return (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
 
 
 #: The after-run check of submodules: how deep it follows submodules of submodules, and how
@@ -131,8 +155,8 @@ def _sweep_submodules(after: After, known: set[str], allowed: set[str], since: i
     work: list[tuple[str, str, int]] = [(r, join(r, ".git"), 0) for r in roots
                                         if real_dir(join(r, ".git"))]
     for home in homes:  # linked worktrees: their own index, their worktree where gitdir says
-        for wt_gitdir in _listdir(home + "/worktrees"):
-            where = _read_small(f"{home}/worktrees/{wt_gitdir}/gitdir")
+        for wt_gitdir in _listdir(home + "/worktrees", dirs):
+            where = _read_small(f"{home}/worktrees/{wt_gitdir}/gitdir", dirs)
             if where is not None and where.endswith("/.git"):
                 work.append((where[:-len("/.git")], f"{home}/worktrees/{wt_gitdir}", 0))
     for path in sorted(known | set(done)):  # nested repositories (a removed config's too)
@@ -145,17 +169,24 @@ def _sweep_submodules(after: After, known: set[str], allowed: set[str], since: i
         if gitdir in seen or not _in_roots(gitdir, roots, covered):
             continue
         seen.add(gitdir)
-        for link in _index_gitlinks(gitdir, done):
+        for link in _index_gitlinks(gitdir, done, dirs):
             if looked == SUBMODULE_BUDGET:
                 done[gitdir + "/index"] = (f"failed: more than {SUBMODULE_BUDGET} submodules "
                                            "in all: the rest were not checked")
                 return
             looked += 1
-            target = os.path.realpath(os.path.join(worktree, link))
-            if not _in_roots(target, roots, covered) or target in roots:
+            # the index is the run's to write: a path git could never check out (a name
+            # too long, a directory the runtime cannot enter) fails this one submodule only
+            where = os.path.join(worktree, link)
+            try:
+                target = os.path.realpath(where)
+                if not _in_roots(target, roots, covered) or target in roots:
+                    continue
+                nested = _submodule_git(target, since, homes, known, allowed,
+                                        (roots, covered), dirs, done)
+            except OSError as e:
+                done[where] = f"failed: {e.strerror or e}"
                 continue
-            nested = _submodule_git(target, since, homes, known, allowed, (roots, covered),
-                                    dirs, done)
             if nested is not None and level + 1 < SUBMODULE_DEPTH:
                 work.append((target, nested, level + 1))
 
@@ -186,7 +217,7 @@ def _submodule_git(target: str, since: int, homes: tuple[str, ...], known: set[s
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        pointed = _read_small(dot_git)
+        pointed = _read_small(dot_git, dirs)
         if pointed is None or not pointed.startswith("gitdir: "):
             return None
         gitdir = os.path.realpath(os.path.join(target, pointed[len("gitdir: "):].strip()))
@@ -210,18 +241,19 @@ def _submodule_git(target: str, since: int, homes: tuple[str, ...], known: set[s
     return gitdir
 
 
-def _index_gitlinks(gitdir: str, done: dict[str, str]) -> list[str]:
+def _index_gitlinks(gitdir: str, done: dict[str, str],
+                    dirs: dict[str, int | None]) -> list[str]:
     """The submodule paths ``gitdir``'s index names (none when it has no index); an index
     this reader cannot read is said in ``done`` (its submodules go unchecked)."""
     from .git_index import MAX_INDEX, gitlinks, hash_size
-    data = _read_bytes(gitdir + "/index", MAX_INDEX)
+    data = _read_bytes(gitdir + "/index", MAX_INDEX, dirs)
     if data is None:
         return []
     if data is _TOO_BIG:
         done[gitdir + "/index"] = f"failed: larger than {MAX_INDEX} bytes: its submodules " \
                                   "were not checked"
         return []
-    config = _read_bytes(gitdir + "/config", 1 << 20)
+    config = _read_bytes(gitdir + "/config", 1 << 20, dirs)
     links = gitlinks(data, hash_size(config if isinstance(config, bytes) else b""))
     if links is None:
         done[gitdir + "/index"] = "failed: not an index this reader understands: its " \
@@ -239,11 +271,18 @@ def _index_gitlinks(gitdir: str, done: dict[str, str]) -> list[str]:
 _TOO_BIG = b"\x00too big"
 
 
-def _read_bytes(path: str, limit: int) -> bytes | None:
-    """The file at ``path`` (not through a symlink at its last component), None when there
-    is none, :data:`_TOO_BIG` when it holds more than ``limit`` bytes."""
+def _read_bytes(path: str, limit: int, dirs: dict[str, int | None]) -> bytes | None:
+    """The file at ``path``, reached from / through no symlink (a run could plant one
+    anywhere on the way: ``.git/worktrees`` as a link out of the root), None when there is
+    none, :data:`_TOO_BIG` when it holds more than ``limit`` bytes. ``dirs``: the walk's
+    directory fds (:func:`open_dir_path`)."""
+    parent, name = path.rsplit("/", 1)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        at = open_dir_path(parent or "/", dirs)
+        if at is None:
+            return None
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=at)
     except OSError:
         return None
     try:
@@ -262,22 +301,35 @@ def _read_bytes(path: str, limit: int) -> bytes | None:
             if total > limit:
                 return _TOO_BIG
             chunks.append(chunk)
+    except OSError:
+        return None
     finally:
         os.close(fd)
 
 
-def _read_small(path: str) -> str | None:
-    data = _read_bytes(path, 4096)
+def _read_small(path: str, dirs: dict[str, int | None]) -> str | None:
+    data = _read_bytes(path, 4096, dirs)
     if not data or data is _TOO_BIG:
         return None
     return data.decode("utf-8", "surrogateescape").strip()
 
 
-def _listdir(path: str) -> list[str]:
+def _listdir(path: str, dirs: dict[str, int | None]) -> list[str]:
+    """The names in the directory ``path``, reached through no symlink; none when it
+    cannot be listed."""
     try:
-        return sorted(os.listdir(path))
+        at = open_dir_path(path, dirs)
+        if at is None:
+            return []
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=at)
     except OSError:
         return []
+    try:
+        return sorted(os.listdir(fd))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
 
 
 def _in_roots(path: str, roots: tuple[str, ...], covered: tuple[str, ...]) -> bool:
