@@ -114,3 +114,31 @@ def test_a_real_index_cut_or_flipped_never_raises(real_index: bytes, data: st.Da
     cut = data.draw(st.integers(0, len(blob)))
     result = gitlinks(bytes(blob[:cut]), 20)
     assert result is None or all(isinstance(p, bytes) and p for p in result)
+
+
+def _growing_v4(n: int, gitlink: str, hs: int = 20) -> bytes:
+    """A version 4 index of ``n`` entries, each path the previous one and one more byte:
+    every entry a gitlink (``all``), or only the last (``last``)."""
+    import struct
+    out = bytearray(b"DIRC" + struct.pack(">II", 4, n))
+    for i in range(n):
+        mode = 0o160000 if gitlink == "all" or i == n - 1 else 0o100644
+        out += b"\0" * 24 + struct.pack(">I", mode) + b"\0" * 12 + b"\0" * hs
+        out += struct.pack(">H", 1) + b"\x00a\x00"  # flags; drop nothing, add "a"
+    return bytes(out + b"\0" * hs)
+
+
+def test_a_version_4_index_whose_paths_grow_is_read_in_bounded_memory() -> None:
+    """Version 4 makes each path from the previous one: n entries one byte longer each are
+    n²/2 bytes of paths (a 7 MB index took 3 GB of the runtime's memory). Past
+    MAX_GITLINK_BYTES of gitlinks, or MAX_PATH_BYTES of paths read, the index is not read
+    (None: the receipt says its submodules were not checked). Controls: fewer of them are
+    read, each path as built."""
+    from hcp_linux.policy.protected import git_index
+    few = gitlinks(_growing_v4(2000, "all"))
+    assert few is not None and len(few) == 2000 and few[-1] == b"a" * 2000
+    assert gitlinks(_growing_v4(4000, "all")) is None  # 8 MB of gitlinks
+    last = gitlinks(_growing_v4(3000, "last"))
+    assert last == [b"a" * 3000]
+    n = int((2 * git_index.MAX_PATH_BYTES) ** 0.5) + 10  # past the paths' budget
+    assert gitlinks(_growing_v4(n, "last")) is None

@@ -6,7 +6,8 @@ depth, with that submodule's config (its ``core.fsmonitor``), and a sandboxed co
 write the index (``git add`` must work) and make the submodule's repository where the
 nested search does not reach. The index is the command's bytes, so this reader is small,
 bounded and fuzzed (tests/test_git_index.py): it returns None for anything it does not
-understand, never raises on input, and reads at most :data:`MAX_INDEX` bytes.
+understand, never raises on input, reads at most :data:`MAX_INDEX` bytes, builds at most
+:data:`MAX_PATH_BYTES` of paths, and keeps at most :data:`MAX_GITLINK_BYTES` of them.
 
 Format (git's Documentation/gitformat-index.txt): ``DIRC``, version 2, 3 or 4, the entry
 count; then each entry: ctime, mtime, dev, ino, mode, uid, gid, size (4 bytes each), the
@@ -28,6 +29,12 @@ GITLINK = 0o160000
 _GITLINK_BYTES = b"\x00\x00\xe0\x00"
 _EXTENDED = 0x4000
 _NAME_MASK = 0x0FFF
+#: The most bytes of paths read in all. In version 4 each path is the previous one's
+#: prefix and a suffix: paths one byte longer each make n entries n²/2 bytes (a 7 MB index
+#: took 3 GB). Real indexes hold a few MB of paths (a kernel tree's ~3).
+MAX_PATH_BYTES = 256 << 20
+#: At most this many bytes of gitlink paths are kept (the caller checks 1024 submodules).
+MAX_GITLINK_BYTES = 4 << 20
 
 
 def gitlinks(data: bytes, hash_size: int = 20) -> list[bytes] | None:
@@ -62,6 +69,7 @@ def _entries(data: bytes, hash_size: int) -> list[bytes] | None:
     fixed = 40 + hash_size + 2  # stat fields, object name, flags
     out: list[bytes] = []
     previous = b""
+    kept = read = 0
     for _ in range(count):
         if pos + fixed > end:
             return None
@@ -95,9 +103,13 @@ def _entries(data: bytes, hash_size: int) -> list[bytes] | None:
             pos = start + ((pos - start + length + 8) & ~7)  # 1 to 8 NULs pad the entry
             if pos > end:
                 return None
-        if not path:
+        read += len(path)
+        if not path or read > MAX_PATH_BYTES:
             return None
         if mode == GITLINK:
+            kept += len(path)
+            if kept > MAX_GITLINK_BYTES:
+                return None
             out.append(path)
         previous = path
     # what follows the entries: extensions and the trailing checksum, at least the latter
