@@ -92,3 +92,21 @@ def test_an_include_loop_ends(tmp_path: Path) -> None:
     (tmp_path / "b").write_text("[include]\n\tpath = a\n[core]\n\thooksPath = /h\n")
     hooks, included = redirects(str(tmp_path / "a"), str(tmp_path))
     assert hooks == ["/h"] and included == [str(tmp_path / "b"), str(tmp_path / "a")]
+
+
+def test_a_value_of_many_continuations_and_blanks_is_read_in_linear_time() -> None:
+    """A config is the run's to write (a nested repository's), and the runtime reads it
+    unconfined before the next run. A value of N continuations (each an empty piece) then
+    M blanks was read in N*M steps: a 1 MiB one held every later run in that jail for
+    minutes. Read here in a child with the suite's timeout (a hang detector, not a speed
+    limit), and what it reads of a smaller one is git's reading."""
+    import sys
+    from sandboxing import TIMEOUT
+    big = b"[core]\n\tk = " + b"\\\n" * 262_000 + b" " * 524_000 + b"x\n"
+    code = ("import sys\nfrom hcp_linux.policy.protected.git_config import entries\n"
+            "print(len(entries(sys.stdin.buffer.read())))")
+    p = subprocess.run([sys.executable, "-c", code], input=big, capture_output=True,
+                       timeout=TIMEOUT)
+    assert p.stdout.strip() == b"1", p.stderr
+    small = b"[core]\n\tk = " + b"\\\n" * 50 + b" " * 50 + b"x \\\n y\n"
+    assert _ours(small) == _git_list(small)

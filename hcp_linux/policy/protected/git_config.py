@@ -104,6 +104,7 @@ def _variable(text: str, i: int) -> tuple[str, str, int]:
         return "", "", _line_end(text, j)
     j += 1
     value: list[str] = []
+    begun = False  # any(value), kept as it goes: asked at each blank, it was quadratic
     quoted = False
     pending_space = ""
     while j < len(text):
@@ -120,10 +121,12 @@ def _variable(text: str, i: int) -> tuple[str, str, int]:
             nxt = text[j + 1] if j + 1 < len(text) else ""
             if nxt == "\n":  # continuation: git writes out the blanks before it
                 value.append(pending_space)
+                begun = begun or bool(pending_space)
                 pending_space = ""
                 j += 2
                 continue
             value.append(pending_space + {"n": "\n", "t": "\t", "b": "\b"}.get(nxt, nxt))
+            begun = begun or bool(value[-1])
             pending_space = ""
             j += 2
             continue
@@ -132,11 +135,12 @@ def _variable(text: str, i: int) -> tuple[str, str, int]:
             j += 1
             continue
         if ch in _BLANK and not quoted:
-            if any(value):
+            if begun:
                 pending_space += " "  # git keeps each inner blank, as a space
             j += 1
             continue
         value.append(pending_space + ch)
+        begun = True
         pending_space = ""
         j += 1
     return key, "".join(value), j
