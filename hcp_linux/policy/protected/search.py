@@ -12,9 +12,14 @@ lightest modules.
 """
 from __future__ import annotations
 
+import errno
 import os
 import time
 import _thread  # threading.Lock without importing threading (the served client's sweep)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (the served client)
+if TYPE_CHECKING:
+    from typing import Iterator
 
 from .names import GIT_DIR_NAMES, NAMES, TOP_ONLY
 
@@ -30,6 +35,17 @@ _PRUNE = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox", ".no
 #: at the top level only. They bound a cold search's cost (~1.4 us an entry here).
 SEARCH_BUDGET = 2048
 ENTRY_BUDGET = 20_000
+
+#: How many directories deep below a git directory's ``modules`` the search follows (a
+#: submodule named ``a/b`` has its git directory at ``modules/a/b``, a submodule's own at
+#: ``modules/a/modules/c``); deeper is said in ``stopped``, as a budget spent is, and not
+#: entered. Real submodules lie a few levels down; it bounds the fds a search holds (one a
+#: level), which a run could otherwise spend with a chain of empty directories.
+MODULES_DEPTH = 128
+
+#: The errors of an open that mean this process (or the system) is out of something, not
+#: that the directory is gone or is not one: said in ``stopped`` rather than skipped.
+_OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 #: Listings kept between runs of this process: (st_dev, st_ino) -> (st_ctime_ns, when it
 #: was read, its entries). A directory's ctime changes with every entry made, removed or
@@ -111,10 +127,13 @@ class Search:
       swept (each directory of a tree would cost a lookup per name every run).
 
     Directories are opened one component at a time from the root's fd with ``O_NOFOLLOW``,
-    so a symlink swapped in while it looks leads nowhere. At most :data:`SEARCH_BUDGET`
-    directories and :data:`ENTRY_BUDGET` entries are read; ``stopped`` then says where it
-    stopped. Listings are kept between runs while their directory's ctime holds
-    (:data:`_listings`)."""
+    so a symlink swapped in while it looks leads nowhere. The walks are iterative, depth
+    first in name order (a stack of frames, each holding its directory's fd, as
+    :func:`hcp_linux.policy.protected.walk.remove` does): a deep tree costs one fd a level,
+    not the interpreter's stack. At most :data:`SEARCH_BUDGET` directories and
+    :data:`ENTRY_BUDGET` entries are read, and a git directory's ``modules`` is followed
+    :data:`MODULES_DEPTH` directories deep; ``stopped`` then says where it stopped.
+    Listings are kept between runs while their directory's ctime holds (:data:`_listings`)."""
 
     def __init__(self, root: str, depth: int, skip: set[str]) -> None:
         self.root = root
@@ -135,7 +154,7 @@ class Search:
             if listing is not None and ".git" in listing.dir_set:
                 self._git(top, self.root, ".git", out)
             if listing is not None and self.depth > 0:
-                self._walk(top, self.root, listing, 1, out)
+                self._walk(top, self.root, listing, out)
         finally:
             os.close(top)
         return out
@@ -159,26 +178,70 @@ class Search:
         self.entries += listing.size
         return listing
 
+    def _open(self, fd: int, name: str, path: str) -> tuple[int, Listing] | None:
+        """The directory ``name`` in ``fd`` (at ``path``), opened, and its listing; None:
+        gone, swapped for a link or a file meanwhile (opened with ``O_NOFOLLOW``),
+        unreadable, or over budget. The caller closes the fd. Out of fds (a process near
+        its RLIMIT_NOFILE) is said in ``stopped``: what lies below is not searched."""
+        try:
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            dir_fd=fd)
+        except OSError as e:
+            if e.errno in _OUT_OF:
+                self.stopped = self.stopped or f"cannot open {path}: {e.strerror or e}"
+            return None
+        try:
+            listing = self._list(child, path)
+        except BaseException:
+            os.close(child)
+            raise
+        if listing is None:
+            os.close(child)
+            return None
+        return child, listing
+
     def _enter(self, fd: int, name: str, path: str) -> "_Entered":
         return _Entered(self, fd, name, path)
 
-    def _walk(self, fd: int, path: str, listing: Listing, level: int,
+    def _walk(self, top: int, root: str, listing: Listing,
               out: list[tuple[str, str, bool]]) -> None:
-        for name in listing.dirs:
-            sub = path.rstrip("/") + "/" + name
-            if name in _PRUNE or sub in self.skip:
-                continue
-            with self._enter(fd, name, sub) as entered:
+        """Each directory down to ``depth`` levels below the root (``top``, its fd, listed as
+        ``listing``): the names of :data:`_NESTED` it holds, its ``.git`` (:meth:`_git`).
+        A frame per level: (its fd, its path, its subdirectories left, its level); the
+        root's fd is the caller's."""
+        stack: list[tuple[int, str, Iterator[str], int]] = [(top, root, iter(listing.dirs), 0)]
+        try:
+            while stack:
+                fd, path, names, level = stack[-1]
+                name = next(names, None)
+                if name is None:
+                    stack.pop()
+                    if stack:  # not the root's
+                        os.close(fd)
+                    continue
+                sub = path.rstrip("/") + "/" + name
+                if name in _PRUNE or sub in self.skip:
+                    continue
+                entered = self._open(fd, name, sub)
                 if entered is None:
                     continue
                 child, inner = entered
-                if inner.present:
-                    out.extend((sub + "/" + key, key, False) for key, first in _NESTED
-                               if first in inner.present)
-                    if ".git" in inner.dir_set:
-                        self._git(child, sub, ".git", out, nested=True)
-                if level < self.depth:
-                    self._walk(child, sub, inner, level + 1, out)
+                try:
+                    if inner.present:
+                        out.extend((sub + "/" + key, key, False) for key, first in _NESTED
+                                   if first in inner.present)
+                        if ".git" in inner.dir_set:
+                            self._git(child, sub, ".git", out, nested=True)
+                except BaseException:
+                    os.close(child)
+                    raise
+                if level + 1 < self.depth:
+                    stack.append((child, sub, iter(inner.dirs), level + 1))
+                else:
+                    os.close(child)
+        finally:
+            for fd, _, _, _ in stack[1:]:
+                os.close(fd)
 
     def _git(self, fd: int, path: str, name: str, out: list[tuple[str, str, bool]],
              nested: bool = False) -> None:
@@ -201,45 +264,76 @@ class Search:
                        recurse: bool) -> None:
         """Each git directory in ``name`` (a submodule's may be nested under a name with
         slashes, and has submodules of its own: ``recurse``); a directory holding ``HEAD``
-        is one. Its :data:`GIT_DIR_NAMES` are all listed, a missing one swept."""
+        is one. Its :data:`GIT_DIR_NAMES` are all listed, a missing one swept. Depth first
+        in name order, a frame per directory entered: (its fd, its path, its subdirectories
+        left, how deep below ``name`` it lies); no deeper than :data:`MODULES_DEPTH`."""
         here = path + "/" + name
-        with self._enter(fd, name, here) as entered:
-            if entered is None:
-                return
-            held, inner = entered
-            for sub in inner.dirs:
-                where = here + "/" + sub
-                with self._enter(held, sub, where) as found:
-                    if found is None:
-                        continue
-                    child, listing = found
+        entered = self._open(fd, name, here)
+        if entered is None:
+            return
+        stack: list[tuple[int, str, Iterator[str], int]] = [
+            (entered[0], here, iter(entered[1].dirs), 0)]
+        try:
+            while stack:
+                held, at, names, level = stack[-1]
+                sub = next(names, None)
+                if sub is None:
+                    stack.pop()
+                    os.close(held)
+                    continue
+                where = at + "/" + sub
+                if self._too_deep(level + 1, where, here):
+                    continue
+                found = self._open(held, sub, where)
+                if found is None:
+                    continue
+                child, listing = found
+                try:
                     if "HEAD" in listing.present:
                         out.extend((where + "/" + n, key, True)
                                    for n, key in GIT_DIR_NAMES.items())
-                        if recurse and "modules" in listing.dir_set:
-                            self._inner_gitdirs(child, where, "modules", out, True)
+                        if recurse and "modules" in listing.dir_set \
+                                and not self._too_deep(level + 2, where + "/modules", here):
+                            modules = self._open(child, "modules", where + "/modules")
+                            if modules is not None:
+                                stack.append((modules[0], where + "/modules",
+                                              iter(modules[1].dirs), level + 2))
                     elif recurse:  # a submodule named a/b: its git directory is modules/a/b
-                        self._inner_gitdirs(held, here, sub, out, True)
+                        stack.append((child, where, iter(listing.dirs), level + 1))
+                        child = -1  # the frame's now
+                finally:
+                    if child >= 0:
+                        os.close(child)
+        finally:
+            for held, _, _, _ in stack:
+                os.close(held)
+
+    def _too_deep(self, level: int, path: str, below: str) -> bool:
+        """Whether ``path``, ``level`` directories below ``below``, lies deeper than
+        :data:`MODULES_DEPTH` (said in ``stopped``: it is not entered)."""
+        if level <= MODULES_DEPTH:
+            return False
+        self.stopped = self.stopped or (
+            f"stopped at {path}, more than {MODULES_DEPTH} directories below {below}: "
+            "protected names in it and below it are not protected")
+        return True
 
 
 class _Entered:
     """``with search._enter(fd, name, path) as entered``: the directory ``name`` in ``fd``
-    (at ``path``) and its listing, or None: gone, swapped for a link or a file meanwhile
-    (opened with ``O_NOFOLLOW``), unreadable, or over budget. Closed on leaving. (A class,
-    not contextlib: the served client imports this module and pays for each import.)"""
+    (at ``path``) and its listing, or None (:meth:`Search._open`). Closed on leaving. (A
+    class, not contextlib: the served client imports this module and pays for each
+    import.)"""
 
     def __init__(self, search: Search, fd: int, name: str, path: str) -> None:
         self.search, self.fd, self.name, self.path = search, fd, name, path
         self.child: int | None = None
 
     def __enter__(self) -> tuple[int, Listing] | None:
-        try:
-            self.child = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        listing = self.search._list(self.child, self.path)
-        return None if listing is None else (self.child, listing)
+        entered = self.search._open(self.fd, self.name, self.path)
+        if entered is not None:
+            self.child = entered[0]
+        return entered
 
     def __exit__(self, *exc: object) -> None:
         if self.child is not None:
