@@ -1179,3 +1179,29 @@ def test_a_worktrees_link_out_of_the_root_is_not_followed(jail: Path, tmp_path: 
     assert gitdir.stat().st_atime == 0, "the runtime read a file through the run's link"
     gitdir.read_text()  # control
     assert gitdir.stat().st_atime != 0
+
+
+@pytest.mark.parametrize("mode", ["000", "100", "500"])
+@pytest.mark.parametrize("where", ["the jail", "a directory it made"])
+def test_a_directory_the_run_locks_does_not_hide_what_it_planted(jail: Path, mode: str,
+                                                                 where: str) -> None:
+    """A command that is not root's can chmod the directory it planted in (the jail's top
+    too: the user owns it, and so does the run's uid): a runtime of the same uid could then
+    neither see nor remove the planted ``.envrc`` (``failed: Permission denied``, or
+    nothing said at all), and the user's ``chmod`` and ``cd`` got it. That directory gets its
+    owner's rwx back. (As root the mode stops nothing: nobody's leg is the real case.)
+    Control: opted out of ``.envrc``, what was planted stays."""
+    sub = "." if where == "the jail" else "sub"
+    plant = (f"mkdir -p {sub} && echo 'echo planted' > {sub}/.envrc && mkdir -p {sub}/.vscode"
+             f" && chmod {mode} {sub} && echo planted=ok")
+    planted = jail / sub / ".envrc"
+    p = run_cli(jail, "/bin/sh", "-c", plant)
+    assert_ok(p)
+    assert "planted=ok" in out(p), show(p)
+    assert os.stat(jail / sub).st_mode & 0o700 == 0o700 or os.geteuid() == 0
+    os.chmod(jail / sub, 0o755)  # the user, back at the directory
+    assert not os.path.lexists(planted) and not os.path.lexists(jail / sub / ".vscode")
+    p = run_cli(jail, "/bin/sh", "-c", plant, extra=_allowing(".envrc", ".vscode"))
+    assert_ok(p)
+    os.chmod(jail / sub, 0o755)
+    assert planted.read_text() == "echo planted\n"

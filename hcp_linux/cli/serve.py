@@ -456,8 +456,9 @@ def _end(server: _Server, conn: socket.socket, token: bytes, status: bytes) -> N
     if planned is None or not status.lstrip(b"-").isdigit():
         conn.sendall(encode([b"fallback", b"no such run"]))
         return
-    sweep(decode_sweep(planned[0]))
-    sweep_made(*decode_after(planned[1]))
+    after, since = decode_after(planned[1])
+    sweep(decode_sweep(planned[0]), since)
+    sweep_made(after, since)
     code = end_of_run({}, None, os.waitstatus_to_exitcode(int(status)), False, None)
     conn.sendall(encode([b"ended", b"%d" % code]))
 

@@ -333,7 +333,7 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     assert status is not None
     timed_out = by == "timeout"
     from ..policy.protected import sweep, sweep_made
-    done = sweep(entries)  # every process of the run is gone (the init said)
+    done = sweep(entries, after[1])  # every process of the run is gone (the init said)
     done.update(sweep_made(*after))
     rec: dict = {}  # end_of_run reads it only to write it
     if receipt_to:

@@ -114,7 +114,9 @@ class SandboxProcess:
         if sweep is not None:
             self._sweep = sweep
         if after is not None:
-            self._after, self._since = after, since
+            self._after = after
+        if since:
+            self._since = since
         if denials is not None:
             self._denials = denials
         if landlock is not None:
@@ -134,7 +136,7 @@ class SandboxProcess:
         return self._swept(self._sweep, self._after)
 
     def _swept(self, sweep: tuple, after: Any) -> dict[str, str]:
-        done = protected.sweep(sweep) if sweep else {}
+        done = protected.sweep(sweep, self._since or None) if sweep else {}
         if after is not None:
             done.update(protected.sweep_made(after, self._since))
         return done

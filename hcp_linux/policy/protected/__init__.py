@@ -46,7 +46,7 @@ import _thread  # threading.Lock without importing threading (the served path)
 
 from .after import CTIME_SLACK, After, now, sweep_made
 from .names import FILE_ONLY, NAMES
-from .walk import join, open_dir_path, remove, within
+from .walk import join, make_usable, open_dir_path, remove, within
 
 __all__ = ["CTIME_SLACK", "After", "Found", "SweepEntry", "check_allowed", "find", "now",
            "protect_file", "sweep", "sweep_made"]
@@ -453,19 +453,24 @@ def _dir_kind(path: str) -> str:
 
 # --- after the run -------------------------------------------------------------------------
 
-def sweep(entries: tuple[SweepEntry, ...]) -> dict[str, str]:
+def sweep(entries: tuple[SweepEntry, ...], since: int | None = None) -> dict[str, str]:
     """Once every process of the run is gone: remove what appeared at each missing path,
     restore each changed symlink, move aside what replaced a bound file or directory
     (:data:`SweepEntry`). Walks from / without following a symlink (a directory
-    swapped for a link leads nowhere), each directory opened once. Returns each path acted
-    on and what was done (or why it could not be)."""
+    swapped for a link leads nowhere), each directory opened once. ``since``: the run's
+    start (:func:`now`): a directory it locked is given back its owner's rwx (:func:`make_usable`). Returns each path acted on and what was done
+    (or why it could not be)."""
     done: dict[str, str] = {}
     dirs: dict[str, int | None] = {}
+    usable: set[int] = set()
     try:
         for path, target, file_only in entries:
             parent, name = path.rsplit("/", 1)
             try:
                 fd = open_dir_path(parent or "/", dirs)
+                if fd is not None and since is not None and fd not in usable:
+                    make_usable(fd, since)
+                    usable.add(fd)
                 result = "" if fd is None else _sweep_one(fd, name, target, file_only)
             except OSError as e:
                 result = f"failed: {e.strerror or e}"

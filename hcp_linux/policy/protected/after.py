@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .search import Search
 
 from .names import FILE_ONLY, GIT_DIR_NAMES
-from .walk import join, open_dir_path, real_dir, remove, within
+from .walk import join, make_usable, open_dir_path, real_dir, remove, within
 
 
 class After:
@@ -94,8 +94,8 @@ def sweep_made(after: After | None, since: int) -> dict[str, str]:
             # what the run left can make the search itself fail (a tree it cannot enter):
             # that root's search is said to have failed, and the others still run
             try:
-                _sweep_root(Search(root, depth, set(skip)), root, skip, known, allowed,
-                            since, homes, dirs, done)
+                search = Search(root, depth, set(skip), since)
+                _sweep_root(search, root, skip, known, allowed, since, homes, dirs, done)
             except (OSError, RecursionError) as e:
                 done[root] = f"failed: below the top level, {_why(e)}"
         try:
@@ -349,6 +349,7 @@ def _sweep_made_one(fd: int, name: str, key: str, path: str, since: int,
     if key in (".git", ".git/commondir") and stat.S_ISREG(st.st_mode) \
             and _points_home(fd, name, key, path, homes, st):
         return ""
+    make_usable(fd, since)  # a directory the run made read-only still loses it
     remove(fd, name, st)
     return "removed"
 

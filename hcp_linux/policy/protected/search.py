@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Iterator
 
 from .names import GIT_DIR_NAMES, NAMES, TOP_ONLY
+from .walk import make_usable
 
 #: Directories the nested search does not enter: dependency trees, virtual environments and
 #: caches, where no tool of the user's looks for settings to run, and which hold most of a
@@ -135,8 +136,9 @@ class Search:
     :data:`MODULES_DEPTH` directories deep; ``stopped`` then says where it stopped.
     Listings are kept between runs while their directory's ctime holds (:data:`_listings`)."""
 
-    def __init__(self, root: str, depth: int, skip: set[str]) -> None:
+    def __init__(self, root: str, depth: int, skip: set[str], since: int | None = None) -> None:
         self.root = root
+        self.since = since  # after the run: its start (after.now), else None
         self.depth = depth
         self.skip = skip
         self.listed = 0
@@ -147,6 +149,11 @@ class Search:
         out: list[tuple[str, str, bool]] = []
         try:
             top = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except PermissionError:  # the run locked the root itself (after it: reopened)
+            reopened = self._reopen_root()
+            if reopened is None:
+                return out
+            top = reopened
         except OSError:
             return out  # the policy checked it exists; gone now: the bind will say so
         try:
@@ -186,6 +193,11 @@ class Search:
         try:
             child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                             dir_fd=fd)
+        except PermissionError:
+            reopened = self._reopen_made(fd, name, path)
+            if reopened is None:
+                return None
+            child = reopened
         except OSError as e:
             if e.errno in _OUT_OF:
                 self.stopped = self.stopped or f"cannot open {path}: {e.strerror or e}"
@@ -199,6 +211,43 @@ class Search:
             os.close(child)
             return None
         return child, listing
+
+    def _reopen_root(self) -> int | None:
+        parent, name = self.root.rsplit("/", 1)
+        try:
+            up = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            return self._reopen_made(up, name, self.root)
+        finally:
+            os.close(up)
+
+    def _reopen_made(self, fd: int, name: str, path: str) -> int | None:
+        """After the run (``since`` given): a directory it made or changed that this process
+        cannot list (a run that is not root's leaves ``sub`` mode 000 or 0100, and the user's
+        ``cd sub`` still reads the ``.envrc`` or ``.git/config`` it planted there, by name)
+        is made listable again, u+rwx, through an fd (never a symlink put in its place), and
+        opened; None for a directory the run left alone (what it holds predates the run) or
+        one that still cannot be opened (said in ``stopped``)."""
+        if self.since is None:
+            return None
+        try:
+            held = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           dir_fd=fd)
+        except OSError:
+            return None
+        try:
+            if os.fstat(held).st_ctime_ns < self.since:
+                return None
+            make_usable(held, self.since)
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           dir_fd=fd)
+        except OSError as e:
+            self.stopped = self.stopped or f"cannot list {path}: {e.strerror or e}"
+            return None
+        finally:
+            os.close(held)
 
     def _enter(self, fd: int, name: str, path: str) -> "_Entered":
         return _Entered(self, fd, name, path)

@@ -103,6 +103,21 @@ def _same(fd: int, name: str, st: os.stat_result) -> None:
         raise OSError(errno.ESTALE, f"{name}: changed while it was removed")
 
 
+def make_usable(fd: int, since: int) -> None:
+    """Give the directory ``fd`` (any fd of it, O_PATH too) back its owner's rwx when the
+    run took them: a command that is not root's can ``chmod 000`` (or 100, 500) the
+    directory it planted in, the jail's top included, and a runtime of the same uid could
+    then neither see nor remove what it planted, while the user, who chmods it back, gets
+    it. Only a directory the run changed (ctime at or after ``since``, its start) and this
+    uid owns; root needs no mode."""
+    st = os.fstat(fd)
+    if st.st_mode & 0o700 == 0o700 or st.st_ctime_ns < since or os.geteuid() == 0 \
+            or st.st_uid != os.geteuid():
+        return
+    # the magic link acts on the inode behind the fd (reached through no symlink)
+    os.chmod(f"/proc/self/fd/{fd}", (st.st_mode & 0o7777) | 0o700)
+
+
 def real_dir(path: str) -> bool:
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
