@@ -24,12 +24,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import shutil
 import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..errors import PolicyError, SandboxError, printable
 from .locations import (check_state_dir, check_tmp_dir, default_state_dir, default_tmp_dir,
@@ -51,6 +50,9 @@ IO_DIR = ".hcp-io"
 ENGINE_TMP_DIR = ".hcp-tmp"
 #: Walking a workspace to list new files stops here (the listing is then "unknown").
 SNAPSHOT_LIMIT = 100_000
+#: ... and at a path longer than this (bytes; PATH_MAX: no tool opens it by name). It also
+#: bounds what a listing of a very deep tree may hold.
+SNAPSHOT_PATH_MAX = 4096
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-@+")
 
@@ -360,71 +362,264 @@ def _acquire(fd: int, path: str, timeout: float | None, cancel: threading.Event 
         delay = min(delay * 2, 0.05)
 
 
-def remove_tree(path: str) -> None:
-    """Remove a jail the child may have left unfriendly (directories chmod 000).
+#: A directory is opened by descriptor, relative to its parent, never through a symlink.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Directory fds a walk keeps open: the deepest levels. Above them a walk climbs back with
+#: ``..``, checked to be the directory it left, so a tree of any depth takes this many fds.
+_FD_WINDOW = 32
 
-    ``shutil.rmtree`` walks by file descriptor and never follows symlinks; when it fails for
-    permissions we restore owner rights on every directory, again by descriptor
-    (``O_NOFOLLOW``, ``fchmod``), so a symlink swapped in cannot redirect a chmod.
-    """
+
+class _Moved(OSError):
+    """A directory was moved while a walk was in it (its ``..`` is not where it was)."""
+
+
+@dataclass(eq=False)
+class _Level:
+    """One directory on a walk's stack: its fd (None once out of the window), its identity,
+    its path below the top, its name in its parent, the subdirectories left to enter."""
+
+    fd: int | None
+    ident: tuple[int, int]
+    rel: str
+    name: str
+    todo: list[str] = field(default_factory=list)
+
+
+def _walk(fd: int, visit: Callable[[int, str], list[str]],
+          open_child: Callable[[int, str], int | None],
+          leave: Callable[[int, str], None] | None = None) -> None:
+    """Walk the tree below the directory ``fd`` (taken over, closed here) with an explicit
+    stack, never recursing, whatever its depth: ``visit(dir_fd, rel)`` once per directory
+    (``rel``: its path below the top, "" for the top) returns the names of the
+    subdirectories to enter, each opened by ``open_child(dir_fd, name)`` (None: skip it);
+    ``leave(dir_fd, name)`` once a subdirectory is done. Only the deepest
+    :data:`_FD_WINDOW` levels keep their fds; the walk climbs back above them through
+    ``..``, and raises :class:`_Moved` if that is not the directory it came down from."""
     try:
-        shutil.rmtree(path)
-        return
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    stack = [_Level(fd, (st.st_dev, st.st_ino), "", "")]
+    try:
+        stack[0].todo = visit(fd, "")[::-1]
+        while True:
+            top = stack[-1]
+            assert top.fd is not None
+            if top.todo:
+                name = top.todo.pop()
+                child = open_child(top.fd, name)
+                if child is None:
+                    continue
+                rel = f"{top.rel}/{name}" if top.rel else name
+                stack.append(_Level(child, (0, 0), rel, name))
+                cst = os.fstat(child)
+                stack[-1].ident = (cst.st_dev, cst.st_ino)
+                if len(stack) > _FD_WINDOW:
+                    out = stack[-_FD_WINDOW - 1]
+                    if out.fd is not None:
+                        old, out.fd = out.fd, None
+                        os.close(old)
+                stack[-1].todo = visit(child, rel)[::-1]
+                continue
+            if len(stack) == 1:
+                return
+            parent = stack[-2]
+            if parent.fd is None:
+                parent.fd = os.open("..", _DIR_FLAGS, dir_fd=top.fd)
+                ust = os.fstat(parent.fd)
+                if (ust.st_dev, ust.st_ino) != parent.ident:
+                    raise _Moved(errno.ESTALE, "moved while it was walked", parent.rel or ".")
+            stack.pop()
+            done, top.fd = top.fd, None
+            os.close(done)
+            if leave is not None:
+                leave(parent.fd, top.name)
+    finally:
+        for level in stack:
+            if level.fd is not None:
+                os.close(level.fd)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a jail the child may have left unfriendly (directories chmod 000), to any
+    depth (an explicit stack: :func:`_walk`).
+
+    Every directory is opened by descriptor relative to its parent with ``O_NOFOLLOW``;
+    symlinks are unlinked, never followed. A directory without owner rights gets them back
+    by descriptor (``fchmod``, or ``chmod`` of ``/proc/self/fd/N`` of an ``O_PATH`` fd:
+    :func:`_open_for_removal`), so a symlink swapped in cannot redirect a chmod. A missing
+    ``path`` is not an error; a symlink or a non-directory at ``path`` is (``OSError``, as
+    ``shutil.rmtree`` says), and so is anything that could not be removed.
+    """
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    if not name:
+        raise OSError(errno.EBUSY, "not removing the root directory", path)
+    try:
+        pfd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    except OSError:
-        pass
-    _restore_dir_modes(path)
-    shutil.rmtree(path, ignore_errors=False)
-
-
-def _restore_dir_modes(path: str) -> None:
-    stack = [path]
-    while stack:
-        d = stack.pop()
+    try:
         try:
-            # O_PATH needs no permission on d itself; chmod through /proc/self/fd acts on
-            # exactly the inode opened (O_NOFOLLOW|O_DIRECTORY: never a symlink's target).
-            pfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, "Cannot call rmtree on a symbolic link", path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        try:
+            fd = _open_for_removal(pfd, name)
+        except FileNotFoundError:
+            return
+        try:
+            _walk(fd, _clear_files, _open_child_for_removal, _rmdir)
+        except _Moved as e:  # name the directory in full: the walk knows it relative
+            raise OSError(e.errno, e.strerror, os.path.join(path, e.filename)) from None
+        _rmdir(pfd, name)
+    finally:
+        os.close(pfd)
+
+
+def _open_for_removal(dir_fd: int, name: str) -> int:
+    """The directory ``name`` under ``dir_fd`` opened to be emptied, never through a
+    symlink; one the child left unlistable (chmod 000) is given owner rights first,
+    through an O_PATH fd: the magic link acts on that very inode, whatever is at the name
+    by then."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        pass
+    held = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{held}", 0o700)
+        return os.open(f"/proc/self/fd/{held}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    finally:
+        os.close(held)
+
+
+def _open_child_for_removal(dir_fd: int, name: str) -> int | None:
+    try:
+        return _open_for_removal(dir_fd, name)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+    _unlink(dir_fd, name)  # no longer a directory (a symlink, a file): unlinked as such
+    return None
+
+
+def _clear_files(fd: int, rel: str) -> list[str]:
+    """Unlink every non-directory in the directory ``fd`` (owner rights restored first, by
+    descriptor); its subdirectories, by name."""
+    if stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
+        try:
+            os.fchmod(fd, 0o700)
         except OSError:
+            pass  # not ours: the unlinks say whether it matters
+    subdirs = []
+    with os.scandir(fd) as it:
+        entries = list(it)
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if is_dir:
+            subdirs.append(entry.name)
             continue
         try:
-            os.chmod(f"/proc/self/fd/{pfd}", 0o700)
-            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                with os.scandir(fd) as it:
-                    for entry in it:
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(os.path.join(d, entry.name))
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(pfd)
+            _unlink(fd, entry.name)
+        except IsADirectoryError:  # replaced by a directory meanwhile
+            subdirs.append(entry.name)
+    return subdirs
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _rmdir(dir_fd: int, name: str) -> None:
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 Snapshot = Mapping[str, tuple[int, int, int]]
 
 
-def snapshot(jail: str, *, limit: int = SNAPSHOT_LIMIT) -> dict[str, tuple[int, int, int]] | None:
+class _TooLarge(Exception):
+    """A snapshot's tree is past its bounds: its listing is unknown."""
+
+
+def snapshot(jail: str, *, limit: int = SNAPSHOT_LIMIT, dir_limit: int = SNAPSHOT_LIMIT,
+             path_max: int = SNAPSHOT_PATH_MAX) -> dict[str, tuple[int, int, int]] | None:
     """(inode, size, mtime) of every non-directory in ``jail``, by relative path; symlinks
-    are recorded, never followed. ``None`` when the tree is larger than ``limit``."""
+    are recorded, never followed. ``None`` ("too large to list") when the tree holds more
+    than ``limit`` non-directories or ``dir_limit`` directories, or a path longer than
+    ``path_max`` bytes, or a directory was moved during the walk.
+
+    The walk (:func:`_walk`) keeps no recursion and a bounded number of fds, whatever the
+    tree's depth: every directory is opened relative to its parent with ``O_NOFOLLOW``, so
+    a symlink the command left is recorded as itself, never entered. Directories that
+    cannot be opened or listed are skipped, as ``os.walk`` does."""
     out: dict[str, tuple[int, int, int]] = {}
-    for dirpath, dirnames, filenames in os.walk(jail, followlinks=False):
-        if dirpath == jail:
-            dirnames[:] = [d for d in dirnames if d not in (IO_DIR, ENGINE_TMP_DIR)]
-            filenames = [f for f in filenames if f not in (IO_DIR, ENGINE_TMP_DIR)]
-        for name in filenames + [d for d in dirnames
-                                 if os.path.islink(os.path.join(dirpath, d))]:
-            full = os.path.join(dirpath, name)
+    dirs = 0
+
+    def visit(fd: int, rel: str) -> list[str]:
+        nonlocal dirs
+        dirs += 1
+        if dirs > dir_limit or len(os.fsencode(rel)) > path_max:
+            raise _TooLarge()
+        subdirs = []
+        try:
+            with os.scandir(fd) as it:
+                entries = list(it)
+        except OSError:
+            return []
+        for entry in entries:
+            if not rel and entry.name in (IO_DIR, ENGINE_TMP_DIR):
+                continue
             try:
-                st = os.lstat(full)
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                subdirs.append(entry.name)
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            out[os.path.relpath(full, jail)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+            name = entry.name if not rel else f"{rel}/{entry.name}"
+            if len(os.fsencode(name)) > path_max:
+                raise _TooLarge()
+            out[name] = (st.st_ino, st.st_size, st.st_mtime_ns)
             if len(out) > limit:
-                return None
+                raise _TooLarge()
+        return subdirs
+
+    def open_child(fd: int, name: str) -> int | None:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            return None
+
+    try:
+        top = os.open(jail, _DIR_FLAGS)
+    except OSError:
+        return out
+    try:
+        _walk(top, visit, open_child)
+    except (_TooLarge, OSError):
+        return None
     return out
 
 
