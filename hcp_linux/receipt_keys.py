@@ -72,6 +72,14 @@ def set_protected_sweep(receipt: Receipt, done: Mapping[str, str]) -> None:
         receipt["protected_sweep"] = dict(done)
 
 
+def set_protected_pending(receipt: Receipt, why: str) -> None:
+    """``protected_pending``: why the run's sweep was not written down for a later run to
+    do should this runtime die during it (hcp_linux.policy.protected.pending): what the
+    command makes at a missing protected name would then stay."""
+    receipt["protected_pending"] = (f"not written ({why}): if this runtime dies during the "
+                                    "run, what it made at a missing protected name stays")
+
+
 def set_end(receipt: Receipt, by: str, notes: Sequence[str] = ()) -> None:
     """``end``: who ended the run ("exit", "kill", "timeout") and the teardown's notes."""
     end: dict[str, Any] = {"by": by}

@@ -152,6 +152,21 @@ def server_directory() -> str:
     return os.path.join(temp_directory(), f"hcp-linux-{os.geteuid()}")
 
 
+def pending_directory() -> str | None:
+    """Where the sweeps owed by runs whose runtime died are written down
+    (:mod:`hcp_linux.policy.protected.pending`): the virtual environment's
+    ``share/hcp-linux/pending-UID``, None outside one. A record there tells a later run
+    what to move aside: one a run could forge would move the user's files, or restore a
+    symlink of its choosing. So it lives with the code, as the compiled seccomp programs
+    do: the environment exists before any run, every run keeps it read-only (it is
+    :func:`interpreter_environment`), and whoever can write it can already make every
+    start of its Python run their code. Not in the temp dir: a run of another
+    configuration (another TMPDIR) that could write there is not one this runtime sees."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    return os.path.join(sys.prefix, "share", "hcp-linux", f"pending-{os.geteuid()}")
+
+
 def interpreter_environment() -> list[str]:
     """Where the Python that runs hcp-linux takes code from at every start: its prefix (a
     virtual environment: its ``bin``, its ``site-packages`` and their ``.pth`` files, the

@@ -6,7 +6,10 @@ directory it writes to; this does the same on demand, and for places no run visi
 
 - ephemeral jails in the temp dir whose owner process is gone (hcp_linux.jails.reclaim);
 - the driver's staging dir (``.hcp-io``) in persistent workspaces whose lock is free;
-- temp files beside outputs (``.NAME.hcp-….tmp``/``.old``) in each PATH given.
+- temp files beside outputs (``.NAME.hcp-….tmp``/``.old``) in each PATH given;
+- the protected names' sweeps owed by runs whose runtime died (what their commands made at
+  a missing protected name is moved aside: hcp_linux.policy.protected.pending; not with
+  ``--dry-run``, and every run's lookup does it too).
 
 Entries of live runs, of other uids, not matching our exact names, or symlinks are never
 touched. Prints each path removed (with ``--dry-run``: that would be), one per line; each
@@ -40,6 +43,13 @@ def gc(paths: Sequence[str], *, tmp_dir: str | None = None, state_dir: str | Non
             done.add(sweep_workspaces(state_dir, dry_run=dry_run))
         for path, fd in fds:
             done.add(sweep_temps(fd, os.path.abspath(path), dry_run=dry_run))
+        if not dry_run:
+            from ..policy.protected.pending import collect
+            for path, what in collect().items():
+                if what.startswith("failed"):
+                    done.failed.append((path, what))
+                else:
+                    done.removed.append(path)
     finally:
         for _, fd in fds:
             os.close(fd)

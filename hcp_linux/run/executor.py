@@ -140,18 +140,43 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     prepare(plan)  # what the run needs on disk (compile_plan writes nothing)
     if plan.landlock_log:
         landlock_log.prepare()  # subscribed before the run can log anything
-    chans = _open_channels(plan, (stdin, stdout, stderr), stdio)
-    began = time.time()  # before the run's domain can exist (landlock_log.Watch)
+    owed, unowed = _owe(plan)
     try:
-        started = _start_answered(plan, executor, chans, time.monotonic() + limit, limit,
-                                  receipt)
-    except BaseException:
-        chans.close()
+        chans = _open_channels(plan, (stdin, stdout, stderr), stdio)
+        began = time.time()  # before the run's domain can exist (landlock_log.Watch)
+        try:
+            started = _start_answered(plan, executor, chans, time.monotonic() + limit, limit,
+                                      receipt)
+        except BaseException:
+            chans.close()
+            raise
+        chans.close_childs()
+        if started.record:
+            _report_failure(started, chans)
+        proc = _hand_back(plan, started, chans, stdio, args, began, owed)
+    except BaseException:  # nothing ran, or its end was seen (swept) before this
+        if owed is not None:
+            from ..policy.protected.pending import paid
+            paid(owed)
         raise
-    chans.close_childs()
-    if started.record:
-        _report_failure(started, chans)
-    return _hand_back(plan, started, chans, stdio, args, began)
+    if unowed:
+        keys.set_protected_pending(proc.receipt, unowed)
+    return proc
+
+
+def _owe(plan: Plan) -> tuple[str | None, str]:
+    """The record of the run's sweep, written before its command exists, for a later run
+    to do should this runtime die before it (hcp_linux.policy.protected.pending): (its
+    path, "") or (None, why there is none). (None, "") for a run with nothing to sweep."""
+    found = plan.protect
+    if found is None or not (found.sweep or found.after is not None):
+        return None, ""
+    from ..policy.protected.pending import owe
+    try:
+        return owe(found.sweep, found.after, plan.protect_since), ""
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return None, why
 
 
 @dataclass
@@ -297,7 +322,7 @@ def _report_failure(started: _Started, chans: _Channels) -> None:
 
 
 def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
-               args: Any, began: float) -> SandboxProcess:
+               args: Any, began: float, owed: str | None = None) -> SandboxProcess:
     """The running command as a SandboxProcess, with what observes it attached: the
     protected names' sweep, the seccomp listener and the Landlock watch (their hand-over
     lost: the run is killed, HelperLostError), the egress proxy (none: killed too)."""
@@ -310,7 +335,7 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
     keys.set_executor(proc.receipt, started.ran)
     if plan.protect is not None:
         proc.observe(sweep=plan.protect.sweep, after=plan.protect.after,
-                     since=plan.protect_since)
+                     since=plan.protect_since, owed=owed)
     if started.notify_end >= 0:
         listener, maker = receive_listener(started.notify_end)
         if listener < 0:  # its blocked calls would wait for an answer that never comes

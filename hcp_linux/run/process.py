@@ -62,6 +62,9 @@ class SandboxProcess:
         self._sweep: tuple = ()
         self._after: Any = None
         self._since = 0
+        # the record of that sweep, for a later run should this runtime die before it
+        # (hcp_linux.policy.protected.pending): removed once the sweep is done
+        self._owed: str | None = None
 
     @property
     def universal_newlines(self) -> bool:
@@ -106,7 +109,8 @@ class SandboxProcess:
             pass
 
     def observe(self, *, sweep: tuple | None = None, after: Any = None, since: int = 0,
-                denials: Any = None, landlock: Any = None, proxy: Any = None) -> None:
+                owed: str | None = None, denials: Any = None, landlock: Any = None,
+                proxy: Any = None) -> None:
         """Attach what watches this run, as the spawn makes it (each given once): the
         protected names to sweep at its end, the seccomp listener answering its denials,
         the watch on its Landlock audit records, the egress proxy serving it. Each is
@@ -117,6 +121,8 @@ class SandboxProcess:
             self._after = after
         if since:
             self._since = since
+        if owed is not None:
+            self._owed = owed
         if denials is not None:
             self._denials = denials
         if landlock is not None:
@@ -156,6 +162,10 @@ class SandboxProcess:
         if sweep or after is not None:  # every process of the run is gone: what it left at
             # a protected name goes
             keys.set_protected_sweep(self.receipt, self._swept(sweep, after))
+        owed, self._owed = self._owed, None
+        if owed is not None:
+            from ..policy.protected.pending import paid
+            paid(owed)
         keys.set_end(self.receipt, self._ended_by or "exit", self._monitor.notes)
         return self.returncode
 

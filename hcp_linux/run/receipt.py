@@ -187,9 +187,11 @@ def _protected(plan) -> dict[str, Any]:
     (a read-only bind, removed or restored after the run, or why not); the symlinks'
     targets, which the after-run sweep restores (a served run's client reads them here)."""
     found = plan.protect
-    if found is None or not (found.how or found.stopped):
+    if found is None or not (found.how or found.stopped or found.recovered):
         return {}
     out: dict[str, Any] = {"protected": dict(found.how)}
+    if found.recovered:
+        out["protected_recovered"] = dict(found.recovered)
     if found.stopped:
         out["protected_search"] = dict(found.stopped)
     links = {path: target for path, target, _ in found.sweep if isinstance(target, str)}

@@ -149,25 +149,29 @@ class Found:
     ``sweep``: :data:`SweepEntry` for the sweep;
     ``stopped``: (root, why) for each writable root whose nested search stopped early;
     ``after``: the search again once the run is over, for what it made below the top level
-    (:func:`sweep_made`).
+    (:func:`sweep_made`); ``recovered``: what the owed sweeps of runs whose runtime died
+    moved aside right before (:mod:`.pending`), each path and what was done.
 
     A frozen value written out rather than a dataclass: the served client imports this
     module for the sweep, and dataclasses (with inspect) cost it ~5 ms at start-up."""
 
-    __slots__ = ("read_only", "pins", "how", "sweep", "stopped", "after")
+    __slots__ = ("read_only", "pins", "how", "sweep", "stopped", "after", "recovered")
     read_only: tuple[str, ...]
     pins: tuple[str, ...]
     how: tuple[tuple[str, str], ...]
     sweep: tuple[SweepEntry, ...]
     stopped: tuple[tuple[str, str], ...]
     after: "After | None"
+    recovered: tuple[tuple[str, str], ...]
 
     def __init__(self, read_only: tuple[str, ...] = (), pins: tuple[str, ...] = (),
                  how: tuple[tuple[str, str], ...] = (),
                  sweep: tuple[SweepEntry, ...] = (),
                  stopped: tuple[tuple[str, str], ...] = (),
-                 after: "After | None" = None) -> None:
-        for name, value in zip(self.__slots__, (read_only, pins, how, sweep, stopped, after)):
+                 after: "After | None" = None,
+                 recovered: tuple[tuple[str, str], ...] = ()) -> None:
+        for name, value in zip(self.__slots__, (read_only, pins, how, sweep, stopped, after,
+                                                recovered)):
             object.__setattr__(self, name, value)
 
     def _fields(self) -> tuple:
@@ -201,9 +205,12 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     mount view and ``protect_missing = "placeholders"``, a missing name gets its placeholder
     here (PolicyError, naming it, when it cannot be made: fail closed)."""
     # here, not at the top: the served client imports this module for the sweep alone
-    from . import search as protected_search
+    from . import pending, search as protected_search
     from ...runtime_files import jail_home, make_private_directory, protected_paths, \
         temp_directory
+    # first the sweeps that runs whose runtime died still owe: else what their commands
+    # planted would be found here existing, taken for the user's, and kept
+    recovered = tuple(pending.collect().items())
     allowed = policy.allow_write_protected
     mode = policy.protect_missing
     place = view and mode == "placeholders"
@@ -309,7 +316,8 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     after = After(tuple((r, policy.protect_depth, skip) for r in roots), tuple(sorted(seen)),
                   tuple(allowed)) if roots else None
     return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
-                 how=tuple(how), sweep=tuple(sweep), stopped=tuple(stopped), after=after)
+                 how=tuple(how), sweep=tuple(sweep), stopped=tuple(stopped), after=after,
+                 recovered=recovered)
 
 
 def _keep(sweep: list[SweepEntry], path: str) -> None:
@@ -453,12 +461,15 @@ def _dir_kind(path: str) -> str:
 
 # --- after the run -------------------------------------------------------------------------
 
-def sweep(entries: tuple[SweepEntry, ...], since: int | None = None) -> dict[str, str]:
+def sweep(entries: tuple[SweepEntry, ...], since: int | None = None,
+          aside: bool = False) -> dict[str, str]:
     """Once every process of the run is gone: remove what appeared at each missing path,
     restore each changed symlink, move aside what replaced a bound file or directory
     (:data:`SweepEntry`). Walks from / without following a symlink (a directory
     swapped for a link leads nowhere), each directory opened once. ``since``: the run's
-    start (:func:`now`): a directory it locked is given back its owner's rwx (:func:`make_usable`). Returns each path acted on and what was done
+    start (:func:`now`): a directory it locked is given back its owner's rwx (:func:`make_usable`).
+    ``aside``: what appeared at a missing name is moved aside rather than removed (the
+    sweep of a run whose runtime died, done later: :mod:`.pending`). Returns each path acted on and what was done
     (or why it could not be)."""
     done: dict[str, str] = {}
     dirs: dict[str, int | None] = {}
@@ -471,7 +482,7 @@ def sweep(entries: tuple[SweepEntry, ...], since: int | None = None) -> dict[str
                 if fd is not None and since is not None and fd not in usable:
                     make_usable(fd, since)
                     usable.add(fd)
-                result = "" if fd is None else _sweep_one(fd, name, target, file_only)
+                result = "" if fd is None else _sweep_one(fd, name, target, file_only, aside)
             except OSError as e:
                 result = f"failed: {e.strerror or e}"
             if result:
@@ -489,7 +500,7 @@ MOVED_ASIDE = "replaced during the run (its read-only bind went with the old fil
 
 
 def _sweep_one(fd: int, name: str, target: "str | tuple[int, int] | None",
-               file_only: bool) -> str:
+               file_only: bool, aside: bool = False) -> str:
     """The sweep of ``name`` in the directory ``fd``: what was done, or "" for nothing."""
     if not os.access(name, os.F_OK, dir_fd=fd, follow_symlinks=False):
         st = None  # the usual case: nothing appeared (no exception raised for it)
@@ -501,6 +512,8 @@ def _sweep_one(fd: int, name: str, target: "str | tuple[int, int] | None",
     if target is None:
         if st is None or (file_only and stat.S_ISDIR(st.st_mode)):
             return ""
+        if aside:
+            return move_aside(fd, name, st, "unswept", UNSWEPT)
         remove(fd, name, st)
         return "removed"
     if isinstance(target, tuple):
@@ -508,17 +521,33 @@ def _sweep_one(fd: int, name: str, target: "str | tuple[int, int] | None",
             return ""  # the bound file, or nothing (deleted on the host)
         # the user's tools could have put it there as well as the command: not removed,
         # but no longer at a name they run
-        aside = f"{name[:200]}.hcp-linux-replaced-{os.urandom(6).hex()}"
-        try:
-            os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
-        except OSError:  # cannot be moved (no room for the name...): not left where it is
-            remove(fd, name, st)
-            return "removed: replaced during the run, and could not be moved aside"
-        return f"{MOVED_ASIDE} {aside}"
+        return move_aside(fd, name, st, "replaced", MOVED_ASIDE)
     if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=fd) == target:
         return ""
     if st is not None:
-        remove(fd, name, st)
+        if aside:
+            move_aside(fd, name, st, "unswept", UNSWEPT)
+        else:
+            remove(fd, name, st)
     os.symlink(target, name, dir_fd=fd)
     return "restored"
+
+
+#: The sweep's word for what a run whose runtime died left at a missing name, moved aside by
+#: a later run (:mod:`.pending`), followed by the name it was moved to.
+UNSWEPT = ("left by a run whose runtime died before its sweep (the user may have made it "
+           "since): moved to")
+
+
+def move_aside(fd: int, name: str, st: os.stat_result, why: str, said: str) -> str:
+    """Move ``name`` (in ``fd``) to ``NAME.hcp-linux-WHY-RANDOM`` beside it: no longer at a
+    name the host's tools run, and not lost if it was the user's. Removed when it cannot be
+    moved (no room for the longer name): never left where it is."""
+    aside = f"{name[:200]}.hcp-linux-{why}-{os.urandom(6).hex()}"
+    try:
+        os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
+    except OSError:
+        remove(fd, name, st)
+        return f"removed: {said.split(':')[0]}, and could not be moved aside"
+    return f"{said} {aside}"
 

@@ -69,7 +69,7 @@ _COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)
 CTIME_SLACK = 1_000_000_000
 
 
-def sweep_made(after: After | None, since: int) -> dict[str, str]:
+def sweep_made(after: After | None, since: int, aside: bool = False) -> dict[str, str]:
     """Once every process of the run is gone: search each writable root again as the
     search before the run did (:class:`After`), and remove each protected name below the
     top level that the run made or changed: one that search did not consider, that is
@@ -79,8 +79,9 @@ def sweep_made(after: After | None, since: int) -> dict[str, str]:
     superproject's ``git status`` runs a registered submodule's ``core.fsmonitor``), nor a
     ``.envrc`` or ``.vscode`` for a tool entering ``sub/``. Left: a ``.git`` directory (its
     names are searched), and a worktree's or a submodule's link home (:func:`_points_home`),
-    so that ``git worktree add`` in the jail still works. Returns each path acted on (and,
-    for a root whose search stopped early, where: ``failed: stopped ...``)."""
+    so that ``git worktree add`` in the jail still works. ``aside``: moved aside instead
+    (the sweep of a run whose runtime died, done later: :mod:`.pending`). Returns each path
+    acted on (and, for a root whose search stopped early, where: ``failed: stopped ...``)."""
     if after is None or not after.roots:
         return {}
     from .search import Search  # here: only a run with writable roots pays for it
@@ -95,11 +96,12 @@ def sweep_made(after: After | None, since: int) -> dict[str, str]:
             # that root's search is said to have failed, and the others still run
             try:
                 search = Search(root, depth, set(skip), since)
-                _sweep_root(search, root, skip, known, allowed, since, homes, dirs, done)
+                _sweep_root(search, root, skip, known, allowed, since, homes, dirs, done,
+                            aside)
             except (OSError, RecursionError) as e:
                 done[root] = f"failed: below the top level, {_why(e)}"
         try:
-            _sweep_submodules(after, known, allowed, since, homes, dirs, done)
+            _sweep_submodules(after, known, allowed, since, homes, dirs, done, aside)
         except (OSError, RecursionError) as e:
             done[after.roots[0][0]] = f"failed: submodules, {_why(e)}"
     finally:
@@ -111,7 +113,7 @@ def sweep_made(after: After | None, since: int) -> dict[str, str]:
 
 def _sweep_root(search: "Search", root: str, skip: tuple[str, ...], known: set[str],
                 allowed: set[str], since: int, homes: tuple[str, ...],
-                dirs: dict[str, int | None], done: dict[str, str]) -> None:
+                dirs: dict[str, int | None], done: dict[str, str], aside: bool) -> None:
     """:func:`sweep_made` in one writable root."""
     for path, key, _ in search.run():
         if path in known or key in allowed or path in allowed \
@@ -120,7 +122,8 @@ def _sweep_root(search: "Search", root: str, skip: tuple[str, ...], known: set[s
         parent, name = path.rsplit("/", 1)
         try:
             fd = open_dir_path(parent or "/", dirs)
-            result = "" if fd is None else _sweep_made_one(fd, name, key, path, since, homes)
+            result = "" if fd is None else _sweep_made_one(fd, name, key, path, since, homes,
+                                                           aside)
         except OSError as e:
             result = f"failed: {e.strerror or e}"
         if result:
@@ -143,7 +146,7 @@ SUBMODULE_BUDGET = 1024
 
 def _sweep_submodules(after: After, known: set[str], allowed: set[str], since: int,
                       homes: tuple[str, ...], dirs: dict[str, int | None],
-                      done: dict[str, str]) -> None:
+                      done: dict[str, str], aside: bool) -> None:
     """The host's ``git status`` runs ``git status`` in each populated submodule its index
     names, at any depth, with that submodule's config: so each repository's index (the
     roots', their linked worktrees', the nested ones the search found) is read
@@ -183,7 +186,7 @@ def _sweep_submodules(after: After, known: set[str], allowed: set[str], since: i
                 if not _in_roots(target, roots, covered) or target in roots:
                     continue
                 nested = _submodule_git(target, since, homes, known, allowed,
-                                        (roots, covered), dirs, done)
+                                        (roots, covered), dirs, done, aside)
             except OSError as e:
                 done[where] = f"failed: {e.strerror or e}"
                 continue
@@ -193,7 +196,8 @@ def _sweep_submodules(after: After, known: set[str], allowed: set[str], since: i
 
 def _submodule_git(target: str, since: int, homes: tuple[str, ...], known: set[str],
                    allowed: set[str], scope: tuple[tuple[str, ...], tuple[str, ...]],
-                   dirs: dict[str, int | None], done: dict[str, str]) -> str | None:
+                   dirs: dict[str, int | None], done: dict[str, str],
+                   aside: bool) -> str | None:
     """Keep the submodule at ``target`` as the search keeps a nested repository: its
     ``.git`` (a pointer or link the run made that does not lead home goes) and, in its git
     directory, what the run made or changed of :data:`GIT_DIR_NAMES`. Returns that git
@@ -209,7 +213,7 @@ def _submodule_git(target: str, since: int, homes: tuple[str, ...], known: set[s
         return None  # not populated: git does not enter it
     if not stat.S_ISDIR(st.st_mode):
         try:
-            result = _sweep_made_one(fd, ".git", ".git", dot_git, since, homes)
+            result = _sweep_made_one(fd, ".git", ".git", dot_git, since, homes, aside)
         except OSError as e:
             result = f"failed: {e.strerror or e}"
         if result:
@@ -233,7 +237,7 @@ def _submodule_git(target: str, since: int, homes: tuple[str, ...], known: set[s
         if path in known or key in allowed or path in allowed:
             continue
         try:
-            result = _sweep_made_one(inner, name, key, path, since, homes)
+            result = _sweep_made_one(inner, name, key, path, since, homes, aside)
         except OSError as e:
             result = f"failed: {e.strerror or e}"
         if result:
@@ -337,7 +341,7 @@ def _in_roots(path: str, roots: tuple[str, ...], covered: tuple[str, ...]) -> bo
 
 
 def _sweep_made_one(fd: int, name: str, key: str, path: str, since: int,
-                    homes: tuple[str, ...]) -> str:
+                    homes: tuple[str, ...], aside: bool = False) -> str:
     try:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -350,6 +354,9 @@ def _sweep_made_one(fd: int, name: str, key: str, path: str, since: int,
             and _points_home(fd, name, key, path, homes, st):
         return ""
     make_usable(fd, since)  # a directory the run made read-only still loses it
+    if aside:  # a run whose runtime died: done later, when the user may have made it
+        from . import UNSWEPT, move_aside
+        return move_aside(fd, name, st, "unswept", UNSWEPT)
     remove(fd, name, st)
     return "removed"
 
