@@ -71,12 +71,13 @@ def _killed_mid_run(jail: Path) -> None:
 @needs_records
 def test_a_run_after_a_killed_runtime_moves_its_plants_aside(jail: Path,
                                                              tmp_path: Path) -> None:
-    before = _records()
+    before = set(_records())  # (others' dead ones are collected by the next lookup)
     _killed_mid_run(jail)
     # control: the runtime died before its sweep; what was planted is there
     assert (jail / ".envrc").read_text() == "echo planted\n"
     assert (jail / "sub" / ".vscode").is_dir()
-    assert len(_records()) == len(before) + 1  # its owed sweep, written before the command
+    owed = set(_records()) - before
+    assert len(owed) == 1  # its sweep, written before the command
     receipt = tmp_path / "r.json"
     p = run_cli(jail, "/bin/sh", "-c", "cat .envrc 2>/dev/null || echo no-envrc",
                 extra=["--receipt", str(receipt)])
@@ -89,22 +90,22 @@ def test_a_run_after_a_killed_runtime_moves_its_plants_aside(jail: Path,
     assert list((jail / "sub").glob(".vscode.hcp-linux-unswept-*"))
     recovered = read_receipt(receipt)["protected_recovered"]
     assert recovered[str(jail / ".envrc")].endswith(aside[0])
-    assert _records() == before
+    assert owed.isdisjoint(_records())
 
 
 @needs_records
 def test_a_run_that_ends_leaves_no_record(jail: Path) -> None:
     """The record is the run's until its sweep is done: a plain run and a refused one (its
     setup fails: nothing ran) leave none."""
-    before = _records()
+    before = set(_records())
     (jail / "go").touch()
     p = run_cli(jail, "/bin/sh", "-c", PLANT)
     assert_ok(p)
     assert not (jail / ".envrc").exists()
-    assert _records() == before
+    assert set(_records()) <= before
     p = run_cli(jail, "/nonexistent/tool")
     assert p.returncode != 0
-    assert _records() == before
+    assert set(_records()) <= before
 
 
 @needs_records
