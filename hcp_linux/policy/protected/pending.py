@@ -157,7 +157,10 @@ def _settle(path: str) -> dict[str, str]:
     except (OSError, ValueError, KeyError, TypeError):
         paid(path)  # cut short while it was written: before the command existed
         return {}
-    done = sweep(entries, since, aside=True)
+    # not the check of bound names: their bind held while the run lived, and since it died
+    # the user's own git or editor may well have replaced one (a `git config` renames a
+    # new .git/config over it), which that check would move aside
+    done = sweep(tuple(e for e in entries if not isinstance(e[1], tuple)), since, aside=True)
     done.update(sweep_made(after, since, aside=True))
     paid(path)
     return done
