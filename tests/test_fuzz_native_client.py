@@ -120,7 +120,7 @@ def replies(draw) -> bytes:  # type: ignore[no-untyped-def]
 @fuzz(ci=200)
 @given(reply=replies())
 @example(reply=frame([b"exit", b"2", b"error: sandbox: no\n"]))
-@example(reply=frame([b"plan"] + [b"/nonexistent/hcp-exec"] + [b""] * 8))
+@example(reply=frame([b"plan"] + [b"/nonexistent/hcp-exec"] + [b""] * 9))
 @example(reply=struct.pack("<I", 16 << 20) + b"x" * 8)
 @example(reply=frame([b"exit", b"300", b"too big"]))
 def test_any_reply_is_a_refusal_or_a_fallback(setup: tuple[str, FakeServer],

@@ -186,8 +186,8 @@ def test_a_handover_that_is_not_one_is_refused(tmp_path: Path, case: str) -> Non
         if case == "not-our-child":
             fd = os.memfd_create("hcp-finish", 0)
             from hcp_linux.cli.serve_wire import encode
-            body = encode([b"finish 1", b"run", b"%d" % victim.pid, b"%d" % r, b"-1", b"",
-                           b"15", b"-1", encode([])[4:], encode([b"0"])[4:]])
+            body = encode([b"finish 2", b"run", b"%d" % victim.pid, b"%d" % r, b"-1", b"",
+                           b"15", b"-1", encode([])[4:], encode([b"0"])[4:], b""])
             os.write(fd, body)
         else:
             fd = r

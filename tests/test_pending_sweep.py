@@ -52,14 +52,19 @@ needs_records = pytest.mark.skipif(not _can_keep_records(),
                                           "records (test_without_a_place_the_receipt_says_so)")
 
 
-def _start(jail: Path) -> subprocess.Popen:
-    return subprocess.Popen(sandboxing.hcp_argv(jail, "/bin/sh", "-c", PLANT),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=caller_env(), cwd="/")
+def _start(jail: Path, cli: list[str] | None = None,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
+    argv = sandboxing.hcp_argv(jail, "/bin/sh", "-c", PLANT)
+    if cli is not None:  # another way to run it (test_caller_state.WAYS)
+        argv = [*cli, *argv[len(sandboxing.CLI):]]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=caller_env() if env is None else env,
+                            cwd="/")
 
 
-def _killed_mid_run(jail: Path) -> None:
-    proc = _start(jail)
+def _killed_mid_run(jail: Path, cli: list[str] | None = None,
+                    env: dict[str, str] | None = None) -> None:
+    proc = _start(jail, cli, env)
     try:
         wait_for(lambda: (jail / "ready").exists(), "the command to plant")
     finally:
@@ -69,10 +74,15 @@ def _killed_mid_run(jail: Path) -> None:
 
 
 @needs_records
-def test_a_run_after_a_killed_runtime_moves_its_plants_aside(jail: Path,
-                                                             tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+def test_a_run_after_a_killed_runtime_moves_its_plants_aside(jail: Path, tmp_path: Path,
+                                                             how: str) -> None:
+    """The ways to run the CLI: in-process the runtime writes the record; served, the
+    server does, naming the client (which starts the command) as its owner."""
+    from test_caller_state import way
     before = set(_records())  # (others' dead ones are collected by the next lookup)
-    _killed_mid_run(jail)
+    with way(how, tmp_path) as (cli, env):
+        _killed_mid_run(jail, cli, env)
     # control: the runtime died before its sweep; what was planted is there
     assert (jail / ".envrc").read_text() == "echo planted\n"
     assert (jail / "sub" / ".vscode").is_dir()

@@ -44,6 +44,7 @@ from ..observe.denials import complete, denial_layers
 from ..plan.plan import Plan
 from ..plan.rulesets import answered_by_filter
 from ..policy.policy import DEFAULT_SECCOMP_PROFILES, NATIVE_LOCAL
+from ..policy.protected.pending import owe, owner_of, paid
 from ..sandbox import Sandbox
 from .serve_wire import PROTOCOL, encode, encode_after, encode_sweep, recv_frame
 
@@ -141,10 +142,11 @@ class _Server:
         self.idle_exit = idle_exit
         self.parser = build_parser()  # holds no state between parses
         # token -> (the sweep, the after-run search with the run's start), both as sent,
-        # of each plan sent, for the end of its run
+        # and the record of that sweep (hcp_linux.policy.protected.pending), of each plan
+        # sent, for the end of its run
         # (:func:`_end`); the oldest forgotten past MAX_ENDS (its client then ends the run
         # itself: hcp_linux.cli.serve_client.finish)
-        self.ends: dict[bytes, tuple[bytes, bytes]] = {}
+        self.ends: dict[bytes, tuple[bytes, bytes, str]] = {}
         self.stopping = False
         try:
             _warm()
@@ -387,6 +389,7 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
     # Stop before compiling a plan without a mount view: that one makes a temp dir in the jail
     attempts = Sandbox(policy, executor="native").attempts(argv, terminals=state["terminals"],
                                                           only_with=SERVED_LAYERS)
+    owed = ""  # the record of the sweep of the plan last sent, while its run may start
     try:
         plan, make_receipt = next(attempts)
         while True:
@@ -403,11 +406,18 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             swept = encode_sweep(plan.protect.sweep if plan.protect is not None else ())
             made = encode_after(plan.protect.after if plan.protect is not None else None,
                                 plan.protect_since)
-            say(b"plan", os.fsencode(native.binary() or ""), blob,
-                json.dumps(receipt).encode(),
-                b"" if policy.timeout is None else repr(policy.timeout).encode(),
-                b"%d" % child.KILL_REQUEST, (a.receipt or "").encode(), swept, made,
-                _remember_end(server, swept, made))
+            token = os.urandom(16).hex()
+            owed = _owe(plan, pid, token, receipt)
+            try:
+                say(b"plan", os.fsencode(native.binary() or ""), blob,
+                    json.dumps(receipt).encode(),
+                    b"" if policy.timeout is None else repr(policy.timeout).encode(),
+                    b"%d" % child.KILL_REQUEST, (a.receipt or "").encode(), swept, made,
+                    _remember_end(server, token.encode(), swept, made, owed),
+                    os.fsencode(owed))
+            except OSError:  # the client is gone: it never had the plan
+                paid(owed)
+                raise
             try:
                 report = recv_frame(conn)
             except ConnectionError:  # it ran: the client closed
@@ -415,6 +425,8 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
             if report[:1] != [b"failed"] or len(report) != 5:
                 raise ValueError("expected a setup failure report")
             step_i, err, detail, done_w = report[1:]
+            paid(owed)  # a setup step failed: nothing ran
+            owed = ""
             state["done_w"] = int(done_w)
             step = protocol.step_name(int(step_i))
             failure = ChildSetupError(step, int(err) or errno.EIO, detail.decode(errors="replace"))
@@ -431,12 +443,28 @@ def _answer(server: _Server, conn: socket.socket, pid: int, state: dict[str, Any
 MAX_ENDS = 256
 
 
-def _remember_end(server: _Server, swept: bytes, made: bytes) -> bytes:
-    """A token for the end of the run this plan is for: the native client asks the server to
-    sweep it (:func:`_end`), and the server sweeps only what it planned, never paths a client
-    names."""
-    token = os.urandom(16).hex().encode()
-    server.ends[token] = (swept, made)
+def _owe(plan: Plan, pid: int, token: str, receipt: dict) -> str:
+    """The record of the run's sweep (hcp_linux.policy.protected.pending), written before
+    the client can start the command, its owner the client (its runtime): a client killed
+    during the run leaves it to a later run. Its path, or "" (none to write, or none
+    written: the receipt says why)."""
+    found = plan.protect
+    if found is None or not (found.sweep or found.after is not None):
+        return ""
+    try:
+        return owe(found.sweep, found.after, plan.protect_since, owner_of(pid), token)
+    except (OSError, ValueError) as e:
+        keys.set_protected_pending(receipt, e.strerror if isinstance(e, OSError)
+                                   and e.strerror else str(e))
+        return ""
+
+
+def _remember_end(server: _Server, token: bytes, swept: bytes, made: bytes,
+                  owed: str) -> bytes:
+    """``token`` names the end of the run this plan is for: the native client asks the
+    server to sweep it (:func:`_end`), and the server sweeps only what it planned, never
+    paths a client names (and removes its record, ``owed``)."""
+    server.ends[token] = (swept, made, owed)
     while len(server.ends) > MAX_ENDS:
         del server.ends[next(iter(server.ends))]
     return token
@@ -459,6 +487,7 @@ def _end(server: _Server, conn: socket.socket, token: bytes, status: bytes) -> N
     after, since = decode_after(planned[1])
     sweep(decode_sweep(planned[0]), since)
     sweep_made(after, since)
+    paid(planned[2])
     code = end_of_run({}, None, os.waitstatus_to_exitcode(int(status)), False, None)
     conn.sendall(encode([b"ended", b"%d" % code]))
 

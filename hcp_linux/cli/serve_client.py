@@ -164,10 +164,11 @@ class _Client:
                     sys.stderr.write(reply[2].decode(errors="replace"))
                     sys.stderr.flush()
                     return int(reply[1])
-                if kind != b"plan" or len(reply) != 10:
+                if kind != b"plan" or len(reply) != 11:
                     raise ValueError(f"unexpected reply {kind!r}")
                 # the token names the run's end for a client with no Python (finish)
                 exe, plan, receipt, timeout, _kill_request, receipt_to, swept, made = reply[1:9]
+                owed = os.fsdecode(reply[10])  # the record of this sweep, ours to remove
                 entries = decode_sweep(swept)
                 after = decode_after(made)
                 if receipt_dir is None:  # fixed before the command can change the path;
@@ -188,6 +189,9 @@ class _Client:
                 if record is None:
                     monitor.kill()
                     monitor.wait(None)
+                    if owed:  # nothing ran
+                        from ..policy.protected.pending import paid
+                        paid(owed)
                     from ..errors import SetupTimeoutError
                     error = SetupTimeoutError(SETUP_TIMEOUT)
                     sys.stderr.write(f"error: sandbox: {error}\n")
@@ -195,7 +199,8 @@ class _Client:
                 if not record:
                     self.sock.close()  # the server is free for the next client
                     return _wait(monitor, pipes.done_r, float(timeout) if timeout else None,
-                                 receipt, receipt_to.decode(), entries, after, receipt_dir)
+                                 receipt, receipt_to.decode(), entries, after, receipt_dir,
+                                 owed)
                 monitor.over()  # it exits 125 after its report: nothing ran
                 monitor.wait(None)
                 monitor.close()
@@ -270,7 +275,7 @@ def _spawn(exe: bytes, plan: bytes, pipes: _Pipes) -> int:
 
 def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: ignore
           receipt_to: str, entries: "tuple[SweepEntry, ...]",
-          after: tuple, receipt_dir: int | None = None) -> int:
+          after: tuple, receipt_dir: int | None = None, owed: str = "") -> int:
     """What cli._run does once the command runs: ^C, TERM or HUP kill the whole sandbox,
     and so does the timeout (the runtime's own SIGKILL, hcp_linux.proc.teardown); then
     :func:`_end`."""
@@ -300,18 +305,19 @@ def _wait(monitor, done_r: int, timeout: float | None, receipt: bytes,  # type: 
     except Killed as k:
         by, signum = "kill", k.args[0]
     return _end(monitor, done_r, by, signum, timeout, receipt, receipt_to, entries, after,
-                receipt_dir)
+                receipt_dir, owed=owed)
 
 
 def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-def]
          timeout: float | None, receipt: bytes, receipt_to: str,
          entries: "tuple[SweepEntry, ...]", after: tuple,
-         receipt_dir: int | None = None, status: int | None = None) -> int:
+         receipt_dir: int | None = None, status: int | None = None, owed: str = "") -> int:
     """The end of a run ``by`` "exit", "timeout" or "kill" (``signum``): the command's
     status (from the done pipe, unless ``status`` says it: read already), the monitor waited
     for (``monitor`` None: reaped already), the sweep of ``entries`` (the protected names')
-    and the after-run search (``after``: the After and the run's start), the receipt when it
-    is written, and the exit status."""
+    and the after-run search (``after``: the After and the run's start), then its record
+    removed (``owed``: hcp_linux.policy.protected.pending), the receipt when it is written,
+    and the exit status."""
     import _signal
     from _struct import unpack
 
@@ -335,6 +341,9 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     from ..policy.protected import sweep, sweep_made
     done = sweep(entries, after[1])  # every process of the run is gone (the init said)
     done.update(sweep_made(*after))
+    if owed:
+        from ..policy.protected.pending import paid
+        paid(owed)
     rec: dict = {}  # end_of_run reads it only to write it
     if receipt_to:
         import json
@@ -351,7 +360,7 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
 
 
 #: What hcp_linux/native/hcp_client.c says when it hands a run over (FINISH_VERSION).
-FINISH_VERSION = b"finish 1"
+FINISH_VERSION = b"finish 2"
 
 
 def finish(fd: int) -> int | None:
@@ -374,12 +383,13 @@ def finish(fd: int) -> int | None:
     from .serve_wire import decode
     try:
         items = decode(_read_handover(fd))
-        if items[:1] != [FINISH_VERSION] or len(items) != 10:
+        if items[:1] != [FINISH_VERSION] or len(items) != 11:
             raise ValueError("not a handover of this version")
         phase = items[1].decode()
         pid, done_r, err_r, signum, status = (int(i) for i in items[2:5] + items[6:8])
         timeout = float(items[5]) if items[5] else None
         entries, after = decode_sweep(items[8]), decode_after(items[9])
+        owed = os.fsdecode(items[10])  # the sweep's record (the server wrote it)
         if phase not in ("setup", "failed", "run", "over", "end") \
                 or (pid != -1) != (phase != "end") or (pid != -1 and not _our_child(pid)):
             raise ValueError(f"phase {phase!r} of pid {pid}")
@@ -398,6 +408,9 @@ def finish(fd: int) -> int | None:
         monitor.wait(None)
         monitor.close()
         os.close(done_r)
+        if owed:  # the command was never exec'd: nothing to sweep
+            from ..policy.protected.pending import paid
+            paid(owed)
         if phase == "failed":
             return None
         if signum:
@@ -413,7 +426,7 @@ def finish(fd: int) -> int | None:
         assert monitor is not None
         monitor.kill()
         by = "kill" if signum else "timeout"
-    return _end(monitor, done_r, by, signum, timeout, b"", "", entries, after,
+    return _end(monitor, done_r, by, signum, timeout, b"", "", entries, after, owed=owed,
                 status=None if status == -1 else status)
 
 

@@ -74,7 +74,7 @@ extern char **environ;
 /* What reaches the Python command: this program's key, where a run stands. */
 #define CLIENT_ENV "HCP_LINUX_CLIENT"
 #define FINISH_ENV "HCP_LINUX_FINISH"
-#define FINISH_VERSION "finish 1"
+#define FINISH_VERSION "finish 2"
 /* A server that took the request and did not answer in time: its socket's DEV:INO. */
 #define UNANSWERED_ENV "HCP_LINUX_UNANSWERED"
 /* The variables that choose which hcp_linux the Python command imports (its key). */
@@ -635,7 +635,7 @@ struct run {
     int err_r; /* EOF at exec, else the failed step's record */
     int done_r; /* the init writes the command's status */
     int sfd; /* INT, TERM, HUP */
-    struct item timeout, swept, made, token;
+    struct item timeout, swept, made, token, owed;
 };
 
 static long long now_ms(void) {
@@ -661,6 +661,7 @@ __attribute__((noreturn)) static void finish(struct run *r, const char *phase, i
     put_num(&b, status);
     put(&b, r->swept.p, r->swept.n);
     put(&b, r->made.p, r->made.n);
+    put(&b, r->owed.p, r->owed.n);
     seal(&b);
     int fd = memfd_create("hcp-finish", 0); /* no CLOEXEC: it is for the exec'd program */
     int ok = fd >= 0 && write_all(fd, b.p, b.len) == 0;
@@ -812,15 +813,17 @@ int main(int argc, char **argv) {
     }
     free(b.p);
 
-    struct item it[10];
-    int k = items(reply, len, it, 10);
+    struct item it[11];
+    int k = items(reply, len, it, 11);
     long long code;
     if (k == 3 && is(it[0], "exit") && number(it[1], 0, 255, &code) == 0) {
         (void)write_all(2, it[2].p, it[2].n); /* refused: what the in-process run prints */
         return (int)code;
     }
-    /* plan: exe, plan, receipt, timeout, kill request, receipt path, sweep, after, token */
-    if (k != 10 || !is(it[0], "plan") || it[1].n == 0 || it[1].n >= PATH_MAX || it[6].n != 0)
+    /* plan: exe, plan, receipt, timeout, kill request, receipt path, sweep, after, token,
+     * and the record of the sweep the server wrote (the server removes it at the end it is
+     * asked for; Python, when it finishes the run) */
+    if (k != 11 || !is(it[0], "plan") || it[1].n == 0 || it[1].n >= PATH_MAX || it[6].n != 0)
         fall_back(); /* a fallback, a receipt to write (Python's), or nothing we know */
     char exe[PATH_MAX];
     memcpy(exe, it[1].p, it[1].n);
@@ -833,7 +836,8 @@ int main(int argc, char **argv) {
                     .timeout = it[4],
                     .swept = it[7],
                     .made = it[8],
-                    .token = it[9]};
+                    .token = it[9],
+                    .owed = it[10]};
     long long timeout_ms = -1;
     if (r.timeout.n) {
         char t[32];

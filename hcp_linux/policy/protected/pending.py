@@ -19,7 +19,6 @@ while it was written, before the command existed: it is removed. Only the stdlib
 """
 from __future__ import annotations
 
-import json
 import os
 
 from . import SweepEntry, sweep
@@ -54,9 +53,19 @@ def _me() -> str:
     return _mine
 
 
-def owe(entries: tuple[SweepEntry, ...], after: After | None, since: int) -> str:
-    """Write down the sweep of a run about to start; its record's path. OSError when it
-    cannot be written (no room, a directory that is not the user's alone: ValueError)."""
+def owner_of(pid: int) -> str:
+    """The id a record names the runtime ``pid`` by (its pid and start time)."""
+    return f"{pid}-{_start_time(pid) or 0}"
+
+
+def owe(entries: tuple[SweepEntry, ...], after: After | None, since: int,
+        owner: str | None = None, tag: str | None = None) -> str:
+    """Write down the sweep of a run about to start; its record's path. ``owner``: the
+    runtime that will sweep it (:func:`owner_of`; default: this process), ``tag``: the
+    record's own part of its name (default: random). OSError when it cannot be written (no
+    room), ValueError (a directory that is not the user's alone)."""
+    import json
+
     from ...runtime_files import make_private_directory, pending_directory
     where = pending_directory()
     if where is None:
@@ -70,7 +79,9 @@ def owe(entries: tuple[SweepEntry, ...], after: After | None, since: int) -> str
             "roots": [[r, d, list(s)] for r, d, s in after.roots],
             "known": list(after.known), "allowed": list(after.allowed)},
     }).encode()
-    path = os.path.join(where, f"{_me()}-{os.urandom(6).hex()}{_SUFFIX}")
+    if tag is not None and not tag.isalnum():
+        raise ValueError(f"a record's tag must be letters and digits, not {tag!r}")
+    path = os.path.join(where, f"{owner or _me()}-{tag or os.urandom(6).hex()}{_SUFFIX}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:
@@ -144,6 +155,7 @@ def _alive(owner: str) -> bool:
 
 
 def _settle(path: str) -> dict[str, str]:
+    import json
     try:
         with open(path, "rb") as f:
             record = json.loads(f.read())
