@@ -166,12 +166,33 @@ def test_a_record_cut_short_is_dropped_without_acting(jail: Path) -> None:
     assert (jail / ".envrc").read_text() == "the user's\n"
 
 
-@pytest.mark.skipif(_can_keep_records(), reason="this uid keeps records")
 def test_without_a_place_the_receipt_says_so(jail: Path, tmp_path: Path) -> None:
-    """No virtual environment this uid can write (nobody, with root's): the run goes on,
-    and its receipt says that a runtime killed during it would leave its plants."""
+    """No place to keep the record (here: a file where its directory goes; elsewhere no
+    virtual environment, or one this uid cannot write): the run goes on, and its receipt
+    says that a runtime killed during it would leave its plants. Control: with the
+    directory back, a run's receipt says nothing of it."""
+    where = pending_directory()
+    if where is None:
+        pytest.skip("outside a virtual environment every run says so")
+    kept = where + ".kept-by-test"
+    moved = os.path.isdir(where)
+    if moved:
+        os.rename(where, kept)
     receipt = tmp_path / "r.json"
     (jail / "go").touch()
-    p = run_cli(jail, "/bin/sh", "-c", PLANT, extra=["--receipt", str(receipt)])
+    try:
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        Path(where).write_text("not a directory\n")
+        p = run_cli(jail, "/bin/sh", "-c", PLANT, extra=["--receipt", str(receipt)])
+    finally:
+        if os.path.isfile(where):
+            os.unlink(where)
+        if moved:
+            os.rename(kept, where)
     assert_ok(p)
-    assert read_receipt(receipt)["protected_pending"].startswith("not written (")
+    assert read_receipt(receipt)["protected_pending"].startswith("not written ("), show(p)
+    assert not (jail / ".envrc").exists()  # its own sweep, as ever
+    if _can_keep_records():
+        p = run_cli(jail, "/bin/sh", "-c", PLANT, extra=["--receipt", str(receipt)])
+        assert_ok(p)
+        assert "protected_pending" not in read_receipt(receipt)
