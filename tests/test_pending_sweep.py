@@ -161,8 +161,12 @@ def test_a_record_cut_short_is_dropped_without_acting(jail: Path) -> None:
     (jail / ".envrc").write_text("the user's\n")
     cut = Path(where) / "999999999-1-0123456789ab.json"
     cut.write_text(json.dumps({"since": 0, "sweep": [[str(jail / ".envrc"), None, False]]})[:30])
+    # and one that parses but is not what a runtime writes (a target no sweep knows)
+    odd = Path(where) / "999999999-1-0123456789ac.json"
+    odd.write_text(json.dumps({"since": 0, "sweep": [[str(jail / ".envrc"), 7, False]],
+                               "after": None}))
     assert_ok(run_cli(jail, "/bin/true"))
-    assert not cut.exists()
+    assert not cut.exists() and not odd.exists()
     assert (jail / ".envrc").read_text() == "the user's\n"
 
 

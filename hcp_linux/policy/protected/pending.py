@@ -165,14 +165,26 @@ def _alive(owner: str) -> bool:
     return now is not None and (now == start or start == "0")
 
 
+def _entry(path: object, target: object, file_only: object) -> SweepEntry:
+    """One sweep entry of a record, its types checked (ValueError): what :func:`owe`
+    writes, and nothing else reaches the sweep."""
+    if not isinstance(path, str) or not path.startswith("/") or not isinstance(file_only, bool):
+        raise ValueError("a malformed entry")
+    if isinstance(target, list) and len(target) == 2 \
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in target):
+        return path, (target[0], target[1]), file_only
+    if target is None or isinstance(target, str):
+        return path, target, file_only
+    raise ValueError("a malformed entry")
+
+
 def _settle(path: str) -> dict[str, str]:
     import json
     try:
         with open(path, "rb") as f:
             record = json.loads(f.read())
         since = int(record["since"])
-        entries = tuple((str(p), tuple(t) if isinstance(t, list) else t, bool(fo))
-                        for p, t, fo in record["sweep"])
+        entries = tuple(_entry(*e) for e in record["sweep"])
         a = record["after"]
         after = None if a is None else After(
             tuple((str(r), int(d), tuple(s)) for r, d, s in a["roots"]),
