@@ -1181,7 +1181,7 @@ def test_a_worktrees_link_out_of_the_root_is_not_followed(jail: Path, tmp_path: 
     assert gitdir.stat().st_atime != 0
 
 
-@pytest.mark.parametrize("mode", ["000", "100", "500"])
+@pytest.mark.parametrize("mode", ["000", "100", "500", "400", "600"])
 @pytest.mark.parametrize("where", ["the jail", "a directory it made"])
 def test_a_directory_the_run_locks_does_not_hide_what_it_planted(jail: Path, mode: str,
                                                                  where: str) -> None:
@@ -1205,3 +1205,26 @@ def test_a_directory_the_run_locks_does_not_hide_what_it_planted(jail: Path, mod
     assert_ok(p)
     os.chmod(jail / sub, 0o755)
     assert planted.read_text() == "echo planted\n"
+
+
+@pytest.mark.parametrize("mode", ["000", "600"])
+def test_a_locked_jail_does_not_hide_a_name_inside_its_git_directory(jail: Path,
+                                                                      mode: str) -> None:
+    """The sweep reaches ``.git/commondir`` through the jail's top: a run that plants it
+    (git reads it on the user's next ``git status``, and follows it to a config of the
+    run's choosing) and then locks the top had the first names under ``.git`` fail
+    (``Permission denied``) before a later name's sweep unlocked the top. Every directory
+    on the way gets its owner's rwx back as the sweep reaches it. Control: opted out, the
+    plant stays."""
+    assert _git(jail, "init", "-q").returncode == 0
+    plant = f"echo ../../elsewhere > .git/commondir && chmod {mode} . && echo planted=ok"
+    extra = ["--protect-missing", "sweep"]
+    p = run_cli(jail, "/bin/sh", "-c", plant, extra=extra)
+    assert_ok(p)
+    assert "planted=ok" in out(p), show(p)
+    os.chmod(jail, 0o755)
+    assert not os.path.lexists(jail / ".git" / "commondir")
+    p = run_cli(jail, "/bin/sh", "-c", plant, extra=[*extra, *_allowing(".git/commondir")])
+    assert_ok(p)
+    os.chmod(jail, 0o755)
+    assert (jail / ".git" / "commondir").read_text() == "../../elsewhere\n"

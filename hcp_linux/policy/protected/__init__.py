@@ -478,7 +478,7 @@ def sweep(entries: tuple[SweepEntry, ...], since: int | None = None,
         for path, target, file_only in entries:
             parent, name = path.rsplit("/", 1)
             try:
-                fd = open_dir_path(parent or "/", dirs)
+                fd = open_dir_path(parent or "/", dirs, since)
                 if fd is not None and since is not None and fd not in usable:
                     make_usable(fd, since)
                     usable.add(fd)

@@ -121,7 +121,7 @@ def _sweep_root(search: "Search", root: str, skip: tuple[str, ...], known: set[s
             continue
         parent, name = path.rsplit("/", 1)
         try:
-            fd = open_dir_path(parent or "/", dirs)
+            fd = open_dir_path(parent or "/", dirs, since)
             result = "" if fd is None else _sweep_made_one(fd, name, key, path, since, homes,
                                                            aside)
         except OSError as e:
@@ -204,7 +204,7 @@ def _submodule_git(target: str, since: int, homes: tuple[str, ...], known: set[s
     directory (for its own submodules), or None. ``scope``: (the writable roots, the
     carve-outs), which a git directory must lie in to be looked at."""
     dot_git = target + "/.git"
-    fd = open_dir_path(target, dirs)
+    fd = open_dir_path(target, dirs, since)
     if fd is None or dot_git in known or ".git" in allowed or dot_git in allowed:
         return None
     try:
@@ -229,7 +229,7 @@ def _submodule_git(target: str, since: int, homes: tuple[str, ...], known: set[s
         gitdir = dot_git
     if not _in_roots(gitdir, *scope):
         return None  # a git directory the run could not write: its names are as they were
-    inner = open_dir_path(gitdir, dirs)
+    inner = open_dir_path(gitdir, dirs, since)
     if inner is None:
         return None
     for name, key in GIT_DIR_NAMES.items():
@@ -342,6 +342,9 @@ def _in_roots(path: str, roots: tuple[str, ...], covered: tuple[str, ...]) -> bo
 
 def _sweep_made_one(fd: int, name: str, key: str, path: str, since: int,
                     homes: tuple[str, ...], aside: bool = False) -> str:
+    # a directory the run left readable but not searchable (0400, 0600) lists its names,
+    # and stats none of them: its owner's rwx back first
+    make_usable(fd, since)
     try:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -353,7 +356,6 @@ def _sweep_made_one(fd: int, name: str, key: str, path: str, since: int,
     if key in (".git", ".git/commondir") and stat.S_ISREG(st.st_mode) \
             and _points_home(fd, name, key, path, homes, st):
         return ""
-    make_usable(fd, since)  # a directory the run made read-only still loses it
     if aside:  # a run whose runtime died: done later, when the user may have made it
         from . import UNSWEPT, move_aside
         return move_aside(fd, name, st, "unswept", UNSWEPT)

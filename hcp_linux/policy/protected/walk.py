@@ -17,22 +17,24 @@ def join(root: str, name: str) -> str:
     return root + "/" + name if root != "/" else "/" + name
 
 
-def open_dir_path(path: str, dirs: dict[str, int | None]) -> int | None:
+def open_dir_path(path: str, dirs: dict[str, int | None],
+                  since: int | None = None) -> int | None:
     """An O_PATH fd of the directory ``path``, reached from / one component at a time, none
     of them a symlink (O_NOFOLLOW), kept in ``dirs``; None when a component is missing or
-    is not a directory (nothing can be at a path below it)."""
+    is not a directory (nothing can be at a path below it). ``since`` (after a run, its
+    start): a directory on the way that the run locked (no search permission left) gets
+    its owner's rwx back (:func:`make_usable`), and the way goes on."""
     if path in dirs:
         return dirs[path]
     if path == "/":
         fd: int | None = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     else:
         parent, name = path.rsplit("/", 1)
-        up = open_dir_path(parent or "/", dirs)
+        up = open_dir_path(parent or "/", dirs, since)
         fd = None
         if up is not None:
             try:
-                fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=up)
+                fd = _open_below(up, name, since)
             except (FileNotFoundError, NotADirectoryError):
                 fd = None
             except OSError as e:
@@ -40,6 +42,17 @@ def open_dir_path(path: str, dirs: dict[str, int | None]) -> int | None:
                     raise
     dirs[path] = fd
     return fd
+
+
+def _open_below(up: int, name: str, since: int | None) -> int:
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=up)
+    except PermissionError:
+        if since is None:
+            raise
+        make_usable(up, since)
+        return os.open(name, flags, dir_fd=up)
 
 
 def remove(dir_fd: int, name: str, st: os.stat_result) -> None:
