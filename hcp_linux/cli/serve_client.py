@@ -169,14 +169,20 @@ class _Client:
                 # the token names the run's end for a client with no Python (finish)
                 exe, plan, receipt, timeout, _kill_request, receipt_to, swept, made = reply[1:9]
                 owed = os.fsdecode(reply[10])  # the record of this sweep, ours to remove
-                entries = decode_sweep(swept)
-                after = decode_after(made)
-                if receipt_dir is None:  # fixed before the command can change the path;
-                    # one that cannot be opened: the in-process run refuses it in one line
-                    receipt_dir = open_receipt_dir(receipt_to.decode())
-                import time
-                from ..proc.teardown import SETUP_TIMEOUT, Monitor, read_to_eof
-                pid = _spawn(exe, plan, pipes)
+                try:  # until hcp-exec is started nothing runs: a failure here pays it
+                    entries = decode_sweep(swept)
+                    after = decode_after(made)
+                    if receipt_dir is None:  # fixed before the command can change the path;
+                        # one that cannot be opened: the in-process run refuses it in a line
+                        receipt_dir = open_receipt_dir(receipt_to.decode())
+                    import time
+                    from ..proc.teardown import SETUP_TIMEOUT, Monitor, read_to_eof
+                    pid = _spawn(exe, plan, pipes)
+                except BaseException:
+                    if owed:
+                        from ..policy.protected.pending import paid
+                        paid(owed)
+                    raise
                 monitor = Monitor(pid, True)
                 self.started = True
                 pipes.close_ours()

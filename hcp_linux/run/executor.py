@@ -141,6 +141,7 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     if plan.landlock_log:
         landlock_log.prepare()  # subscribed before the run can log anything
     owed, unowed = _owe(plan)
+    ran = False
     try:
         chans = _open_channels(plan, (stdin, stdout, stderr), stdio)
         began = time.time()  # before the run's domain can exist (landlock_log.Watch)
@@ -153,9 +154,10 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         chans.close_childs()
         if started.record:
             _report_failure(started, chans)
+        ran = True  # exec'd: from here its record is its sweep's to remove, or a later run's
         proc = _hand_back(plan, started, chans, stdio, args, began, owed)
-    except BaseException:  # nothing ran, or its end was seen (swept) before this
-        if owed is not None:
+    except BaseException:
+        if owed is not None and not ran:  # nothing ran: nothing to sweep
             from ..policy.protected.pending import paid
             paid(owed)
         raise

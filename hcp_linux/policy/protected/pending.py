@@ -107,10 +107,12 @@ def owe(entries: tuple[SweepEntry, ...], after: After | None, since: int,
 
 
 def paid(path: str) -> None:
-    """The run's sweep is done (or the run never started): its record goes."""
+    """The run's sweep is done (or the run never started): its record goes. One that
+    cannot be removed (a read-only file system) stays: at worst a later lookup does its
+    sweep again, moving aside what is at its names; never a traceback here."""
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except OSError:
         pass
 
 
