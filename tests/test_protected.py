@@ -1228,26 +1228,3 @@ def test_a_locked_jail_does_not_hide_a_name_inside_its_git_directory(jail: Path,
     assert_ok(p)
     os.chmod(jail, 0o755)
     assert (jail / ".git" / "commondir").read_text() == "../../elsewhere\n"
-
-
-def test_a_bound_name_made_anew_with_the_same_inode_number_is_moved_aside(jail: Path) -> None:
-    """A file system gives a freed inode's number to the next file it makes (ext4 at once):
-    a command that makes ``.envrc`` anew once its bind went (the file unlinked on the host)
-    can get the bound file's (dev, ino). The sweep also compares the ctime, which no run can
-    set back. Made here in place: the bound file itself changed (its ctime) is moved aside
-    as a new one would be; control: the same file untouched stays."""
-    from hcp_linux.policy.protected import sweep
-    envrc = jail / ".envrc"
-    envrc.write_text("user\n")
-    st = os.lstat(envrc)
-    entry = ((str(envrc), (st.st_dev, st.st_ino, st.st_ctime_ns), False),)
-    assert sweep(entry) == {}  # control
-    assert envrc.read_text() == "user\n"
-    time.sleep(0.01)
-    envrc.unlink()
-    envrc.write_text("planted\n")  # often the same inode number
-    os.chmod(envrc, 0o600)  # and its ctime moves past the recorded one in any case
-    done = sweep(entry)
-    assert list(done) == [str(envrc)] and "moved to" in done[str(envrc)]
-    assert not envrc.exists()
-    assert [p.read_text() for p in jail.glob(".envrc.hcp-linux-replaced-*")] == ["planted\n"]

@@ -126,7 +126,7 @@ def test_the_sweep_crosses_the_wire_as_it_was() -> None:
     from hcp_linux.cli.serve_wire import decode_sweep, encode_sweep
     name = st.text(min_size=1).map(lambda t: "/" + t.replace("\0", ""))
     target = (st.none() | st.text(min_size=1).map(lambda t: t.replace("\0", "") or "x")
-              | st.tuples(*[st.integers(0, 2**64 - 1)] * 3))
+              | st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)))
     entries = st.lists(st.tuples(name, target, st.booleans()), max_size=6).map(tuple)
 
     @settings(max_examples=300, deadline=None)

@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 #: 3: and the after-run search for what the run made below the top level (encode_after).
 #: 4: and a token naming the run, for its end asked of the server (the native client:
 #: hcp_linux/native/hcp_client.c, which has no Python of its own to sweep in).
-#: 5: the sweep names each bound file's inode (``@DEV:INO:CTIME``): what replaced it is moved
-#: aside; and a plan's reply names the record of its sweep (hcp_linux.policy.protected.pending).
+#: 5: the sweep names each bound file's inode (``@DEV:INO``): what replaced it is moved aside.
 PROTOCOL = b"hcp-linux/serve 5"
 MAX_FRAME = 16 << 20
 
@@ -47,7 +46,7 @@ def decode(body: bytes) -> list[bytes]:
 def encode_sweep(entries: "Sequence[SweepEntry]") -> bytes:
     """The protected names' sweep (hcp_linux.policy.protected.SweepEntry) as one item: per
     entry its path, ``-`` (remove what appears), ``=`` and the link's target (restore it) or
-    ``@DEV:INO:CTIME`` (the bound inode: move aside another), and ``1`` when only a non-directory
+    ``@DEV:INO`` (the bound inode: move aside another), and ``1`` when only a non-directory
     is removed."""
     import os
     items = []
@@ -55,7 +54,7 @@ def encode_sweep(entries: "Sequence[SweepEntry]") -> bytes:
         if target is None:
             how = b"-"
         elif isinstance(target, tuple):
-            how = b"@%d:%d:%d" % target
+            how = b"@%d:%d" % target
         else:
             how = b"=" + os.fsencode(target)
         items += [os.fsencode(path), how, b"1" if file_only else b"0"]
@@ -74,7 +73,7 @@ def decode_sweep(item: bytes) -> "tuple[SweepEntry, ...]":
         if how[:1] not in (b"-", b"=", b"@") or (how == b"-") != (how[:1] == b"-") \
                 or flag not in (b"0", b"1") or not path.startswith(b"/"):
             raise ValueError("a malformed sweep entry")
-        target: "str | tuple[int, int, int] | None" = None
+        target: "str | tuple[int, int] | None" = None
         if how[:1] == b"=":
             target = os.fsdecode(how[1:])
         elif how[:1] == b"@":
@@ -83,13 +82,12 @@ def decode_sweep(item: bytes) -> "tuple[SweepEntry, ...]":
     return tuple(out)
 
 
-def _inode(text: bytes) -> tuple[int, int, int]:
-    """``DEV:INO:CTIME`` (decimal) as (st_dev, st_ino, st_ctime_ns); ValueError on anything
-    else."""
-    parts = text.split(b":")
-    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 20 for p in parts):
+def _inode(text: bytes) -> tuple[int, int]:
+    """``DEV:INO`` (decimal) as (st_dev, st_ino); ValueError on anything else."""
+    dev, sep, ino = text.partition(b":")
+    if not sep or not dev.isdigit() or not ino.isdigit() or len(dev) > 20 or len(ino) > 20:
         raise ValueError("a malformed inode in a sweep entry")
-    return int(parts[0]), int(parts[1]), int(parts[2])
+    return int(dev), int(ino)
 
 
 def encode_after(after, since: int) -> bytes:  # type: ignore[no-untyped-def]

@@ -53,13 +53,11 @@ __all__ = ["CTIME_SLACK", "After", "Found", "SweepEntry", "check_allowed", "find
 
 #: One path the after-run sweep looks at: (path, what it must hold, file_only). What it must
 #: hold: None, nothing (what appeared is removed); a str, the symlink to that target
-#: (restored); (st_dev, st_ino, st_ctime_ns), the file or directory bound read-only over
-#: itself, which a run cannot have written: anything else there once the run is over was put
-#: there during it, when that bind was gone, and is moved aside (:func:`sweep`). The ctime
-#: too: a file system gives a freed inode's number to the next file made (ext4 at once), so
-#: a command that makes the name anew once the bind is gone can get the same (dev, ino). ``file_only``: a
+#: (restored); (st_dev, st_ino), the file or directory bound read-only over itself, which a
+#: run cannot have written: anything else there once the run is over was put there during
+#: it, when that bind was gone, and is moved aside (:func:`sweep`). ``file_only``: a
 #: directory at a removed name is left (a repository's ``.git``).
-SweepEntry = tuple[str, "str | tuple[int, int, int] | None", bool]
+SweepEntry = tuple[str, "str | tuple[int, int] | None", bool]
 
 #: ``protect_missing``: what keeps a missing name missing during a run (docs/policy.md):
 #: ``quiet`` (the default) makes placeholders only where nobody sees them: inside existing
@@ -332,7 +330,7 @@ def _keep(sweep: list[SweepEntry], path: str) -> None:
         st = os.lstat(path)
     except OSError:
         return  # gone already: nothing was bound; whatever appears is the next run's
-    sweep.append((path, (st.st_dev, st.st_ino, st.st_ctime_ns), False))
+    sweep.append((path, (st.st_dev, st.st_ino), False))
 
 
 def _profile_files(profiles: tuple[str, ...]) -> list[str]:
@@ -501,7 +499,7 @@ def sweep(entries: tuple[SweepEntry, ...], since: int | None = None,
 MOVED_ASIDE = "replaced during the run (its read-only bind went with the old file): moved to"
 
 
-def _sweep_one(fd: int, name: str, target: "str | tuple[int, int, int] | None",
+def _sweep_one(fd: int, name: str, target: "str | tuple[int, int] | None",
                file_only: bool, aside: bool = False) -> str:
     """The sweep of ``name`` in the directory ``fd``: what was done, or "" for nothing."""
     if not os.access(name, os.F_OK, dir_fd=fd, follow_symlinks=False):
@@ -519,7 +517,7 @@ def _sweep_one(fd: int, name: str, target: "str | tuple[int, int, int] | None",
         remove(fd, name, st)
         return "removed"
     if isinstance(target, tuple):
-        if st is None or (st.st_dev, st.st_ino, st.st_ctime_ns) == target:
+        if st is None or (st.st_dev, st.st_ino) == target:
             return ""  # the bound file, or nothing (deleted on the host)
         # the user's tools could have put it there as well as the command: not removed,
         # but no longer at a name they run

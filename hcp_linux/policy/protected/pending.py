@@ -172,9 +172,9 @@ def _entry(path: object, target: object, file_only: object) -> SweepEntry:
     writes, and nothing else reaches the sweep."""
     if not isinstance(path, str) or not path.startswith("/") or not isinstance(file_only, bool):
         raise ValueError("a malformed entry")
-    if isinstance(target, list) and len(target) == 3 \
+    if isinstance(target, list) and len(target) == 2 \
             and all(isinstance(n, int) and not isinstance(n, bool) for n in target):
-        return path, (target[0], target[1], target[2]), file_only
+        return path, (target[0], target[1]), file_only
     if target is None or isinstance(target, str):
         return path, target, file_only
     raise ValueError("a malformed entry")
