@@ -84,6 +84,12 @@ def busy_runtime() -> Iterator[None]:
         while not stop.is_set():
             pass
     spinners = [threading.Thread(target=spin, daemon=True) for _ in range(8)]
+    # The spinners hold the GIL in turn; with the default 5 ms switch interval the main thread
+    # waits ~40 ms for it after every blocking call, and one test took ~100 s. 0.5 ms keeps all
+    # eight spinning (the helper still forks from a runtime whose threads run Python at that
+    # moment) at a tenth of the wait.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
     for t in spinners:
         t.start()
     c_thread = CThread()
@@ -95,6 +101,7 @@ def busy_runtime() -> Iterator[None]:
         stop.set()
         for t in spinners:
             t.join()
+        sys.setswitchinterval(interval)
         c_thread.close()
 
 
