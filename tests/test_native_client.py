@@ -11,6 +11,7 @@ refused in one line.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -137,6 +138,38 @@ def _ask(server: Server, *items: bytes) -> list[bytes]:
         s.connect(str(server.path))
         s.sendall(encode(list(items)))
         return recv_frame(s)
+
+
+def test_a_plan_handed_to_python_leaves_no_record_of_its_sweep(command: Path, server: Server,
+                                                                jail: Path, tmp_path: Path
+                                                                ) -> None:
+    """The server writes a record of each plan's sweep, naming the client, before the client
+    can start it (hcp_linux.policy.protected.pending). A plan the native client does not
+    start (a receipt to write: the Python command's) has that record removed: left, once
+    the client has exited a later run takes it for a run whose runtime died and does its
+    sweep, moving aside what the user made since: here a `git init`'s config and hooks.
+    Control: the repository made after the run is there before the next run."""
+    from hcp_linux.runtime_files import pending_directory
+    where = pending_directory()
+    assert where is not None
+    receipt = tmp_path / "r.json"
+    client = subprocess.Popen([str(command), "run", "--jail", str(jail), "--receipt",
+                               str(receipt), "--", "true"], env=server.env(), cwd="/",
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    stdout, stderr = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0 and receipt.exists(), stderr
+    assert json.loads(receipt.read_text()).get("served_by"), "not served: nothing shown"
+    assert len(python_ran(command)) == 1  # the native client handed it over
+    left = [n for n in os.listdir(where) if n.startswith(f"{client.pid}-")]
+    assert left == [], left
+    subprocess.run(["git", "init", "-q", "sub"], cwd=jail, check=True)
+    assert (jail / "sub/.git/config").is_file()  # control: the user's repository is there
+    p = run(command, jail, "true", env=server.env())
+    assert p.returncode == 0, show(p)
+    names = sorted(os.listdir(jail / "sub/.git"))
+    assert "config" in names and "hooks" in names, names
+    assert not [n for n in names if ".hcp-linux-" in n], names
 
 
 def test_the_server_sweeps_only_what_it_planned(server: Server, jail: Path) -> None:

@@ -156,8 +156,18 @@ __attribute__((noreturn)) static void to_python(int finish) {
     _exit(127);
 }
 
-/* Nothing was started: the Python command runs the whole thing. */
+/* The record of the sweep the server wrote for the plan it sent (hcp_linux.policy.protected
+ * .pending), while that plan's run is not started: "" when there is none. */
+static char g_owed[PATH_MAX];
+
+/* Nothing was started: the Python command runs the whole thing. A plan we got and did not
+ * start has its record removed first (as the Python client does: nothing ran): left, it
+ * would be taken for a run whose runtime died once this process has, and a later run would
+ * do its sweep, moving aside what the user made in the meantime (a `git init`'s config). */
 __attribute__((noreturn)) static void fall_back(void) {
+    if (g_owed[0] && unlink(g_owed) < 0 && errno != ENOENT)
+        fprintf(stderr, "hcp-linux: cannot remove %s: %s\n", g_owed, strerror(errno));
+    g_owed[0] = 0;
     to_python(-1);
 }
 
@@ -823,6 +833,12 @@ int main(int argc, char **argv) {
     /* plan: exe, plan, receipt, timeout, kill request, receipt path, sweep, after, token,
      * and the record of the sweep the server wrote (the server removes it at the end it is
      * asked for; Python, when it finishes the run) */
+    if (k == 11 && is(it[0], "plan") && it[10].n) {
+        if (it[10].n >= sizeof g_owed || it[10].p[0] != '/' || memchr(it[10].p, 0, it[10].n))
+            fall_back(); /* not a path: nothing we know */
+        memcpy(g_owed, it[10].p, it[10].n);
+        g_owed[it[10].n] = 0;
+    }
     if (k != 11 || !is(it[0], "plan") || it[1].n == 0 || it[1].n >= PATH_MAX || it[6].n != 0)
         fall_back(); /* a fallback, a receipt to write (Python's), or nothing we know */
     char exe[PATH_MAX];
@@ -873,6 +889,7 @@ int main(int argc, char **argv) {
     if (r.sfd < 0)
         fall_back();
     r.pid = g_monitor = spawn_hcp_exec(exe, it[2], err[1], done[1]);
+    g_owed[0] = 0; /* started: the record is the run's end's to remove (or Python's finish) */
     long long setup_deadline = now_ms() + SETUP_TIMEOUT_MS;
     r.pidfd = (int)syscall(SYS_pidfd_open, r.pid, 0);
     close(err[1]);
