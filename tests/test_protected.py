@@ -1045,6 +1045,63 @@ def test_a_name_replaced_on_the_host_during_the_run_is_not_left_to_the_command(
         assert swept[str(jail / ".envrc")].endswith(moved[0].name)
 
 
+#: Notes the bound ``.envrc``'s inode number, waits for the host to delete it (the name goes
+#: in the sandbox too, with the bind), then makes files in the same directory (ext4 gives
+#: each the lowest free number of the group) until one has that number, and renames it to
+#: ``.envrc``: a file the sweep, knowing the bound file by its number, would take for it.
+_RECYCLE_THE_NUMBER = (
+    "old=$(stat -c %i .envrc); "
+    "echo x >> .envrc 2>/dev/null && echo before=ok || echo before=denied; "
+    "touch ready; while [ -e .envrc ]; do sleep 0.01; done; i=0; hit=; "
+    "while [ $i -lt 40 ] && [ -z \"$hit\" ]; do j=0; "
+    "while [ $j -lt 100 ]; do : > r$i-$j; j=$((j+1)); done; "
+    "hit=$(ls -i | awk -v o=$old '$1 == o {print $2}'); i=$((i+1)); done; "
+    "[ -n \"$hit\" ] && mv \"$hit\" .envrc && echo reused; "
+    "echo planted > .envrc 2>/dev/null && echo after=ok || echo after=denied")
+
+
+@pytest.mark.parametrize("how", ["python", "native", "native served", "python served"])
+def test_a_new_file_given_the_bound_file_s_old_number_is_not_taken_for_it(
+        jail: Path, tmp_path: Path, how: str) -> None:
+    """The bound ``.envrc`` is deleted on the host during the run (the user, a concurrent
+    run's sweep): its bind goes. The sweep knows the bound file by its inode number; were
+    that number free, the command could make files until one got it, rename that one to
+    ``.envrc``, and have it kept as the user's. It is not free: the bind the kernel takes
+    out of the run's mount namespace keeps the inode until that namespace goes, and the
+    sweep runs only once every process of the run is gone. 4,000 files made in the same
+    directory do not get the number. Control: the same recycling unconfined gets the
+    number of a file deleted the same way (ext4 hands the lowest free number out)."""
+    (jail / ".envrc").write_text("user\n")
+    from test_caller_state import way
+    receipt = None if how.startswith("native") else tmp_path / "r.json"
+    with way(how, tmp_path) as (cli, env):
+        proc = _start(cli, env, jail, _RECYCLE_THE_NUMBER, receipt)
+        try:
+            wait_for(lambda: (jail / "ready").exists(), "the command to start")
+            (jail / ".envrc").unlink()
+            stdout, stderr = proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = stdout.decode()
+    assert proc.returncode == 0, stderr.decode()
+    assert "before=denied" in text and "after=ok" in text, text  # bound, then not
+    assert "reused" not in text, text  # the number stayed taken
+    assert not (jail / ".envrc").exists(), (jail / ".envrc").read_text()
+    assert [p.read_text() for p in _aside(jail, ".envrc")] == ["planted\n"]
+    # control: unconfined, with nothing holding the deleted file, the number comes back
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / ".envrc").write_text("user\n")
+    p = subprocess.Popen(["/bin/sh", "-c", _RECYCLE_THE_NUMBER], cwd=control,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: (control / "ready").exists(), "the control to start")
+    (control / ".envrc").unlink()
+    stdout, _ = p.communicate(timeout=TIMEOUT)
+    assert "reused" in stdout.decode(), stdout.decode()
+
+
 def test_a_name_left_alone_during_the_run_stays_as_it_was(jail: Path) -> None:
     """Control: the same run with no replacement on the host: the bind holds (the command's
     writes are refused), the file stays, nothing is moved aside."""
