@@ -200,3 +200,39 @@ def test_without_a_place_the_receipt_says_so(jail: Path, tmp_path: Path) -> None
         p = run_cli(jail, "/bin/sh", "-c", PLANT, extra=["--receipt", str(receipt)])
         assert_ok(p)
         assert "protected_pending" not in read_receipt(receipt)
+
+
+@needs_records
+def test_a_record_directory_removed_meanwhile_is_made_again(jail: Path) -> None:
+    """A runtime makes the records' directory once, not before every run; removed since (a
+    user's cleanup), the next run's record makes it again rather than going unwritten.
+    Control: the run before the removal has its record there too."""
+    from hcp_linux import Policy, Sandbox
+    where = pending_directory()
+    assert where is not None
+    sb = Sandbox(Policy(jail=str(jail)))
+    wait = "touch ready; while [ ! -e go ]; do sleep 0.02; done; rm ready go"
+
+    def run_and_look() -> tuple[list[str], dict]:
+        p = sb.spawn(["/bin/sh", "-c", wait])
+        try:
+            wait_for(lambda: (jail / "ready").exists(), "the command")
+            mine = [r for r in _records() if _names(r, jail)]
+        finally:
+            (jail / "go").touch()
+            p.wait(TIMEOUT)
+        return mine, p.receipt
+    mine, receipt = run_and_look()
+    assert mine and "protected_pending" not in receipt  # control
+    kept = where + ".kept-by-test"
+    os.rename(where, kept)
+    try:
+        mine, receipt = run_and_look()
+        assert mine and "protected_pending" not in receipt, receipt.get("protected_pending")
+    finally:
+        if os.path.isdir(where):
+            for name in os.listdir(where):  # written meanwhile: back with the others
+                os.rename(os.path.join(where, name), os.path.join(kept, name))
+            os.rmdir(where)
+        os.rename(kept, where)
+    assert not [r for r in _records() if _names(r, jail)]  # each paid at its end
