@@ -279,6 +279,48 @@ def test_a_stopped_idle_spare_does_not_hold_up_the_pool(jail: Path) -> None:
         native.spares.clear()
 
 
+@pytest.mark.parametrize("kill", [True, False], ids=["killed-after-hand-over", "control"])
+def test_a_spare_killed_after_the_hand_over_is_replaced_not_lost(
+        jail: Path, kill: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ready spare SIGKILLed once the plan is in its socket (the OOM killer, a storm of
+    kills) releases the run's error pipe unread: EOF, which meant "exec'd". No seccomp
+    listener came (it is sent right before the exec), so nothing ran: the run is started
+    afresh and succeeds, and its receipt says so. It used to fail with HelperLostError.
+    Control: a spare left alone takes the run, with no note."""
+    monkeypatch.setattr(native.spares, "SPARE_MAX_AGE", 300.0)
+    sb = Sandbox(Policy(jail=str(jail)), executor=_native())
+    spares = _ready_spares(sb)
+    inits = {pid: _run_tree(pid, 2)[1] for pid in spares}
+    for pid in inits.values():  # each waits for a plan: stopped, it cannot take one yet
+        os.kill(pid, signal.SIGSTOP)
+        _wait_state(pid, "T")
+    real = native.spares.hand_over
+    killed: list[int] = []
+
+    def hand_over_then_kill(spare, plan, fds, ruleset):  # type: ignore[no-untyped-def]
+        sent = real(spare, plan, fds, ruleset)
+        init = inits.get(spare.pid)
+        if init is not None:
+            if kill:
+                os.kill(init, signal.SIGKILL)  # the plan and the run's fds unread
+                killed.append(init)
+            else:
+                os.kill(init, signal.SIGCONT)
+        return sent
+    monkeypatch.setattr(native.spares, "hand_over", hand_over_then_kill)
+    try:
+        run = sb.run(["echo", "ran"], capture_output=True, timeout=TIMEOUT)
+        assert (run.returncode, run.stdout) == (0, b"ran\n"), run
+        notes = run.receipt.get("spawn", {}).get("notes", [])
+        if kill:
+            assert killed and any("died before the command started" in n for n in notes), notes
+        else:
+            assert not killed and notes == [], notes
+    finally:
+        resume_and_kill(list(spares) + list(inits.values()))
+        native.spares.clear()
+
+
 # --- a fork bomb does not make the timeout late -----------------------------------------------
 
 BOMB = "#include <unistd.h>\nint main(void) { for (;;) fork(); }\n"

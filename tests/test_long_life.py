@@ -27,19 +27,22 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 def test_a_monitor_killed_at_the_listener_hand_over_fails_that_run_alone(
         jail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The monitor dies (SIGKILL, for real) with its listener message unread: that run fails
-    naming the helper and the step; the next runs, a new Sandbox among them, succeed."""
+    """The monitor dies (SIGKILL, for real) with its listener message unread. No listener
+    means no exec (it is sent right before it), so the run is started afresh once; its
+    monitor killed the same way, that run fails naming the helper and the step; the next
+    runs, a new Sandbox among them, succeed."""
     real = executor.receive_listener
+    real_start = executor._start
     monitors: list[int] = []
     killed: list[int] = []
 
-    class Recorded(executor.SandboxProcess):  # type: ignore[misc, valid-type]
-        def __init__(self, pid: int, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-            monitors.append(pid)
-            super().__init__(pid, *args, **kwargs)
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started = real_start(*args, **kwargs)
+        monitors.append(started[0])
+        return started
 
     def killed_before_hand_over(channel: int) -> tuple[int, int]:
-        if killed:
+        if len(killed) == 2:
             return real(channel)
         # the run's monitor SIGKILLed, its message lost: a hand-over a killed helper never
         # completes (the OOM killer, an operator, a pids limit)
@@ -50,11 +53,12 @@ def test_a_monitor_killed_at_the_listener_hand_over_fails_that_run_alone(
             os.close(fd)
         return -1, 0
 
-    monkeypatch.setattr(executor, "SandboxProcess", Recorded)
+    monkeypatch.setattr(executor, "_start", recorded)
     monkeypatch.setattr(executor, "receive_listener", killed_before_hand_over)
     sandbox = Sandbox(Policy(jail=str(jail)))
     with pytest.raises(HelperLostError) as e:  # a command that outlives the kill
         sandbox.run(["sh", "-c", "sleep 5; echo ok"], capture_output=True, timeout=TIMEOUT)
+    assert len(killed) == 2 and killed[0] != killed[1], killed  # once afresh, then failed
     text = str(e.value)
     assert "monitor" in text and "seccomp" in text and "SIGKILL" in text, text
     assert "CONFIG_SECCOMP" not in text and "allow-degraded" not in text, text

@@ -248,7 +248,9 @@ class _Started:
     the done pipe's read end (or -1), the
     executor that started it, its answer (b"": it reached exec; else the failure record),
     whether a ready spare was still usable, the seccomp listener's channel (or -1), and the
-    receipt."""
+    receipt; once the exec is confirmed, the seccomp listener and the pid that sent it
+    (receive_listener; None: the plan has none), and whether an attempt before this one
+    lost its helper before the exec (the run was started afresh)."""
 
     pid: int
     pidns: bool
@@ -258,14 +260,18 @@ class _Started:
     ready_ok: bool
     notify_end: int
     receipt: dict[str, Any]
+    listener: tuple[int, int] | None = None
+    lost_one: bool = False
 
 
 def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by: float,
                     limit: float, receipt: Any) -> _Started:
     """Start attempts until one answers: a ready spare that does not answer in time, or
-    whose view predates a change, is abandoned and the run started afresh (once)."""
+    whose view predates a change, is abandoned and the run started afresh (once); so is an
+    attempt whose helper died before the exec (once)."""
     pidns = plan.confined and "pidns" in plan.layers
     ready_ok = True
+    lost_one = False
     notify_end = notify_child = -1
     try:
         while True:
@@ -277,8 +283,8 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
             if plan.confined and plan.seccomp is not None and plan.seccomp_listener:
                 notify_end, notify_child = _channel()
             pid, ready, err_r, done_r, ran = _start(plan, executor, chans.fds,
-                                                    chans.child_end, pidns, ready_ok,
-                                                    notify_child)
+                                                    chans.child_end, pidns,
+                                                    ready_ok and not lost_one, notify_child)
             if notify_child >= 0:
                 os.close(notify_child)
                 notify_child = -1
@@ -294,8 +300,21 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
             finally:
                 os.close(err_r)
             if record is not None and not (record and ready and _stale_spare(record)):
+                listener = None
+                if not record and notify_end >= 0:
+                    listener = receive_listener(notify_end)  # there if it was sent; closed
+                    notify_end = -1
+                    # It is sent right before the exec, after the seccomp filter: without it
+                    # nothing ran. The helper died first (a spare SIGKILLed while it waited,
+                    # the OOM killer): the error pipe's EOF was its death, not an exec. Once
+                    # more, afresh (not with a proxy: the dead attempt may have sent its
+                    # socket on the channel the next one uses).
+                    if listener[0] < 0 and not lost_one and not plan.proxy:
+                        _abandon(pid, pidns, done_r)
+                        lost_one = True
+                        continue
                 return _Started(pid, pidns, done_r, ran, record, ready_ok, notify_end,
-                                receipt or {})
+                                receipt or {}, listener, lost_one)
             _abandon(pid, pidns, done_r)  # a stale view, or no answer in time: never runs
             if record is None and (not ready or time.monotonic() >= setup_by):
                 raise SetupTimeoutError(limit)
@@ -338,8 +357,8 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
     if plan.protect is not None:
         proc.observe(sweep=plan.protect.sweep, after=plan.protect.after,
                      since=plan.protect_since, owed=owed)
-    if started.notify_end >= 0:
-        listener, maker = receive_listener(started.notify_end)
+    if started.listener is not None:
+        listener, maker = started.listener
         if listener < 0:  # its blocked calls would wait for an answer that never comes
             # before our kill: did the monitor die on its own (the OOM killer, an operator)?
             died = proc.helper_status(0.05)  # its raw wait status, or None: still there
@@ -357,6 +376,10 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
             if plan.landlock_log and maker > 0 else None
         proc.observe(denials=denials, landlock=watch)
     keys.set_denial_layers(proc.receipt, denial_layers(plan))
+    if started.lost_one:
+        keys.add_spawn_note(proc.receipt,
+                            "a helper died before the command started (no seccomp listener "
+                            "came from it); it was killed and the run started afresh")
     if started.ready_ok is False:
         keys.add_spawn_note(proc.receipt,
                             f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; "
@@ -412,8 +435,8 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
         if started is not None:
             (pid, ready), ran = started, "native"
         else:  # the ctypes executor: the child restricts itself with our ruleset
-            if plan.landlock is not None:
-                ruleset = plan.landlock.create()
+            if plan.landlock is not None:  # a copy (0.6 us): create() uses a ruleset up,
+                ruleset = plan.landlock.copy().create()  # and an attempt may be the 2nd
 
             def start() -> int:
                 return child_main.start(plan, run_fds, ruleset, err_r)
