@@ -80,8 +80,15 @@ def set_protected_pending(receipt: Receipt, why: str) -> None:
                                     "run, what it made at a missing protected name stays")
 
 
+#: ``end.notes`` of a run ``by`` "lost": what the returncode then is.
+LOST = ("the sandbox's init ended without reporting the command's status: it or the "
+        "sandbox's monitor was killed from outside the run (the OOM killer, an operator); "
+        "the returncode is the monitor's, not the command's")
+
+
 def set_end(receipt: Receipt, by: str, notes: Sequence[str] = ()) -> None:
-    """``end``: who ended the run ("exit", "kill", "timeout") and the teardown's notes."""
+    """``end``: who ended the run ("exit", "kill", "timeout", or "lost": killed from outside,
+    :data:`LOST`) and the teardown's notes."""
     end: dict[str, Any] = {"by": by}
     if notes:
         end["notes"] = list(notes)

@@ -19,7 +19,7 @@ import pytest
 from hcp_linux import Policy, Sandbox
 from hcp_linux.run import executor
 from hcp_linux.errors import HelperLostError
-from sandboxing import TIMEOUT, jail  # noqa: F401
+from sandboxing import TIMEOUT, jail, wait_for  # noqa: F401
 
 #: This directory, for the scripts run in a fresh interpreter that import runtime_hooks.
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -389,3 +389,66 @@ def test_a_spare_whose_monitor_died_idle_is_never_handed_a_run(jail: Path) -> No
                        capture_output=True, timeout=300, stdin=subprocess.DEVNULL, cwd="/")
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert p.stdout.decode().strip() == "{'ok': 400}", p.stdout.decode()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+@pytest.mark.parametrize("victim", ["monitor", "init"])
+def test_a_run_killed_from_outside_says_it_was_lost(jail: Path, victim: str) -> None:
+    """The sandbox's monitor or init SIGKILLed mid-run (the OOM killer, an operator): the
+    run ends with it, and the receipt says the run was lost (``end.by``), not that the
+    command exited by SIGKILL: no status of the command's came. Control: a command that
+    SIGKILLs itself reads ``exit``, with the same returncode."""
+    from hcp_linux.receipt_keys import LOST
+    sb = Sandbox(Policy(jail=str(jail)))
+    p = sb.spawn(["/bin/sh", "-c", "touch ready; exec sleep 30"])
+    try:
+        wait_for(lambda: (jail / "ready").exists(), "the command")
+        target = p.pid if victim == "monitor" else _children(p.pid)[0]
+        os.kill(target, signal.SIGKILL)
+        assert p.wait(TIMEOUT) == -signal.SIGKILL
+    finally:
+        if p.returncode is None:
+            p.kill()
+            p.wait()
+    assert p.receipt["end"]["by"] == "lost" and LOST in p.receipt["end"]["notes"], \
+        p.receipt["end"]
+    control = sb.run(["/bin/sh", "-c", "kill -9 $$"], timeout=TIMEOUT)
+    assert control.returncode == -signal.SIGKILL
+    assert control.receipt["end"] == {"by": "exit"}, control.receipt["end"]
+
+
+@pytest.mark.parametrize("how", ["python", "python served"])
+def test_the_cli_says_a_run_killed_from_outside_was_lost(jail: Path, tmp_path: Path,
+                                                         how: str) -> None:
+    """The same through `hcp-linux run`, in-process and served: one line says the exit
+    status is not the command's, and the receipt says ``lost``. Control: the command's own
+    SIGKILL prints no such line."""
+    import sandboxing
+    from test_caller_state import way
+    receipt = tmp_path / "r.json"
+    with way(how, tmp_path) as (cli_argv, env):
+        cli = subprocess.Popen([*cli_argv, "run", *sandboxing.EXECUTOR_ARGS, "--jail",
+                                str(jail), "--receipt", str(receipt), "--", "/bin/sh", "-c",
+                                "touch ready; exec sleep 30"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd="/",
+                               env=env)
+        try:
+            wait_for(lambda: (jail / "ready").exists(), "the command")
+            monitor = _children(cli.pid)[0]  # the runtime's one child: the sandbox's monitor
+            os.kill(monitor, signal.SIGKILL)
+            _, stderr = cli.communicate(timeout=TIMEOUT)
+        finally:
+            sandboxing.kill_by_pid(cli)
+    assert cli.returncode == 128 + signal.SIGKILL, stderr
+    assert b"killed from outside the run" in stderr and stderr.count(b"\n") == 1, stderr
+    import json
+    rec = json.loads(receipt.read_text())
+    assert rec["end"]["by"] == "lost", rec["end"]
+    assert ("served_by" in rec) == (how == "python served"), rec.get("served_by")
+    control = sandboxing.run_cli(jail, "/bin/sh", "-c", "kill -9 $$")
+    assert control.returncode == 128 + signal.SIGKILL
+    assert b"killed from outside" not in control.stderr, control.stderr

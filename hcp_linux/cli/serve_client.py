@@ -330,10 +330,13 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     from ..proc.teardown import TEARDOWN_WAIT, readable
     for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
         _signal.signal(sig, _signal.SIG_IGN)  # the run is ending already
+    lost = False  # the init ended without the status of a command nobody here ended
     if status is None:
         data = os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT) else b""
         if len(data) == 4:
             status = unpack("<i", data)[0]
+        else:
+            lost = by == "exit"
     notes: list[str] = []
     if monitor is not None:
         monitor.over()  # the init reported, or is gone: the monitor's time to exit counts
@@ -354,15 +357,15 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     if receipt_to:
         import json
 
-        from ..receipt_keys import set_end, set_protected_sweep
+        from ..receipt_keys import LOST, set_end, set_protected_sweep
         rec = json.loads(receipt)
         set_protected_sweep(rec, done)
-        set_end(rec, by, notes)
+        set_end(rec, "lost" if lost else by, notes + [LOST] if lost else notes)
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
         end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status), receipt_dir)
     return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout,
-                      receipt_dir=receipt_dir)
+                      receipt_dir=receipt_dir, lost=lost)
 
 
 #: What hcp_linux/native/hcp_client.c says when it hands a run over (FINISH_VERSION).

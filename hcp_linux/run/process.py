@@ -57,6 +57,9 @@ class SandboxProcess:
         # process of the run is gone, before the namespaces are torn down
         self._done = done
         self._ended_by: str | None = None  # "kill", "timeout": who ended the run early
+        # the init ended without reporting the command's status: the run was killed from
+        # outside (its init or monitor: the OOM killer, an operator), end.by "lost"
+        self._unreported = False
         # the protected names to sweep once the run is over (hcp_linux.policy.protected.sweep),
         # and the search for what it made below the top level (sweep_made), since when
         self._sweep: tuple = ()
@@ -166,7 +169,9 @@ class SandboxProcess:
         if owed is not None:
             from ..policy.protected.pending import paid
             paid(owed)
-        keys.set_end(self.receipt, self._ended_by or "exit", self._monitor.notes)
+        by = self._ended_by or ("lost" if self._unreported else "exit")
+        keys.set_end(self.receipt, by, self._monitor.notes + ([keys.LOST] if by == "lost"
+                                                               else []))
         return self.returncode
 
     def _reported(self) -> int | None:
@@ -181,6 +186,7 @@ class SandboxProcess:
             self._done = None
         self._monitor.over()  # the init is gone: the monitor's time to exit counts
         if len(data) != 4:
+            self._unreported = True
             return None
         status = self._set_status(struct.unpack("<i", data)[0])
         self._monitor.close()
