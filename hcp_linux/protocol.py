@@ -23,7 +23,7 @@ STEPS = (
     "unshare-net", "unshare-ipc", "unshare-pid", "mount-private", "fork-pid1", "bind-clone",
     "root-tmpfs", "bind-attach", "mask", "symlink", "dev", "devpts", "proc", "pid-max",
     "proc-fence", "tmp", "canary",
-    "pivot-root", "root-readonly", "loopback-up", "egress-capture", "proxy-listen", "chdir", "rlimits",
+    "pivot-root", "root-readonly", "watch", "loopback-up", "egress-capture", "proxy-listen", "chdir", "rlimits",
     "no-new-privs", "drop-capabilities", "landlock-rules", "landlock-restrict", "seccomp",
     "close-fds", "fork-command", "verify", "execve", "helper",
 )
@@ -46,7 +46,7 @@ LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
-PLAN_MAGIC, PLAN_VERSION = 0x58504348, 12
+PLAN_MAGIC, PLAN_VERSION = 0x58504348, 13
 
 class RunFds:
     """The run's channels, by name: the fds its monitor gets from the parent (besides the
@@ -117,6 +117,7 @@ VIEW_LAYOUT: tuple = (
     ("binds", ("list", (("source", "str"), ("target", "str"), ("is_dir", "int"), ("dev", "u64"),
                         ("ino", "u64"), ("attrs", "u64"), ("access", "u64")))),
     ("masks", ("list", (("path", "str"), ("is_dir", "int")))),
+    ("watch", "strs"),
     ("symlinks", ("list", (("link", "str"), ("dest", "str")))),
     ("fences", ("list", (("path", "str"), ("masked", "int")))),
     ("capture_ports", "ports"),
@@ -181,6 +182,13 @@ CAPTURE_NETS_MAX = 16
 #: that listener, so these, which it could not answer yet, stay in the kernel.
 HANDOVER_MARK = 1 << 32
 
+#: Set in the command's wait status the init writes on the runtime's done pipe (never in
+#: one the monitor mirrors) when a watched path of the view (the plan's ``watch``: a hidden
+#: path, a read-only carve-out) lost its mount during the run and the init killed the run:
+#: the host replaced the file, and the kernel took the mount over it away. No wait status
+#: has the bit (they fit in 16 bits); readers clear it.
+VIEW_LOST = 1 << 30
+
 #: The lines of /proc/self/status that the verify step requires before exec (the last two
 #: only when the plan holds CAP_SETPCAP, resp. installs seccomp).
 STATUS_ALWAYS = (b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n",
@@ -193,7 +201,9 @@ STATUS_SECCOMP = b"Seccomp:\t2\n"
 #: cloned is not the object the parent checked), ``CANARY_READABLE`` (verify: Landlock is
 #: not in force). hcp_exec.c gets them as printf formats (``DETAIL_<name>``).
 DETAILS = {"STALE": "{} changed since it was checked",
-           "CANARY_READABLE": "Landlock canary {} was readable"}
+           "CANARY_READABLE": "Landlock canary {} was readable",
+           "VIEW_LOST": "a hidden or read-only path lost its mount (its file was replaced on "
+                        "the host)"}
 
 
 def _ipv4(text: str) -> int:
@@ -280,7 +290,8 @@ def c_header() -> str:
            f"#define SYNTHETIC_PREFIX {SYNTHETIC_NET[1]}",
            f"#define CAPTURE_PORTS_MAX {CAPTURE_PORTS_MAX}",
            f"#define CAPTURE_NETS_MAX {CAPTURE_NETS_MAX}",
-           f"#define HANDOVER_MARK {HANDOVER_MARK:#x}ull", "",
+           f"#define HANDOVER_MARK {HANDOVER_MARK:#x}ull",
+           f"#define VIEW_LOST {VIEW_LOST:#x}u", "",
            "enum step {"]
     out += [f"    S_{name.upper().replace('-', '_')} = {i}," for i, name in enumerate(STEPS)]
     out += ["    N_STEPS", "};", "", "static const char *const step_names[N_STEPS] = {"]

@@ -86,9 +86,24 @@ LOST = ("the sandbox's init ended without reporting the command's status: it or 
         "the returncode is the monitor's, not the command's")
 
 
+#: ``end.notes`` of a run ``by`` "view-lost".
+VIEW_LOST = ("a hidden or read-only path of the view was replaced on the host during the run, "
+             "and the kernel took its mount away with the old file: the sandbox's init killed "
+             "the run at once (until then the command could reach what took its place)")
+
+#: The CLI's line for a run that ended so (``end.by``).
+END_LINES = {
+    "lost": "the sandbox was killed from outside the run (its init reported no status): the "
+            "exit status is not the command's",
+    "view-lost": "a hidden or read-only path was replaced on the host during the run, which "
+                 "took its mount away: the sandbox was killed",
+}
+
+
 def set_end(receipt: Receipt, by: str, notes: Sequence[str] = ()) -> None:
-    """``end``: who ended the run ("exit", "kill", "timeout", or "lost": killed from outside,
-    :data:`LOST`) and the teardown's notes."""
+    """``end``: who ended the run ("exit", "kill", "timeout"; "lost": killed from outside,
+    :data:`LOST`; "view-lost": killed by its init, :data:`VIEW_LOST`) and the teardown's
+    notes."""
     end: dict[str, Any] = {"by": by}
     if notes:
         end["notes"] = list(notes)

@@ -328,6 +328,7 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     from _struct import unpack
 
     from ..proc.teardown import TEARDOWN_WAIT, readable
+    from ..protocol import VIEW_LOST
     for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
         _signal.signal(sig, _signal.SIG_IGN)  # the run is ending already
     lost = False  # the init ended without the status of a command nobody here ended
@@ -335,6 +336,9 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
         data = os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT) else b""
         if len(data) == 4:
             status = unpack("<i", data)[0]
+            if status & VIEW_LOST:  # the init killed the run: a watched path lost its mount
+                status &= ~VIEW_LOST
+                by = "view-lost" if by == "exit" else by
         else:
             lost = by == "exit"
     notes: list[str] = []
@@ -357,15 +361,17 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     if receipt_to:
         import json
 
-        from ..receipt_keys import LOST, set_end, set_protected_sweep
+        from ..receipt_keys import LOST, VIEW_LOST as VIEW_LOST_NOTE, set_end, \
+            set_protected_sweep
         rec = json.loads(receipt)
         set_protected_sweep(rec, done)
-        set_end(rec, "lost" if lost else by, notes + [LOST] if lost else notes)
+        set_end(rec, "lost" if lost else by, notes + [LOST] if lost
+                else notes + [VIEW_LOST_NOTE] if by == "view-lost" else notes)
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
         end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status), receipt_dir)
     return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout,
-                      receipt_dir=receipt_dir, lost=lost)
+                      receipt_dir=receipt_dir, by="lost" if lost else by)
 
 
 #: What hcp_linux/native/hcp_client.c says when it hands a run over (FINISH_VERSION).

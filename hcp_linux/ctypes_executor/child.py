@@ -27,6 +27,7 @@ import errno
 import fcntl
 import os
 import resource
+import select  # here, not in the init: by then its view may not hold this Python's modules
 import stat
 import struct
 
@@ -36,12 +37,12 @@ import _socket
 from .. import _libc as L
 from ..protocol import (CANARY, PROXY_ADDRESS, RESOLVER_ADDRESS, STATUS_ALWAYS, STATUS_SECCOMP,
                        STATUS_SETPCAP, SYNTHETIC_NET)
-from ..protocol import (DEFAULT_SIGNALS, DETAILS, HANDOVER_MARK, encode_error_record,
+from ..protocol import (DEFAULT_SIGNALS, DETAILS, HANDOVER_MARK, VIEW_LOST, encode_error_record,
                         status_lacks)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING: the helper process (child_main) never imports typing
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import NoReturn, Sequence
 
     from hcp_linux.landlock import CreatedRuleset
 
@@ -191,8 +192,17 @@ def _payload(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None",
         # A monitor that died between the fork and that prctl sent no signal: it alone holds
         # the status pipe's read end, so the write end polls POLLERR once it is gone.
         _step("pdeathsig", _monitor_alive, status_w, detail="the monitor is gone")
+    mountinfo = -1
     if "mountns" in plan.layers:
         _build_mount_view(plan)
+        if plan.watch:
+            # the watch on the view's carve-outs: their mounts are on the host's own names,
+            # which the kernel takes away when a host process replaces the file. A change
+            # from now on wakes the fd's poll (the init's); one before it is looked for here
+            mountinfo = _step("watch", os.open, "/proc/self/mountinfo",
+                              os.O_RDONLY | os.O_CLOEXEC)
+            if _view_changed(mountinfo, plan.watch):
+                raise _StepFailed("watch", errno.ESTALE, DETAILS["VIEW_LOST"])
     if "netns" in plan.layers:
         _step("loopback-up", _loopback_up)
     if plan.proxy:
@@ -242,8 +252,8 @@ def _payload(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None",
         _exec(plan)
     # The init keeps nothing but its status pipes: fds it inherited (this run's pipes, and
     # any other concurrent run's) would otherwise stay open for the whole run.
-    _close_all_but(status_w, fds.done)
-    _init(pid, status_w, fds.done, plan.wait_for_tree)
+    _close_all_but(status_w, fds.done, mountinfo)
+    _init(pid, status_w, fds.done, plan.wait_for_tree, mountinfo, tuple(plan.watch))
 
 
 def _close_all_but(*keep: int) -> None:
@@ -261,22 +271,108 @@ _FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, 
               _signal.SIGUSR2, _signal.SIGWINCH, _signal.SIGCONT)
 
 
-def _init(command: int, status_w: int, done: int, wait_for_tree: bool) -> NoReturn:
+def _mount_points(fd: int) -> set[bytes]:
+    """The mount points /proc/self/mountinfo (``fd``) lists now (its fifth field, with the
+    kernel's \\ooo escapes of space, tab, newline and backslash undone)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    parts = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        parts.append(chunk)
+    out = set()
+    for line in b"".join(parts).split(b"\n"):
+        fields = line.split(b" ", 5)
+        if len(fields) > 4:
+            point = fields[4]
+            if b"\\" in point:
+                point = _unescape(point)
+            out.add(point)
+    return out
+
+
+def _unescape(field: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while i < len(field):
+        octal = field[i + 1:i + 4]
+        if field[i] == 0x5C and len(octal) == 3 and all(0x30 <= c <= 0x37 for c in octal):
+            out.append(int(octal, 8) & 0xFF)
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return bytes(out)
+
+
+def _view_changed(fd: int, watch: "Sequence[bytes]") -> bool:
+    """Whether a watched path (a mask, a read-only carve-out) is no longer a mount point of
+    the view: the host unlinked or renamed over its file, and the kernel took the mount away.
+    Not the path's inode: the kernel wakes the poll when it takes the mount away, before the
+    rename gives the name its new file. True when mountinfo cannot be read (fail closed)."""
+    try:
+        points = _mount_points(fd)
+    except OSError:
+        return True
+    return any(path not in points for path in watch)
+
+
+def _view_watch(mountinfo: int) -> "tuple[object, int] | None":
+    """The init's watch on the view: a poll on /proc/self/mountinfo (``mountinfo``: POLLPRI
+    when the mount table changes, as when the kernel takes a mount away) and on a wakeup pipe
+    SIGCHLD writes to (no child's end is missed between a waitpid and the poll): (the poll,
+    the pipe's read end), None when nothing is watched. OSError when it cannot be set up."""
+    if mountinfo < 0:
+        return None
+    r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    _signal.set_wakeup_fd(w)
+    _signal.signal(_signal.SIGCHLD, lambda _s, _f: None)
+    poll = select.poll()
+    poll.register(mountinfo, select.POLLPRI)
+    poll.register(r, select.POLLIN)
+    return poll, r
+
+
+def _init(command: int, status_w: int, done: int, wait_for_tree: bool, mountinfo: int = -1,
+          watch: "tuple[bytes, ...]" = ()) -> NoReturn:
     """pid 1 of the sandbox: forward signals to the command, reap orphans, report the
     command's wait status. When the command has exited: by default kill what is left, at
     once; with ``wait_for_tree``, wait until it has all exited. Either way every process of
     the run is gone (reaped: in a pid namespace every process descends from pid 1, and a
     process's orphans are ours before it is a zombie) when the status is written: to the
     runtime first, on its "done" pipe, so it need not wait for the namespaces to be torn
-    down, then to the monitor."""
+    down, then to the monitor. ``watch``: the view's paths whose mount the host can take
+    away (a mask, a read-only carve-out), through ``mountinfo`` (-1: none): when one has,
+    every process of the run is killed at once, and the report to the runtime carries
+    VIEW_LOST."""
     for sig in _FORWARDED:
         _signal.signal(sig, lambda s, _f: _kill_quietly(command, s))
     command_status = None
+    lost = False
+    try:  # looked at before the command started: a change since wakes the first poll
+        watching = _view_watch(mountinfo)
+    except OSError:  # fail closed: a view that cannot be watched ends the run
+        watching, lost = None, True
+        _kill_quietly(-1, _signal.SIGKILL)
     while True:
         try:
-            pid, status = os.waitpid(-1, 0)
+            pid, status = os.waitpid(-1, os.WNOHANG if watching is not None else 0)
         except ChildProcessError:  # nothing left to wait for
             break
+        if pid == 0 and watching is not None:  # children left, none ended: wait for either
+            poll, wakeup = watching
+            events = dict(poll.poll())  # type: ignore[attr-defined]
+            if wakeup in events:
+                try:
+                    os.read(wakeup, 512)
+                except BlockingIOError:
+                    pass
+            if mountinfo in events and _view_changed(mountinfo, watch):
+                # a watched path lost its mount: what took its place is the host's file, and
+                # the command sees it (readable where hidden, writable where read-only)
+                lost, watching = True, None
+                _kill_quietly(-1, _signal.SIGKILL)
+            continue
         if pid == command:
             command_status = status
             for sig in _FORWARDED:
@@ -288,12 +384,12 @@ def _init(command: int, status_w: int, done: int, wait_for_tree: bool) -> NoRetu
                     pass
     if command_status is None:
         os._exit(125)
-    report = struct.pack("<i", command_status)
     ok = True
-    for fd in (done, status_w):  # EPIPE on the first: the runtime stopped listening
-        try:
+    for fd, what in ((done, command_status | (VIEW_LOST if lost else 0)),
+                     (status_w, command_status)):  # EPIPE on the first: the runtime stopped
+        try:  # listening
             if fd >= 0:
-                os.write(fd, report)
+                os.write(fd, struct.pack("<i", what))
         except OSError:
             ok = False
     os._exit(0 if ok else 125)

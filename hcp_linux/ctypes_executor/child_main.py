@@ -192,6 +192,7 @@ def message(plan: "Plan", fds: "RunFds", ruleset: "CreatedRuleset | None") -> di
         "holds_setpcap": plan.holds_setpcap, "confined": plan.confined,
         "exe": plan.exe, "argv": tuple(plan.argv), "env": dict(plan.env), "cwd": plan.cwd,
         "symlinks": tuple(plan.symlinks), "masks": tuple(plan.masks),
+        "watch": tuple(plan.watch),
         "proc_fences": tuple(plan.proc_fences),
         "rlimits": tuple(plan.rlimits), "tmp_options": plan.tmp_options,
         "shm_options": plan.shm_options, "wait_for_tree": plan.wait_for_tree,

@@ -77,6 +77,9 @@ extern char **environ;
 #define FINISH_VERSION "finish 2"
 /* A server that took the request and did not answer in time: its socket's DEV:INO. */
 #define UNANSWERED_ENV "HCP_LINUX_UNANSWERED"
+/* hcp_linux.protocol.VIEW_LOST: in the status the init reports, when it killed the run because
+ * a hidden or read-only path lost its mount (hcp_linux.receipt_keys.END_LINES says the line) */
+#define VIEW_LOST 0x40000000u
 /* The variables that choose which hcp_linux the Python command imports (its key). */
 static const char *const KEY_VARIABLES[] = {
     "HOME",           "PYTHONHOME",       "PYTHONPATH", "PYTHONPLATLIBDIR",
@@ -920,6 +923,11 @@ int main(int argc, char **argv) {
         finish(&r, "run", -w, -1); /* a signal (its number), or the timeout (0) */
     int32_t reported;
     long long status = read_exact(r.done_r, (char *)&reported, 4) == 0 ? reported : -1;
+    if (status >= 0 && (status & VIEW_LOST)) {
+        status &= ~(long long)VIEW_LOST;
+        fprintf(stderr, "error: sandbox: a hidden or read-only path was replaced on the host "
+                        "during the run, which took its mount away: the sandbox was killed\n");
+    }
 
     /* the monitor exits once the init has: else Python's wait sends it on its way */
     if (r.pidfd < 0)

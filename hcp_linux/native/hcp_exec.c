@@ -172,14 +172,14 @@ static struct plan {
     const unsigned char *bpf, *view;
     size_t bpf_len, view_len;
     uint32_t view_flags;
-    size_t n_binds, n_masks, n_symlinks, n_fences, n_rlimits, n_rules, n_argv, n_env;
+    size_t n_binds, n_masks, n_watch, n_symlinks, n_fences, n_rlimits, n_rules, n_argv, n_env;
     struct bind *binds;
     struct mask *masks;
     struct symlink_ *symlinks;
     struct proc_fence *fences;
     struct rlim *rlimits;
     struct rule *rules;
-    char **argv, **env;
+    char **argv, **env, **watch;
 } P = {.fds = RUN_FDS_NONE, .ruleset_fd = -1};
 
 /* A spare runs its early steps before it has an error pipe: the first that fails is kept
@@ -563,6 +563,12 @@ static int fence_proc(const char *target, int masked) {
                         &attr, sizeof attr);
 }
 
+/* /proc/self/mountinfo, opened once the view is built when it has watched paths (P.watch: a
+ * mask, a read-only carve-out; -1: none): polls POLLPRI when the mount table changes, which
+ * the init watches for the run (init, view_watch). */
+static int mountinfo_fd = -1;
+static int view_changed(int fd);
+
 static void build_mount_view(void) {
     int *fds = calloc(P.n_binds + 1, sizeof *fds);
     size_t i;
@@ -671,6 +677,14 @@ static void build_mount_view(void) {
          mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL),
          NULL);
     free(fds);
+    /* 4. the watch on the view's carve-outs: their mounts are on the host's own names, which
+     * the kernel takes away when a host process replaces the file. A change from now on wakes
+     * the fd's poll; one before it is looked for once, here (a spare does this ahead of its
+     * plan: the payload then only polls). */
+    if (P.n_watch) {
+        STEP(S_WATCH, mountinfo_fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC), NULL);
+        STEP(S_WATCH, view_changed(mountinfo_fd) ? (errno = ESTALE, -1) : 0, DETAIL_VIEW_LOST);
+    }
 }
 
 /* ---- network -------------------------------------------------------------------------- */
@@ -1091,16 +1105,25 @@ static void on(int sig, void (*handler)(int)) {
 static const int FORWARDED[] = {SIGTERM, SIGINT,  SIGHUP,   SIGQUIT,
                                 SIGUSR1, SIGUSR2, SIGWINCH, SIGCONT};
 
-/* Close every fd but a and b (b may be -1). */
-static void close_all_but(int a, int b) {
-    int lo = b < 0 || a < b ? a : b, hi = b < 0 || a < b ? b : a;
-    if (b < 0 || lo == hi)
-        hi = lo;
-    if (lo > 0)
-        syscall(SYS_close_range, 0, lo - 1, 0);
-    if (hi > lo + 1)
-        syscall(SYS_close_range, lo + 1, hi - 1, 0);
-    syscall(SYS_close_range, hi + 1, ~0U, 0);
+/* Close every fd but a, b and c (each may be -1). */
+static void close_all_but(int a, int b, int c) {
+    int keep[3] = {a, b, c};
+    unsigned next = 0;
+    for (int i = 0; i < 3; i++) /* ascending */
+        for (int j = i + 1; j < 3; j++)
+            if (keep[j] < keep[i]) {
+                int t = keep[i];
+                keep[i] = keep[j];
+                keep[j] = t;
+            }
+    for (int i = 0; i < 3; i++) {
+        if (keep[i] < 0 || (unsigned)keep[i] < next)
+            continue;
+        if ((unsigned)keep[i] > next)
+            syscall(SYS_close_range, next, (unsigned)keep[i] - 1, 0);
+        next = (unsigned)keep[i] + 1;
+    }
+    syscall(SYS_close_range, next, ~0U, 0);
 }
 
 static int write4(int fd, const unsigned char *out) {
@@ -1118,15 +1141,126 @@ static int write4(int fd, const unsigned char *out) {
  * before it is a zombie) when the status is written: to the runtime first, on its "done"
  * pipe, which lets it go on without waiting for the namespaces to be torn down, then to the
  * monitor. */
-static void __attribute__((noreturn)) init(pid_t command, int status_w) {
-    int command_status = 0, have = 0, rc = 0;
+static void nothing(int sig) {
+    (void)sig;
+}
+
+/* Whether ``field`` (a mount point as /proc/self/mountinfo writes it: space, tab, newline and
+ * backslash as \ooo) is ``path``. */
+static int mount_point_is(const char *field, const char *end, const char *path) {
+    while (field < end && *path) {
+        char c = *field;
+        if (c == '\\' && end - field >= 4 && field[1] >= '0' && field[1] <= '3' && field[2] >= '0'
+            && field[2] <= '7' && field[3] >= '0' && field[3] <= '7') {
+            c = (char)((field[1] - '0') << 6 | (field[2] - '0') << 3 | (field[3] - '0'));
+            field += 4;
+        } else {
+            field++;
+        }
+        if (c != *path++)
+            return 0;
+    }
+    return field == end && *path == 0;
+}
+
+/* Whether a watched path (P.watch: a mask, a read-only carve-out) is no longer a mount point
+ * of the view, as mountinfo (``fd``) lists them now: the host unlinked or renamed over its
+ * file, and the kernel took the mount away. Not the path's inode: the kernel wakes the poll
+ * when it takes the mount away, before the rename gives the name its new file. */
+static int view_changed(int fd) {
+    static char *buf;
+    static size_t cap;
+    size_t len = 0;
+    if (lseek(fd, 0, SEEK_SET) < 0)
+        return 1;
+    for (;;) {
+        if (cap - len < 4096) {
+            char *more = realloc(buf, cap ? cap * 2 : 16384);
+            if (more == NULL)
+                return 1;
+            buf = more;
+            cap = cap ? cap * 2 : 16384;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return 1;
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    for (size_t i = 0; i < P.n_watch; i++) {
+        int found = 0;
+        for (const char *line = buf, *end = buf + len; line < end && !found;) {
+            const char *eol = memchr(line, '\n', (size_t)(end - line));
+            const char *f = line;
+            if (eol == NULL)
+                eol = end;
+            for (int skip = 0; skip < 4 && f < eol; skip++) { /* id, parent, dev, root */
+                const char *space = memchr(f, ' ', (size_t)(eol - f));
+                f = space ? space + 1 : eol;
+            }
+            const char *field_end = memchr(f, ' ', (size_t)(eol - f));
+            found = mount_point_is(f, field_end ? field_end : eol, P.watch[i]);
+            line = eol + 1;
+        }
+        if (!found)
+            return 1;
+    }
+    return 0;
+}
+
+/* Set the init up to watch the view through ``fd`` (/proc/self/mountinfo, opened and looked
+ * at before the command started; -1: nothing watched): it polls POLLPRI when the mount table
+ * has changed since it was opened (a change since, however early, wakes the first ppoll), and
+ * SIGCHLD is blocked except in ppoll (``*during``), so that no child's end is missed between
+ * a waitpid and the poll. ``*lost`` is set, and every other process of the run killed, when
+ * it cannot be. Returns the fd to poll, or -1. */
+static int view_watch(int fd, sigset_t *during, int *lost) {
+    sigset_t chld;
+    if (fd < 0)
+        return -1;
+    on(SIGCHLD, nothing); /* a handler: a blocked SIGCHLD stays pending for ppoll */
+    if (sigemptyset(&chld) < 0 || sigaddset(&chld, SIGCHLD) < 0
+        || sigprocmask(SIG_BLOCK, &chld, during) < 0
+        || sigdelset(during, SIGCHLD) < 0) { /* fail closed: unwatched, the run ends */
+        *lost = 1;
+        if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
+            _exit(125);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void __attribute__((noreturn)) init(pid_t command, int status_w, int mountinfo) {
+    int command_status = 0, have = 0, rc = 0, lost = 0;
     unsigned char out[4];
+    sigset_t during;
     forward_to = command;
     for (size_t i = 0; i < sizeof FORWARDED / sizeof FORWARDED[0]; i++)
         on(FORWARDED[i], forward);
+    int watch = view_watch(mountinfo, &during, &lost);
     for (;;) {
         int status;
-        pid_t pid = waitpid(-1, &status, 0);
+        pid_t pid = waitpid(-1, &status, watch >= 0 ? WNOHANG : 0);
+        if (pid == 0) { /* children left, none ended: wait for one, or for the mount table */
+            struct pollfd p = {watch, POLLPRI, 0};
+            int n = ppoll(&p, 1, NULL, &during);
+            if (n < 0 && errno != EINTR)
+                _exit(125);
+            if (n > 0 && view_changed(watch)) {
+                /* a watched path lost its mount: what took its place is the host's file, and
+                 * the command sees it (readable where hidden, writable where read-only) */
+                lost = 1;
+                if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
+                    _exit(125);
+                close(watch);
+                watch = -1;
+            }
+            continue;
+        }
         if (pid < 0) {
             if (errno == EINTR)
                 continue;
@@ -1146,9 +1280,13 @@ static void __attribute__((noreturn)) init(pid_t command, int status_w) {
     out[1] = (command_status >> 8) & 0xff;
     out[2] = (command_status >> 16) & 0xff;
     out[3] = (command_status >> 24) & 0xff;
-    if (P.fds.done >= 0)
-        rc |= write4(P.fds.done, out); /* EPIPE: the runtime stopped listening; the monitor's
-                                         status still stands */
+    if (P.fds.done >= 0) {
+        uint32_t reported = (uint32_t)command_status | (lost ? VIEW_LOST : 0);
+        unsigned char to_runtime[4] = {reported & 0xff, (reported >> 8) & 0xff,
+                                       (reported >> 16) & 0xff, (reported >> 24) & 0xff};
+        rc |= write4(P.fds.done, to_runtime); /* EPIPE: the runtime stopped listening; the
+                                                 monitor's status still stands */
+    }
     rc |= write4(status_w, out);
     _exit(rc == 0 ? 0 : 125);
 }
@@ -1174,7 +1312,7 @@ static void __attribute__((noreturn)) mirror(pid_t pid, int status_r) {
     unsigned char data[4];
     size_t got = 0;
     int status = 0;
-    close_all_but(status_r, -1);
+    close_all_but(status_r, -1, -1);
     forward_to = pid;
     kill_target = pid;
     on(SIGTERM, forward);
@@ -1291,14 +1429,23 @@ static void __attribute__((noreturn)) payload(int status_w) {
      * are then root-owned and need CAP_SYS_PTRACE, which nothing in the sandbox holds (a
      * fence on every rung, Landlock or not). Set after the fork, a command that opened
      * /proc/1/mem first would keep its fd. The command's execve makes it dumpable again. */
+    /* The view's carve-outs, once more before the command exists: a change since the view
+     * was built (a spare's, long ago) has woken the fd's poll; only then is mountinfo read */
+    if (mountinfo_fd >= 0) {
+        struct pollfd p = {mountinfo_fd, POLLPRI, 0};
+        int changed;
+        TRY(S_WATCH, changed = poll(&p, 1, 0), NULL);
+        TRY(S_WATCH, changed && view_changed(mountinfo_fd) ? (errno = ESTALE, -1) : 0,
+            DETAIL_VIEW_LOST);
+    }
     TRY(S_FORK_COMMAND, prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE");
     /* vfork-like: the command shares our memory until it execs (we wait, suspended), on a
      * stack of its own; no page tables are copied */
     pid = clone(command, command_stack + sizeof command_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
                 NULL);
     TRY(S_FORK_COMMAND, pid, NULL);
-    close_all_but(status_w, P.fds.done);
-    init(pid, status_w);
+    close_all_but(status_w, P.fds.done, mountinfo_fd);
+    init(pid, status_w, mountinfo_fd);
 }
 
 /* ---- main: the monitor ------------------------------------------------------------------ */

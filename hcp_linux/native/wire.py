@@ -187,6 +187,7 @@ def view_fields(plan: "Plan", vf: int, bpf: bytes) -> dict[str, Any]:
         "binds": [(bd.source, bd.target, int(bd.is_dir), bd.dev, bd.ino, bd.attrs, bd.access)
                   for bd in plan.binds],
         "masks": plan.masks,  # (path, is_dir): a bool is the u64 0 or 1
+        "watch": plan.watch,
         "symlinks": plan.symlinks,
         "fences": plan.proc_fences,  # (path, masked)
         # egress-capture binds these before a spare drops its capabilities (port 53 and the

@@ -122,6 +122,9 @@ class Confinement:
         self.binds: tuple[Bind, ...] = ()
         self.symlinks: tuple[tuple[bytes, bytes], ...] = ()
         self.masks: tuple[tuple[bytes, bool], ...] = ()
+        # the view's paths whose mount the host can take away by replacing the file (their
+        # mount point is the host's own name): the init ends the run when one loses it
+        self.watch: tuple[bytes, ...] = ()
         self.late_rules: tuple[tuple[bytes, int], ...] = ()
         self.canary: str | None = None
         self.ruleset: GrantedRuleset | None = None  # a template, never created: copied
@@ -264,6 +267,7 @@ def _plan_view_and_rules(conf: Confinement, policy: Policy, prefixes: list[str],
     if view:
         conf.masks = merged_masks(_masks(policy, [p for p, _, _, _, _, w in opened if not w])
                                   + _hidden(policy))
+        conf.watch = _watch(policy, conf.masks)
     if template is None:
         return
     if view:
@@ -489,6 +493,18 @@ def _deepest(path: str, trees: Sequence[tuple[str, bool]]) -> bool | None:
         if tree != path and _is_within(path, tree) and (best is None or len(tree) > len(best[0])):
             best = (tree, flag)
     return None if best is None else best[1]
+
+
+def _watch(policy: Policy, masks: tuple[tuple[bytes, bool], ...]) -> tuple[bytes, ...]:
+    """What the init watches (hcp_exec.c, child.py: ``watch``): every mask (a hidden path, a
+    secret under a read-only root) and every read-only carve-out. Each is mounted over the
+    host's own name, and the kernel takes such a mount away in every other namespace when a
+    host process unlinks or renames over that name (an editor's save, `passwd` rewriting
+    /etc/shadow): the command would then read, or write, what took its place. Protected
+    names are not watched: the sweep moves aside what replaced them, and the user's own `git
+    config` during a run must not end it."""
+    return tuple(dict.fromkeys([path for path, _ in masks]
+                               + [os.fsencode(p) for p in carved_read_only(policy)]))
 
 
 def carved_read_only(policy: Policy) -> list[str]:

@@ -59,6 +59,8 @@ class Plan:
     binds: Sequence[Bind] = ()
     symlinks: Sequence[tuple[bytes, bytes]] = ()
     masks: Sequence[tuple[bytes, bool]] = ()  # (path, is_dir)
+    # the view's paths the init watches: one that loses its mount ends the run (confinement)
+    watch: Sequence[bytes] = ()
     # /proc entries the view fences on every rung (confinement.PROC_FENCES): (path, masked)
     proc_fences: Sequence[tuple[bytes, bool]] = ()
     rlimits: tuple[tuple[int, int], ...] = ()  # (RLIMIT_*, value)
@@ -115,7 +117,8 @@ class Plan:
         shared = self._shared
         if shared is None or not (
                 self.binds is shared.binds and self.symlinks is shared.symlinks
-                and self.masks is shared.masks and self.late_rules is shared.late_rules
+                and self.masks is shared.masks and self.watch is shared.watch
+                and self.late_rules is shared.late_rules
                 and self.facts.get("absent_system_roots") is shared.absent):
             return make()
         try:
@@ -259,7 +262,7 @@ def _confined_fields(policy: Policy, layers: frozenset[str], shared: Any,
     program and how denials are recorded."""
     fields: dict[str, Any] = dict(
         _shared=shared, protect=found, protect_since=protected.now(),
-        binds=shared.binds, symlinks=shared.symlinks, masks=shared.masks,
+        binds=shared.binds, symlinks=shared.symlinks, masks=shared.masks, watch=shared.watch,
         late_rules=shared.late_rules, canary=shared.canary,
         landlock=shared.ruleset.copy() if shared.ruleset is not None else None,  # no fd
         facts={"absent_system_roots": shared.absent})

@@ -459,9 +459,11 @@ def _start(plan: Plan, executor: str | None, fds: list[int], child_end: int, pid
 def _stale_spare(record: bytes) -> bool:
     """Whether a ready spare's failure is its age, not the plan's: a tree it cloned is not
     the one the plan checked (a file system mounted on a granted path since the spare made
-    its mount namespace). A spare started now sees what the plan saw."""
+    its mount namespace), or a hidden or read-only path lost its mount since (the host
+    replaced the file: ``watch``). A spare started now sees what the plan saw."""
     step, err, _ = decode_error_record(record)
-    return step == "bind-clone" and err in (errno.ESTALE, errno.ENOENT)
+    return (step == "bind-clone" and err in (errno.ESTALE, errno.ENOENT)) \
+        or (step == "watch" and err == errno.ESTALE)
 
 
 def _abandon(pid: int, pidns: bool, done_r: int) -> None:

@@ -15,6 +15,7 @@ import time
 from typing import IO, Any
 
 from .. import receipt_keys as keys
+from ..protocol import VIEW_LOST
 from ..policy import protected
 from ..proc import teardown
 from ..observe.denials import complete
@@ -170,8 +171,8 @@ class SandboxProcess:
             from ..policy.protected.pending import paid
             paid(owed)
         by = self._ended_by or ("lost" if self._unreported else "exit")
-        keys.set_end(self.receipt, by, self._monitor.notes + ([keys.LOST] if by == "lost"
-                                                               else []))
+        said = {"lost": [keys.LOST], "view-lost": [keys.VIEW_LOST]}.get(by, [])
+        keys.set_end(self.receipt, by, self._monitor.notes + said)
         return self.returncode
 
     def _reported(self) -> int | None:
@@ -188,7 +189,11 @@ class SandboxProcess:
         if len(data) != 4:
             self._unreported = True
             return None
-        status = self._set_status(struct.unpack("<i", data)[0])
+        raw = struct.unpack("<i", data)[0]
+        if raw & VIEW_LOST:  # the init killed the run: a watched path lost its mount
+            raw &= ~VIEW_LOST
+            self._ended_by = self._ended_by or "view-lost"
+        status = self._set_status(raw)
         self._monitor.close()
         teardown.reaper().reap(self.pid)
         return status
