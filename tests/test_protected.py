@@ -15,6 +15,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -1007,6 +1008,28 @@ def _start(cli: list[str], env: dict[str, str], jail: Path, script: str,
                             stdin=subprocess.DEVNULL, env=env, cwd="/")
 
 
+def _run_while(how: str, jail: Path, tmp_path: Path, script: str,
+               host: "Callable[[], None]") -> tuple[Path | None, str]:
+    """Run ``script`` the ``how`` way (test_caller_state.WAYS), do ``host`` once it has
+    written ``ready``, and wait for its end (exit 0): the receipt's path (None for the
+    native client: a receipt to write sends it to Python, and its own end is the server's)
+    and its output."""
+    from test_caller_state import way
+    receipt = None if how.startswith("native") else tmp_path / "r.json"
+    with way(how, tmp_path) as (cli, env):
+        proc = _start(cli, env, jail, script, receipt)
+        try:
+            wait_for(lambda: (jail / "ready").exists(), "the command to start")
+            host()
+            stdout, stderr = proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    return receipt, stdout.decode()
+
+
 def _aside(jail: Path, name: str) -> list[Path]:
     return sorted(jail.glob(f"{name}.hcp-linux-replaced-*"))
 
@@ -1018,24 +1041,13 @@ def test_a_name_replaced_on_the_host_during_the_run_is_not_left_to_the_command(
     bind of the old file goes, and what it then writes there would be the user's next
     direnv. After the run it is moved aside (not removed: it may be the user's). Served
     runs too: the Python client sweeps itself, the native one asks the server."""
-    from test_caller_state import way
     (jail / ".envrc").write_text("user\n")
-    # a receipt to write sends the native command to Python: its own end is the server's
-    receipt = None if how.startswith("native") else tmp_path / "r.json"
-    with way(how, tmp_path) as (cli, env):
-        proc = _start(cli, env, jail, _WAIT_THEN_PLANT, receipt)
-        try:
-            wait_for(lambda: (jail / "ready").exists(), "the command to start")
-            (jail / ".envrc.new").write_text("user, edited\n")
-            os.replace(jail / ".envrc.new", jail / ".envrc")  # an editor's atomic save
-            (jail / "go").touch()
-            stdout, stderr = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    text = stdout.decode()
-    assert proc.returncode == 0, stderr.decode()
+
+    def save() -> None:  # an editor's atomic save
+        (jail / ".envrc.new").write_text("user, edited\n")
+        os.replace(jail / ".envrc.new", jail / ".envrc")
+        (jail / "go").touch()
+    receipt, text = _run_while(how, jail, tmp_path, _WAIT_THEN_PLANT, save)
     assert "before=denied" in text and "after=ok" in text, text  # bound, then not
     assert not (jail / ".envrc").exists()
     moved = _aside(jail, ".envrc")
@@ -1072,20 +1084,8 @@ def test_a_new_file_given_the_bound_file_s_old_number_is_not_taken_for_it(
     directory do not get the number. Control: the same recycling unconfined gets the
     number of a file deleted the same way (ext4 hands the lowest free number out)."""
     (jail / ".envrc").write_text("user\n")
-    from test_caller_state import way
-    receipt = None if how.startswith("native") else tmp_path / "r.json"
-    with way(how, tmp_path) as (cli, env):
-        proc = _start(cli, env, jail, _RECYCLE_THE_NUMBER, receipt)
-        try:
-            wait_for(lambda: (jail / "ready").exists(), "the command to start")
-            (jail / ".envrc").unlink()
-            stdout, stderr = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    text = stdout.decode()
-    assert proc.returncode == 0, stderr.decode()
+    _, text = _run_while(how, jail, tmp_path, _RECYCLE_THE_NUMBER,
+                         lambda: (jail / ".envrc").unlink())
     assert "before=denied" in text and "after=ok" in text, text  # bound, then not
     assert "reused" not in text, text  # the number stayed taken
     assert not (jail / ".envrc").exists(), (jail / ".envrc").read_text()
