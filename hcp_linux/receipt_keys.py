@@ -80,16 +80,17 @@ def set_protected_pending(receipt: Receipt, why: str) -> None:
                                     "run, what it made at a missing protected name stays")
 
 
-#: ``end.notes`` of a run ``by`` "lost": what the returncode then is.
-LOST = ("the sandbox's init ended without reporting the command's status: it or the "
-        "sandbox's monitor was killed from outside the run (the OOM killer, an operator); "
-        "the returncode is the monitor's, not the command's")
-
-
-#: ``end.notes`` of a run ``by`` "view-lost".
-VIEW_LOST = ("a hidden or read-only path of the view was replaced on the host during the run, "
-             "and the kernel took its mount away with the old file: the sandbox's init killed "
-             "the run at once (until then the command could reach what took its place)")
+#: ``end.notes``' note of a run that ended so (``end.by``): what happened, and what the
+#: returncode then is.
+END_NOTES = {
+    "lost": "the sandbox's init ended without reporting the command's status: it or the "
+            "sandbox's monitor was killed from outside the run (the OOM killer, an operator); "
+            "the returncode is the monitor's, not the command's",
+    "view-lost": "a hidden or read-only path of the view was replaced on the host during the "
+                 "run, and the kernel took its mount away with the old file: the sandbox's "
+                 "init killed the run at once (until then the command could reach what took "
+                 "its place)",
+}
 
 #: The CLI's line for a run that ended so (``end.by``).
 END_LINES = {
@@ -101,9 +102,8 @@ END_LINES = {
 
 
 def set_end(receipt: Receipt, by: str, notes: Sequence[str] = ()) -> None:
-    """``end``: who ended the run ("exit", "kill", "timeout"; "lost": killed from outside,
-    :data:`LOST`; "view-lost": killed by its init, :data:`VIEW_LOST`) and the teardown's
-    notes."""
+    """``end``: who ended the run ("exit", "kill", "timeout"; "lost": killed from outside;
+    "view-lost": killed by its init, :data:`END_NOTES`) and the teardown's notes."""
     end: dict[str, Any] = {"by": by}
     if notes:
         end["notes"] = list(notes)

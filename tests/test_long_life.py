@@ -402,7 +402,7 @@ def test_a_run_killed_from_outside_says_it_was_lost(jail: Path, victim: str) -> 
     run ends with it, and the receipt says the run was lost (``end.by``), not that the
     command exited by SIGKILL: no status of the command's came. Control: a command that
     SIGKILLs itself reads ``exit``, with the same returncode."""
-    from hcp_linux.receipt_keys import LOST
+    from hcp_linux.receipt_keys import END_NOTES
     sb = Sandbox(Policy(jail=str(jail)))
     p = sb.spawn(["/bin/sh", "-c", "touch ready; exec sleep 30"])
     try:
@@ -414,7 +414,7 @@ def test_a_run_killed_from_outside_says_it_was_lost(jail: Path, victim: str) -> 
         if p.returncode is None:
             p.kill()
             p.wait()
-    assert p.receipt["end"]["by"] == "lost" and LOST in p.receipt["end"]["notes"], \
+    assert p.receipt["end"]["by"] == "lost" and END_NOTES["lost"] in p.receipt["end"]["notes"], \
         p.receipt["end"]
     control = sb.run(["/bin/sh", "-c", "kill -9 $$"], timeout=TIMEOUT)
     assert control.returncode == -signal.SIGKILL

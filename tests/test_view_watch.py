@@ -55,7 +55,7 @@ def test_the_api_run_ends_when_a_carve_out_loses_its_mount(jail: Path, kind: str
                                                           replaced: bool) -> None:
     """Sandbox.spawn: replaced, the run is killed (-9) and ``end.by`` says why; control: the
     same run, left alone, runs out its loop (its writes refused, its reads denied)."""
-    from hcp_linux.receipt_keys import VIEW_LOST
+    from hcp_linux.receipt_keys import END_NOTES
     _, fields = _carve(jail, kind)
     loop = _READ if kind == "hidden" else _WRITE
     if not replaced:
@@ -75,7 +75,7 @@ def test_the_api_run_ends_when_a_carve_out_loses_its_mount(jail: Path, kind: str
         p.stdout.close()  # type: ignore[union-attr]
     if replaced:
         assert b"ran-out" not in out, out
-        assert p.receipt["end"] == {"by": "view-lost", "notes": [VIEW_LOST]}, p.receipt["end"]
+        assert p.receipt["end"] == {"by": "view-lost", "notes": [END_NOTES["view-lost"]]}, p.receipt["end"]
     else:
         assert b"ran-out" in out and b"SECRET" not in out and b"wrote" not in out, out
         assert p.receipt["end"] == {"by": "exit"}

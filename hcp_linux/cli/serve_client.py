@@ -361,12 +361,11 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     if receipt_to:
         import json
 
-        from ..receipt_keys import LOST, VIEW_LOST as VIEW_LOST_NOTE, set_end, \
-            set_protected_sweep
+        from ..receipt_keys import END_NOTES, set_end, set_protected_sweep
         rec = json.loads(receipt)
         set_protected_sweep(rec, done)
-        set_end(rec, "lost" if lost else by, notes + [LOST] if lost
-                else notes + [VIEW_LOST_NOTE] if by == "view-lost" else notes)
+        ended = "lost" if lost else by
+        set_end(rec, ended, notes + [END_NOTES[ended]] if ended in END_NOTES else notes)
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
         end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status), receipt_dir)

@@ -1425,10 +1425,6 @@ static void __attribute__((noreturn)) payload(int status_w) {
         verify();
         do_exec();
     }
-    /* The init is non-dumpable before the command exists: its /proc/1/mem, fds and environ
-     * are then root-owned and need CAP_SYS_PTRACE, which nothing in the sandbox holds (a
-     * fence on every rung, Landlock or not). Set after the fork, a command that opened
-     * /proc/1/mem first would keep its fd. The command's execve makes it dumpable again. */
     /* The view's carve-outs, once more before the command exists: a change since the view
      * was built (a spare's, long ago) has woken the fd's poll; only then is mountinfo read */
     if (mountinfo_fd >= 0) {
@@ -1438,6 +1434,10 @@ static void __attribute__((noreturn)) payload(int status_w) {
         TRY(S_WATCH, changed && view_changed(mountinfo_fd) ? (errno = ESTALE, -1) : 0,
             DETAIL_VIEW_LOST);
     }
+    /* The init is non-dumpable before the command exists: its /proc/1/mem, fds and environ
+     * are then root-owned and need CAP_SYS_PTRACE, which nothing in the sandbox holds (a
+     * fence on every rung, Landlock or not). Set after the fork, a command that opened
+     * /proc/1/mem first would keep its fd. The command's execve makes it dumpable again. */
     TRY(S_FORK_COMMAND, prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE");
     /* vfork-like: the command shares our memory until it execs (we wait, suspended), on a
      * stack of its own; no page tables are copied */

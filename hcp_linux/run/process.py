@@ -171,7 +171,7 @@ class SandboxProcess:
             from ..policy.protected.pending import paid
             paid(owed)
         by = self._ended_by or ("lost" if self._unreported else "exit")
-        said = {"lost": [keys.LOST], "view-lost": [keys.VIEW_LOST]}.get(by, [])
+        said = [keys.END_NOTES[by]] if by in keys.END_NOTES else []
         keys.set_end(self.receipt, by, self._monitor.notes + said)
         return self.returncode
 
