@@ -73,6 +73,7 @@ def test_the_api_run_ends_when_a_carve_out_loses_its_mount(jail: Path, kind: str
             p.kill()
             p.wait()
         p.stdout.close()  # type: ignore[union-attr]
+    assert str(jail / ".env") in p.receipt["layers"]["mountns"]["watched"]
     if replaced:
         assert b"ran-out" not in out, out
         assert p.receipt["end"] == {"by": "view-lost", "notes": [END_NOTES["view-lost"]]}, p.receipt["end"]

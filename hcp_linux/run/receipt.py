@@ -34,7 +34,9 @@ LOST = {
     "ipcns": "System V IPC and POSIX message queues shared with the host",
     "pidns": "outside processes visible; a setsid'd daemon can outlive the run (only the "
              "process group is killed); limits.nproc does not bind a caller that is the "
-             "host's root (RLIMIT_NPROC never applies to it; pid_max did)",
+             "host's root (RLIMIT_NPROC never applies to it; pid_max did); no init watches "
+             "the hidden and read-only paths: one whose file the host replaces during the "
+             "run is the command's to read or write until it ends",
     "landlock": "no filesystem access control beyond the mount view and permissions; no "
                 "signal/abstract-socket scoping",
     "seccomp": "no syscall blocklist: namespaces, mount API, ptrace, bpf, io_uring, TIOCSTI, "
@@ -257,6 +259,8 @@ def _mount_view(plan) -> dict[str, Any]:
         read_write=[b.target.decode() for b in plan.binds if b.writable],
         symlinks={k.decode(): v.decode() for k, v in plan.symlinks},
         masked=[m.decode() for m, _ in plan.masks],
+        # the init watches these (no init without a pid namespace: none is watched)
+        watched=[w.decode() for w in plan.watch] if "pidns" in plan.layers else [],
         private_tmpfs=["/tmp", "/dev/shm"], proc="fresh" if plan.proc_fresh else "host bind",
         absent_system_roots=list(plan.facts.get("absent_system_roots", [])))
 
