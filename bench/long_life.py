@@ -489,8 +489,13 @@ def run_suite(n: int, seed: int, work: str) -> dict[str, Any]:
             break
         time.sleep(0.05)
     files = {}
+    from hcp_linux.runtime_files import jail_home
+    home = os.path.basename(jail_home(""))  # the user's jail home stays (runtime_files)
     for name, path in (("jail", jail), ("small", small), ("fulltmp", full_tmp), ("tmp", tmp)):
         left = [e for e in os.listdir(path) if not (premounted and e == "foreign-0")]
+        if home in left:  # what is in it is left, not the home itself
+            left.remove(home)
+            left += [f"{home}/{e}" for e in os.listdir(os.path.join(path, home))]
         if left:
             files[name] = left[:10]
     outcomes = collections.Counter()
