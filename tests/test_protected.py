@@ -1083,14 +1083,9 @@ def test_a_new_file_given_the_bound_file_s_old_number_is_not_taken_for_it(
     sweep runs only once every process of the run is gone. 4,000 files made in the same
     directory do not get the number. Control: the same recycling unconfined gets the
     number of a file deleted the same way (ext4 hands the lowest free number out)."""
-    (jail / ".envrc").write_text("user\n")
-    _, text = _run_while(how, jail, tmp_path, _RECYCLE_THE_NUMBER,
-                         lambda: (jail / ".envrc").unlink())
-    assert "before=denied" in text and "after=ok" in text, text  # bound, then not
-    assert "reused" not in text, text  # the number stayed taken
-    assert not (jail / ".envrc").exists(), (jail / ".envrc").read_text()
-    assert [p.read_text() for p in _aside(jail, ".envrc")] == ["planted\n"]
-    # control: unconfined, with nothing holding the deleted file, the number comes back
+    # control: unconfined, with nothing holding the deleted file, the number comes back;
+    # a file system that does not hand a freed number out at once (tmpfs: CI's stock Debian
+    # leg) has nothing to recycle, and the test could not fail there
     control = tmp_path / "control"
     control.mkdir()
     (control / ".envrc").write_text("user\n")
@@ -1099,7 +1094,15 @@ def test_a_new_file_given_the_bound_file_s_old_number_is_not_taken_for_it(
     wait_for(lambda: (control / "ready").exists(), "the control to start")
     (control / ".envrc").unlink()
     stdout, _ = p.communicate(timeout=TIMEOUT)
-    assert "reused" in stdout.decode(), stdout.decode()
+    if "reused" not in stdout.decode():
+        pytest.skip("this file system does not hand a freed inode number out at once")
+    (jail / ".envrc").write_text("user\n")
+    _, text = _run_while(how, jail, tmp_path, _RECYCLE_THE_NUMBER,
+                         lambda: (jail / ".envrc").unlink())
+    assert "before=denied" in text and "after=ok" in text, text  # bound, then not
+    assert "reused" not in text, text  # the number stayed taken
+    assert not (jail / ".envrc").exists(), (jail / ".envrc").read_text()
+    assert [p.read_text() for p in _aside(jail, ".envrc")] == ["planted\n"]
 
 
 def test_a_name_left_alone_during_the_run_stays_as_it_was(jail: Path) -> None:
