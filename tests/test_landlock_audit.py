@@ -194,18 +194,25 @@ def test_the_executors_own_check_is_not_logged(jail: Path, executor: str,
 @needs_reader
 @pytest.mark.root_only
 def test_concurrent_runs_get_their_own_records(jail: Path, audit_on: None) -> None:
-    """Records go to the run whose domain refused: two runs at once, 3 and 5 rounds."""
+    """Records go to the run whose domain refused: two runs at once, 3 and 5 rounds. A pair
+    during which the kernel dropped audit records (its backlog limit, reached on a loaded CI
+    machine: the receipt says "incomplete", honestly) is run again, at most three times."""
     box = Sandbox(Policy(jail=str(jail)))
-    results: dict[int, object] = {}
+    for _ in range(3):
+        results: dict[int, object] = {}
 
-    def one(n: int) -> None:
-        results[n] = box.run(["python3", "denied.py", str(n)], capture_output=True,
-                             timeout=TIMEOUT)
-    threads = [threading.Thread(target=one, args=(n,)) for n in (3, 5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        def one(n: int) -> None:
+            results[n] = box.run(["python3", "denied.py", str(n)], capture_output=True,
+                                 timeout=TIMEOUT)
+        threads = [threading.Thread(target=one, args=(n,)) for n in (3, 5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        statuses = [results[n].receipt["denial_layers"]["landlock"]  # type: ignore[attr-defined]
+                    for n in (3, 5)]
+        if not any(s.startswith("incomplete: the kernel dropped") for s in statuses):
+            break
     for n in (3, 5):
         run = results[n]
         assert run.returncode == 0, run.stderr  # type: ignore[attr-defined]
