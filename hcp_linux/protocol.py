@@ -189,6 +189,20 @@ HANDOVER_MARK = 1 << 32
 #: has the bit (they fit in 16 bits); readers clear it.
 VIEW_LOST = 1 << 30
 
+
+def init_report(data: bytes) -> "tuple[int | None, str]":
+    """The init's report, as read off the done pipe (up to 4 bytes): the command's wait
+    status (None when the init ended without one: it or the monitor was killed from outside)
+    and how the run ended as far as the report tells, for ``end.by`` when nobody in the
+    runtime ended it: "exit", "view-lost" (the init killed it: :data:`VIEW_LOST`, cleared
+    from the status) or "lost". The one reading of the report, in-process and served."""
+    if len(data) != 4:
+        return None, "lost"
+    status = struct.unpack("<i", data)[0]
+    if status & VIEW_LOST:
+        return status & ~VIEW_LOST, "view-lost"
+    return status, "exit"
+
 #: The lines of /proc/self/status that the verify step requires before exec (the last two
 #: only when the plan holds CAP_SETPCAP, resp. installs seccomp).
 STATUS_ALWAYS = (b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n",

@@ -103,10 +103,12 @@ END_LINES = {
 
 def set_end(receipt: Receipt, by: str, notes: Sequence[str] = ()) -> None:
     """``end``: who ended the run ("exit", "kill", "timeout"; "lost": killed from outside;
-    "view-lost": killed by its init, :data:`END_NOTES`) and the teardown's notes."""
+    "view-lost": killed by its init) and the teardown's notes, then what such an end means
+    (:data:`END_NOTES`), when it needs saying."""
+    said = [*notes, END_NOTES[by]] if by in END_NOTES else list(notes)
     end: dict[str, Any] = {"by": by}
-    if notes:
-        end["notes"] = list(notes)
+    if said:
+        end["notes"] = said
     receipt["end"] = end
 
 

@@ -75,3 +75,30 @@ def test_each_writer_sets_what_it_says() -> None:
                  "end": {"by": "timeout", "notes": ["n"]}, "spawn": {"notes": ["a", "b"]},
                  "denial_layers": {"seccomp": "recorded", "landlock": "unavailable"},
                  "network": {"mode": "allow", "decisions": [{"d": 1}], "proxy": "p"}}
+
+
+def test_an_end_that_needs_saying_is_said_once_whoever_ends_the_run() -> None:
+    """set_end adds what a lost or view-lost end means after the teardown's notes; an end
+    by exit, kill or timeout gets no such note (the receipt's one place for that rule)."""
+    for by in ("exit", "kill", "timeout"):
+        r: dict = {}
+        receipt_keys.set_end(r, by)
+        assert r == {"end": {"by": by}}
+    for by, note in receipt_keys.END_NOTES.items():
+        r = {}
+        receipt_keys.set_end(r, by, ["teardown"])
+        assert r == {"end": {"by": by, "notes": ["teardown", note]}}
+    assert set(receipt_keys.END_NOTES) == set(receipt_keys.END_LINES)
+
+
+def test_the_inits_report_reads_the_same_for_every_reader() -> None:
+    """hcp_linux.protocol.init_report: four bytes are a wait status, VIEW_LOST cleared and
+    said; anything shorter (the init died before writing) is no status, "lost"."""
+    import struct
+
+    from hcp_linux.protocol import VIEW_LOST, init_report
+    exited_3, killed_9 = 3 << 8, 9
+    assert init_report(struct.pack("<i", exited_3)) == (exited_3, "exit")
+    assert init_report(struct.pack("<i", killed_9 | VIEW_LOST)) == (killed_9, "view-lost")
+    for short in (b"", b"\x00", b"\x00\x00\x00"):
+        assert init_report(short) == (None, "lost")

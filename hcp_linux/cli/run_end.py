@@ -21,12 +21,11 @@ def open_receipt_dir(receipt_to: "str | None") -> "int | None":
 
 def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_out: bool,
                timeout: float | None, explain: bool = False,
-               receipt_dir: "int | None" = None, by: str = "") -> int:
+               receipt_dir: "int | None" = None) -> int:
     """How `hcp-linux run` ends, served or not: the receipt with the run's exit (to
     ``receipt_to``: a path, in ``receipt_dir`` when it was opened before the run, or "-"
     for stderr), ``explain``: a line per denial (stderr), the timeout's line, the line of a
-    run killed from outside or by its init (``by``, else the receipt's ``end.by``), the exit
-    status."""
+    run killed from outside or by its init (the receipt's ``end.by``), the exit status."""
     if receipt_to:
         from ..run.receipt import write_receipt
         from ..receipt_keys import set_exit
@@ -45,7 +44,7 @@ def end_of_run(receipt: dict, receipt_to: "str | None", returncode: int, timed_o
         for line in explain_lines(receipt, returncode):
             print(printable(line), file=sys.stderr)
     from ..receipt_keys import END_LINES
-    said = END_LINES.get(by or receipt.get("end", {}).get("by", ""))
+    said = END_LINES.get(receipt.get("end", {}).get("by", ""))
     if said is not None:
         print(f"error: sandbox: {said}", file=sys.stderr)
     if timed_out:

@@ -325,22 +325,15 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     removed (``owed``: hcp_linux.policy.protected.pending), the receipt when it is written,
     and the exit status."""
     import _signal
-    from _struct import unpack
 
     from ..proc.teardown import TEARDOWN_WAIT, readable
-    from ..protocol import VIEW_LOST
+    from ..protocol import init_report
     for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
         _signal.signal(sig, _signal.SIG_IGN)  # the run is ending already
-    lost = False  # the init ended without the status of a command nobody here ended
     if status is None:
-        data = os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT) else b""
-        if len(data) == 4:
-            status = unpack("<i", data)[0]
-            if status & VIEW_LOST:  # the init killed the run: a watched path lost its mount
-                status &= ~VIEW_LOST
-                by = "view-lost" if by == "exit" else by
-        else:
-            lost = by == "exit"
+        status, said = init_report(os.read(done_r, 4) if readable(done_r, TEARDOWN_WAIT)
+                                   else b"")
+        by = said if by == "exit" else by  # the init's word, unless the run was ended here
     notes: list[str] = []
     if monitor is not None:
         monitor.over()  # the init reported, or is gone: the monitor's time to exit counts
@@ -357,20 +350,18 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
     if owed:
         from ..policy.protected.pending import paid
         paid(owed)
-    rec: dict = {}  # end_of_run reads it only to write it
+    rec: dict = {}  # end_of_run writes it only with somewhere to write it to
+    from ..receipt_keys import set_end, set_protected_sweep
     if receipt_to:
         import json
-
-        from ..receipt_keys import END_NOTES, set_end, set_protected_sweep
         rec = json.loads(receipt)
         set_protected_sweep(rec, done)
-        ended = "lost" if lost else by
-        set_end(rec, ended, notes + [END_NOTES[ended]] if ended in END_NOTES else notes)
+    set_end(rec, by, notes)  # end_of_run says the line of a run lost or killed by its init
     if signum:  # as the in-process run: the receipt, then die by that signal
         from .interrupt import end_by_signal
         end_by_signal(signum, rec, receipt_to, os.waitstatus_to_exitcode(status), receipt_dir)
     return end_of_run(rec, receipt_to, os.waitstatus_to_exitcode(status), timed_out, timeout,
-                      receipt_dir=receipt_dir, by="lost" if lost else by)
+                      receipt_dir=receipt_dir)
 
 
 #: What hcp_linux/native/hcp_client.c says when it hands a run over (FINISH_VERSION).

@@ -9,13 +9,12 @@ import codecs
 import os
 import selectors
 import signal
-import struct
 import subprocess
 import time
 from typing import IO, Any
 
 from .. import receipt_keys as keys
-from ..protocol import VIEW_LOST
+from ..protocol import init_report
 from ..policy import protected
 from ..proc import teardown
 from ..observe.denials import complete
@@ -58,9 +57,9 @@ class SandboxProcess:
         # process of the run is gone, before the namespaces are torn down
         self._done = done
         self._ended_by: str | None = None  # "kill", "timeout": who ended the run early
-        # the init ended without reporting the command's status: the run was killed from
-        # outside (its init or monitor: the OOM killer, an operator), end.by "lost"
-        self._unreported = False
+        # how the run ended as the init's report tells (hcp_linux.protocol.init_report), when
+        # nobody here ended it: "lost" when the init ended without one (killed from outside)
+        self._init_said = "exit"
         # the protected names to sweep once the run is over (hcp_linux.policy.protected.sweep),
         # and the search for what it made below the top level (sweep_made), since when
         self._sweep: tuple = ()
@@ -170,9 +169,7 @@ class SandboxProcess:
         if owed is not None:
             from ..policy.protected.pending import paid
             paid(owed)
-        by = self._ended_by or ("lost" if self._unreported else "exit")
-        said = [keys.END_NOTES[by]] if by in keys.END_NOTES else []
-        keys.set_end(self.receipt, by, self._monitor.notes + said)
+        keys.set_end(self.receipt, self._ended_by or self._init_said, self._monitor.notes)
         return self.returncode
 
     def _reported(self) -> int | None:
@@ -186,13 +183,9 @@ class SandboxProcess:
             os.close(self._done)
             self._done = None
         self._monitor.over()  # the init is gone: the monitor's time to exit counts
-        if len(data) != 4:
-            self._unreported = True
+        raw, self._init_said = init_report(data)
+        if raw is None:
             return None
-        raw = struct.unpack("<i", data)[0]
-        if raw & VIEW_LOST:  # the init killed the run: a watched path lost its mount
-            raw &= ~VIEW_LOST
-            self._ended_by = self._ended_by or "view-lost"
         status = self._set_status(raw)
         self._monitor.close()
         teardown.reaper().reap(self.pid)
