@@ -21,8 +21,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import sandboxing
+from fuzzing import fuzz
 from hcp_linux import Policy, Sandbox
 from sandboxing import TIMEOUT, jail, kill_by_pid, wait_for  # noqa: F401
 
@@ -166,3 +169,53 @@ def test_a_ready_spare_whose_carve_out_lost_its_mount_is_passed_over(
         assert b"SECRET" not in r.stdout + r.stderr
     finally:
         native.spares.clear()
+
+
+#: A name with each character mountinfo escapes as \ooo that a policy's path may hold (space,
+#: backslash; tab and newline are control characters, refused: hcp_linux.policy.values).
+_ODD = "a b\\c d\\.env"
+
+
+@pytest.mark.parametrize("replaced", [True, False], ids=["replaced", "control"])
+def test_a_watched_name_mountinfo_escapes_is_read_back_as_the_kernel_wrote_it(
+        jail: Path, replaced: bool) -> None:
+    """The init finds a watched path among mountinfo's mount points by undoing the kernel's
+    escapes (both executors parse it). Misread, the name is never a mount point: the run is
+    refused at step ``watch`` before the command, and a replacement goes unseen. Control:
+    left alone, the run ends by exit with the file hidden; replaced, it is killed."""
+    (jail / _ODD).write_text("SECRET1\n")
+    loop = _LOOP.format(act="cat ./a*.env 2>/dev/null")
+    if not replaced:
+        loop = loop.replace("-lt 200", "-lt 4")
+    p = Sandbox(Policy(jail=str(jail), hidden_paths=(str(jail / _ODD),))).spawn(
+        ["/bin/sh", "-c", loop], stdout=subprocess.PIPE)
+    try:
+        wait_for(lambda: (jail / "ready").exists(), "the command")
+        if replaced:
+            _replace(jail / _ODD, "SECRET2\n")
+        out = p.stdout.read()  # type: ignore[union-attr]
+        assert p.wait(TIMEOUT) == (-signal.SIGKILL if replaced else 0), out
+    finally:
+        if p.returncode is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()  # type: ignore[union-attr]
+    assert b"SECRET" not in out, out
+    assert p.receipt["end"]["by"] == ("view-lost" if replaced else "exit"), p.receipt["end"]
+    assert (b"ran-out" in out) is not replaced, out
+
+
+def _mangle(name: bytes) -> bytes:
+    """How the kernel writes a mount point into mountinfo (fs/proc_namespace.c: space, tab,
+    newline and backslash as \\ooo)."""
+    return b"".join(b"\\%03o" % c if c in b" \t\n\\" else bytes([c]) for c in name)
+
+
+@fuzz()
+@given(st.binary(max_size=64))
+def test_the_ctypes_inits_unescape_undoes_the_kernels_mangle(name: bytes) -> None:
+    """The ctypes init's reading of a mount point is the name the kernel escaped, for every
+    name; and no field at all, escaped or not, makes it raise or grow."""
+    from hcp_linux.ctypes_executor.child import _unescape
+    assert _unescape(_mangle(name)) == name
+    assert len(_unescape(name)) <= len(name)

@@ -293,11 +293,15 @@ def _mount_points(fd: int) -> set[bytes]:
 
 
 def _unescape(field: bytes) -> bytes:
+    """``field`` with the kernel's \\ooo escapes undone, as hcp_exec.c's mount_point_is
+    reads them: a backslash and three octal digits of one byte (\\000-\\377); anything
+    else, itself."""
     out, i = bytearray(), 0
     while i < len(field):
         octal = field[i + 1:i + 4]
-        if field[i] == 0x5C and len(octal) == 3 and all(0x30 <= c <= 0x37 for c in octal):
-            out.append(int(octal, 8) & 0xFF)
+        if (field[i] == 0x5C and len(octal) == 3 and 0x30 <= octal[0] <= 0x33
+                and all(0x30 <= c <= 0x37 for c in octal)):
+            out.append(int(octal, 8))
             i += 4
         else:
             out.append(field[i])
