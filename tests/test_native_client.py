@@ -309,3 +309,37 @@ def test_without_proc_the_python_command_is_found_through_argv0(command: Path,
     p = version()
     assert p.returncode == 127 and p.stdout == b"", show(p)
     assert p.stderr.decode().count("\n") == 1 and "hcp-linux-py" in p.stderr.decode(), show(p)
+
+
+def _c_defines() -> dict[str, object]:
+    """hcp_client.c's #defines of strings and numbers, as the C compiler reads them
+    (adjacent string literals joined, backslash-newline continued)."""
+    import ast
+    import re
+    source = (Path(sandboxing.__file__).resolve().parent.parent / "hcp_linux" / "native"
+              / "hcp_client.c").read_text().replace("\\\n", " ")
+    out: dict[str, object] = {}
+    for name, value in re.findall(r"^#define (\w+)[ \t]+(.+)$", source, re.M):
+        value = value.strip()
+        if value.startswith('"'):
+            out[name] = "".join(ast.literal_eval(s) for s in re.findall(r'"(?:[^"\\]|\\.)*"',
+                                                                        value))
+        elif re.fullmatch(r"0x[0-9a-f]+u?|\d+", value):
+            out[name] = int(value.rstrip("u"), 0)
+    return out
+
+
+def test_the_native_client_says_what_the_python_command_says() -> None:
+    """The constants hcp_client.c copies from Python (it is built without the package's
+    generated header): the serve protocol, the handover, the report's VIEW_LOST bit and the
+    lines of a run that ended so. A change on one side only fails here, not in a user's run."""
+    from hcp_linux.cli.launch import CLIENT_ENV
+    from hcp_linux.cli.serve_client import FINISH_ENV, FINISH_VERSION
+    from hcp_linux.cli.serve_wire import PROTOCOL
+    from hcp_linux.protocol import VIEW_LOST
+    from hcp_linux.receipt_keys import END_LINES
+    c = _c_defines()
+    assert (c["PROTOCOL"], c["FINISH_VERSION"]) == (PROTOCOL.decode(), FINISH_VERSION.decode())
+    assert (c["CLIENT_ENV"], c["FINISH_ENV"]) == (CLIENT_ENV, FINISH_ENV)
+    assert c["VIEW_LOST"] == VIEW_LOST
+    assert {"lost": c["END_LINE_LOST"], "view-lost": c["END_LINE_VIEW_LOST"]} == END_LINES

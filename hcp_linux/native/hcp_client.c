@@ -80,6 +80,13 @@ extern char **environ;
 /* hcp_linux.protocol.VIEW_LOST: in the status the init reports, when it killed the run because
  * a hidden or read-only path lost its mount (hcp_linux.receipt_keys.END_LINES says the line) */
 #define VIEW_LOST 0x40000000u
+/* hcp_linux.receipt_keys.END_LINES: the line of a run that ended so */
+#define END_LINE_LOST                                                                              \
+    "the sandbox was killed from outside the run (its init reported no status): the exit "         \
+    "status is not the command's"
+#define END_LINE_VIEW_LOST                                                                         \
+    "a hidden or read-only path was replaced on the host during the run, which took its "          \
+    "mount away: the sandbox was killed"
 /* The variables that choose which hcp_linux the Python command imports (its key). */
 static const char *const KEY_VARIABLES[] = {
     "HOME",           "PYTHONHOME",       "PYTHONPATH", "PYTHONPLATLIBDIR",
@@ -925,8 +932,7 @@ int main(int argc, char **argv) {
     long long status = read_exact(r.done_r, (char *)&reported, 4) == 0 ? reported : -1;
     if (status >= 0 && (status & VIEW_LOST)) {
         status &= ~(long long)VIEW_LOST;
-        fprintf(stderr, "error: sandbox: a hidden or read-only path was replaced on the host "
-                        "during the run, which took its mount away: the sandbox was killed\n");
+        fprintf(stderr, "error: sandbox: %s\n", END_LINE_VIEW_LOST);
     }
 
     /* the monitor exits once the init has: else Python's wait sends it on its way */
@@ -940,8 +946,11 @@ int main(int argc, char **argv) {
     int ws;
     if (n != 1 || waitpid(r.pid, &ws, 0) != r.pid)
         finish(&r, "over", 0, status);
-    if (status < 0)
+    if (status < 0) { /* the init ended without a report: a "lost" run (Python's "over" says
+                       * it when the monitor is not reaped here) */
+        fprintf(stderr, "error: sandbox: %s\n", END_LINE_LOST);
         status = ws;
+    }
     r.pid = -1;
     int exit_code = end_by_server(path, r.token, status);
     if (exit_code < 0)
