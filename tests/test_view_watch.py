@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import sandboxing
 from fuzzing import fuzz
-from hcp_linux import Policy, Sandbox
+from hcp_linux import Policy, Sandbox, SandboxProcess
 from sandboxing import TIMEOUT, jail, kill_by_pid, wait_for  # noqa: F401
 
 #: Reads (or writes) the carve-out every 50 ms for ~10 s, then says it ran out: killed, it
@@ -45,6 +45,30 @@ def _replace(path: Path, text: str) -> None:
     os.replace(new, path)
 
 
+def _run_replacing(jail: Path, fields: dict, loop: str,
+                   replaced: "Path | None") -> "tuple[SandboxProcess, bytes]":
+    """``loop`` run through Sandbox.spawn with the policy's ``fields``; once it is ready,
+    the file ``replaced`` as an editor saves it (None: left alone, and the loop cut short so
+    that it runs out). The run is over, killed (-9) when replaced, else exited 0: the
+    process and its output."""
+    if replaced is None:
+        loop = loop.replace("-lt 200", "-lt 4")
+    p = Sandbox(Policy(jail=str(jail), **fields)).spawn(["/bin/sh", "-c", loop],
+                                                        stdout=subprocess.PIPE)
+    try:
+        wait_for(lambda: (jail / "ready").exists(), "the command")
+        if replaced is not None:
+            _replace(replaced, "SECRET2\n")
+        out = p.stdout.read()  # type: ignore[union-attr]
+        assert p.wait(TIMEOUT) == (0 if replaced is None else -signal.SIGKILL), out
+    finally:
+        if p.returncode is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()  # type: ignore[union-attr]
+    return p, out
+
+
 def _carve(jail: Path, kind: str) -> tuple[list[str], dict]:
     (jail / ".env").write_text("SECRET1\n")
     if kind == "hidden":
@@ -60,22 +84,8 @@ def test_the_api_run_ends_when_a_carve_out_loses_its_mount(jail: Path, kind: str
     same run, left alone, runs out its loop (its writes refused, its reads denied)."""
     from hcp_linux.receipt_keys import END_NOTES
     _, fields = _carve(jail, kind)
-    loop = _READ if kind == "hidden" else _WRITE
-    if not replaced:
-        loop = loop.replace("-lt 200", "-lt 4")
-    p = Sandbox(Policy(jail=str(jail), **fields)).spawn(["/bin/sh", "-c", loop],
-                                                        stdout=subprocess.PIPE)
-    try:
-        wait_for(lambda: (jail / "ready").exists(), "the command")
-        if replaced:
-            _replace(jail / ".env", "SECRET2\n")
-        out = p.stdout.read()  # type: ignore[union-attr]
-        assert p.wait(TIMEOUT) == (-signal.SIGKILL if replaced else 0), out
-    finally:
-        if p.returncode is None:
-            p.kill()
-            p.wait()
-        p.stdout.close()  # type: ignore[union-attr]
+    p, out = _run_replacing(jail, fields, _READ if kind == "hidden" else _WRITE,
+                            jail / ".env" if replaced else None)
     assert str(jail / ".env") in p.receipt["layers"]["mountns"]["watched"]
     if replaced:
         assert b"ran-out" not in out, out
@@ -184,22 +194,9 @@ def test_a_watched_name_mountinfo_escapes_is_read_back_as_the_kernel_wrote_it(
     refused at step ``watch`` before the command, and a replacement goes unseen. Control:
     left alone, the run ends by exit with the file hidden; replaced, it is killed."""
     (jail / _ODD).write_text("SECRET1\n")
-    loop = _LOOP.format(act="cat ./a*.env 2>/dev/null")
-    if not replaced:
-        loop = loop.replace("-lt 200", "-lt 4")
-    p = Sandbox(Policy(jail=str(jail), hidden_paths=(str(jail / _ODD),))).spawn(
-        ["/bin/sh", "-c", loop], stdout=subprocess.PIPE)
-    try:
-        wait_for(lambda: (jail / "ready").exists(), "the command")
-        if replaced:
-            _replace(jail / _ODD, "SECRET2\n")
-        out = p.stdout.read()  # type: ignore[union-attr]
-        assert p.wait(TIMEOUT) == (-signal.SIGKILL if replaced else 0), out
-    finally:
-        if p.returncode is None:
-            p.kill()
-            p.wait()
-        p.stdout.close()  # type: ignore[union-attr]
+    p, out = _run_replacing(jail, {"hidden_paths": (str(jail / _ODD),)},
+                            _LOOP.format(act="cat ./a*.env 2>/dev/null"),
+                            jail / _ODD if replaced else None)
     assert b"SECRET" not in out, out
     assert p.receipt["end"]["by"] == ("view-lost" if replaced else "exit"), p.receipt["end"]
     assert (b"ran-out" in out) is not replaced, out
