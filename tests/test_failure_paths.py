@@ -403,3 +403,64 @@ def test_a_run_dropped_without_a_wait_goes_on_and_is_reaped(jail: Path) -> None:
         assert time.monotonic() < deadline, "the dropped run was ended"
         time.sleep(0.02)
     assert _left([monitor]) == [], "the monitor stayed (a zombie)"
+
+
+# --- an interrupt while a run is handed back --------------------------------------------------
+
+#: Where a ^C (KeyboardInterrupt) can land once the command may have been exec'd and before
+#: Sandbox.spawn returns the SandboxProcess that would own it: the exec's confirmation read,
+#: the seccomp listener's hand-over, the run's streams opened, its observers attached.
+_HAND_BACK_POINTS = ("exec-confirmed", "listener", "streams", "observers")
+
+
+@pytest.mark.parametrize("point", [*_HAND_BACK_POINTS, "control"])
+def test_an_interrupt_before_spawn_returns_ends_the_run(
+        jail: Path, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """^C at each point between the exec and the hand-back: KeyboardInterrupt reaches the
+    caller, and the run it never got is ended (its command gone, its monitor reaped: no
+    zombie of the runtime's). Before, an interrupt there left the command running and its
+    monitor a zombie for the runtime's life. Control: nothing interrupted, the same command
+    runs until killed."""
+    from hcp_linux.run import executor
+    from hcp_linux.conformance.observers import processes_with
+    needle = f"{time.monotonic_ns() % 10**9}.25"  # a unique sleep, found by its argv
+    started: list[int] = []
+    start = executor._start
+
+    def recorded(*a, **k):  # type: ignore[no-untyped-def]
+        out = start(*a, **k)
+        started.append(out[0])
+        return out
+
+    def interrupting(real):  # type: ignore[no-untyped-def]
+        def call(*a, **k):  # type: ignore[no-untyped-def]
+            out = real(*a, **k)
+            if out == b"" or point != "exec-confirmed":  # the exec's EOF, not a record
+                raise KeyboardInterrupt
+            return out
+        return call
+
+    monkeypatch.setattr(executor, "_start", recorded)
+    target = {"exec-confirmed": (teardown, "read_to_eof"),
+              "listener": (executor, "receive_listener"),
+              "streams": (executor, "_open_streams"),
+              "observers": (executor, "denial_layers")}.get(point)
+    if target is not None:
+        monkeypatch.setattr(*target, interrupting(getattr(*target)))
+    sb = Sandbox(Policy(jail=str(jail)))
+    if target is None:
+        proc = sb.spawn(["sleep", needle])
+        try:
+            assert processes_with(needle), "the control's command is not running"
+        finally:
+            proc.kill()
+            proc.wait()
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            sb.spawn(["sleep", needle])
+    assert started, "no attempt was started"
+    deadline = time.monotonic() + 15
+    while processes_with(needle) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not processes_with(needle), "the interrupted run's command is still running"
+    assert _left(started) == [], "a monitor of the run is left (running or a zombie)"

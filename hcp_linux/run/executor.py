@@ -151,8 +151,8 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         except BaseException:
             chans.close()
             raise
-        chans.close_childs()
         if started.record:
+            chans.close_childs()
             _report_failure(started, chans)
         ran = True  # exec'd: from here its record is its sweep's to remove, or a later run's
         proc = _hand_back(plan, started, chans, stdio, args, began, owed)
@@ -273,6 +273,8 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
     ready_ok = True
     lost_one = False
     notify_end = notify_child = -1
+    attempt: tuple[int, bool, int] | None = None  # started, not yet abandoned nor returned
+    listener: tuple[int, int] | None = None
     try:
         while True:
             # one channel per attempt: an abandoned one may have sent its listener
@@ -285,6 +287,7 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
             pid, ready, err_r, done_r, ran = _start(plan, executor, chans.fds,
                                                     chans.child_end, pidns,
                                                     ready_ok and not lost_one, notify_child)
+            attempt = (pid, pidns, done_r)
             if notify_child >= 0:
                 os.close(notify_child)
                 notify_child = -1
@@ -294,32 +297,41 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
                 answer_by = min(setup_by, time.monotonic() + teardown.SPARE_ANSWER) \
                     if ready else setup_by
                 record = teardown.read_to_eof(err_r, answer_by)
-            except BaseException:  # interrupted (^C) before exec was confirmed: no run left
-                _abandon(pid, pidns, done_r)
-                raise
             finally:
                 os.close(err_r)
             if record is not None and not (record and ready and _stale_spare(record)):
-                listener = None
                 if not record and notify_end >= 0:
-                    listener = receive_listener(notify_end)  # there if it was sent; closed
-                    notify_end = -1
+                    # the channel is receive_listener's to close from here: an interrupt in
+                    # it may leak the fd, never close it twice (its number may be reused)
+                    channel, notify_end = notify_end, -1
+                    listener = receive_listener(channel)  # there if it was sent
                     # It is sent right before the exec, after the seccomp filter: without it
                     # nothing ran. The helper died first (a spare SIGKILLed while it waited,
                     # the OOM killer): the error pipe's EOF was its death, not an exec. Once
                     # more, afresh (not with a proxy: the dead attempt may have sent its
                     # socket on the channel the next one uses).
                     if listener[0] < 0 and not lost_one and not plan.proxy:
+                        attempt = None
                         _abandon(pid, pidns, done_r)
+                        listener = None
                         lost_one = True
                         continue
+                # the caller's once returned (attempt stays set until then: an interrupt
+                # while this is made still ends the run)
                 return _Started(pid, pidns, done_r, ran, record, ready_ok, notify_end,
                                 receipt or {}, listener, lost_one)
+            attempt = None
             _abandon(pid, pidns, done_r)  # a stale view, or no answer in time: never runs
             if record is None and (not ready or time.monotonic() >= setup_by):
                 raise SetupTimeoutError(limit)
             ready_ok = False  # start one now
     except BaseException:
+        # interrupted (^C) or failed while an attempt was going: whether or not it reached
+        # its exec, no SandboxProcess owns it, so nothing else would ever end it
+        if attempt is not None:
+            _abandon(*attempt)
+        if listener is not None and listener[0] >= 0:
+            os.close(listener[0])
         for fd in (notify_end, notify_child):
             if fd >= 0:
                 os.close(fd)
@@ -346,13 +358,36 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
                args: Any, began: float, owed: str | None = None) -> SandboxProcess:
     """The running command as a SandboxProcess, with what observes it attached: the
     protected names' sweep, the seccomp listener and the Landlock watch (their hand-over
-    lost: the run is killed, HelperLostError), the egress proxy (none: killed too)."""
-    stdin_f, stdout_f, stderr_f = _open_streams(chans.ends[:3], stdio)
-    proc = SandboxProcess(started.pid, stdin_f, stdout_f, stderr_f, receipt=started.receipt,
-                          pidns="pidns" in plan.layers,
-                          done=started.done_r if started.done_r >= 0 else None,
-                          args=[a.decode() for a in plan.argv] if args is None else args,
-                          stdio=stdio)
+    lost: the run is killed, HelperLostError), the egress proxy (none: killed too). Interrupted
+    (^C) or failing before it is returned, the run is killed: nothing else owns it."""
+    try:
+        chans.close_childs()
+        stdin_f, stdout_f, stderr_f = _open_streams(chans.ends[:3], stdio)
+        proc = SandboxProcess(started.pid, stdin_f, stdout_f, stderr_f,
+                              receipt=started.receipt, pidns="pidns" in plan.layers,
+                              done=started.done_r if started.done_r >= 0 else None,
+                              args=[a.decode() for a in plan.argv] if args is None else args,
+                              stdio=stdio)
+    except BaseException:
+        _abandon(started.pid, started.pidns, started.done_r)
+        if started.listener is not None and started.listener[0] >= 0:
+            os.close(started.listener[0])
+        if started.notify_end >= 0:
+            os.close(started.notify_end)
+        raise
+    try:
+        _observe(plan, started, chans, proc, began, owed)
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+        raise
+    return proc
+
+
+def _observe(plan: Plan, started: _Started, chans: _Channels, proc: SandboxProcess,
+             began: float, owed: str | None) -> None:
+    """:func:`_hand_back`'s attachments and receipt notes, on the running ``proc``."""
     keys.set_executor(proc.receipt, started.ran)
     if plan.protect is not None:
         proc.observe(sweep=plan.protect.sweep, after=plan.protect.after,
@@ -384,15 +419,9 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
         keys.add_spawn_note(proc.receipt,
                             f"a ready spare did not answer within {teardown.SPARE_ANSWER:g}s; "
                             f"it was killed and the run started afresh")
-    if plan.proxy:
-        try:
-            log_file, chans.proxy_log = chans.proxy_log, None  # the proxy's from here
-            proc.observe(proxy=_start_proxy(plan, chans.proxy_end, proc.receipt, log_file))
-        except BaseException:
-            proc.kill()  # no proxy, no run: the command must not go on without its way out
-            proc.wait()
-            raise
-    return proc
+    if plan.proxy:  # no proxy, no run (_hand_back kills it): not without its way out
+        log_file, chans.proxy_log = chans.proxy_log, None  # the proxy's from here
+        proc.observe(proxy=_start_proxy(plan, chans.proxy_end, proc.receipt, log_file))
 
 
 def _ended_text(status: int) -> str:
