@@ -413,19 +413,33 @@ def test_a_run_dropped_without_a_wait_goes_on_and_is_reaped(jail: Path) -> None:
 _HAND_BACK_POINTS = ("exec-confirmed", "listener", "streams", "observers")
 
 
+def _records() -> set[str]:
+    """The names of this process's pending-sweep records (hcp_linux.policy.protected.pending)."""
+    from hcp_linux.policy.protected.pending import _me
+    from hcp_linux.runtime_files import pending_directory
+    where = pending_directory()
+    mine = f"{_me()}-"
+    return {n for n in os.listdir(where) if n.startswith(mine)} if where and \
+        os.path.isdir(where) else set()
+
+
 @pytest.mark.parametrize("point", [*_HAND_BACK_POINTS, "control"])
-def test_an_interrupt_before_spawn_returns_ends_the_run(
+def test_an_interrupt_before_spawn_returns_ends_the_run_and_sweeps_it(
         jail: Path, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """^C at each point between the exec and the hand-back: KeyboardInterrupt reaches the
-    caller, and the run it never got is ended (its command gone, its monitor reaped: no
-    zombie of the runtime's). Before, an interrupt there left the command running and its
-    monitor a zombie for the runtime's life. Control: nothing interrupted, the same command
-    runs until killed."""
+    """^C at each point between the exec and the hand-back, once the command has planted a
+    protected name (``.envrc``, seen on the host): KeyboardInterrupt reaches the caller, and
+    the run it never got is ended as a run's end does: its command gone, its monitor reaped
+    (no zombie of the runtime's), the planted name swept, the sweep's record removed. Before,
+    an interrupt there left the command running and its monitor a zombie, or killed it and
+    removed the record unswept: the ``.envrc`` stayed for the host's direnv. Control: nothing
+    interrupted, the same run killed by its owner ends the same way."""
     from hcp_linux.run import executor
     from hcp_linux.conformance.observers import processes_with
     needle = f"{time.monotonic_ns() % 10**9}.25"  # a unique sleep, found by its argv
+    planted = jail / ".envrc"
     started: list[int] = []
     start = executor._start
+    records = _records()
 
     def recorded(*a, **k):  # type: ignore[no-untyped-def]
         out = start(*a, **k)
@@ -436,6 +450,10 @@ def test_an_interrupt_before_spawn_returns_ends_the_run(
         def call(*a, **k):  # type: ignore[no-untyped-def]
             out = real(*a, **k)
             if out == b"" or point != "exec-confirmed":  # the exec's EOF, not a record
+                deadline = time.monotonic() + TIMEOUT
+                while not planted.exists():  # the command's first act, on the host
+                    assert time.monotonic() < deadline, "the command never planted"
+                    time.sleep(0.005)
                 raise KeyboardInterrupt
             return out
         return call
@@ -447,20 +465,26 @@ def test_an_interrupt_before_spawn_returns_ends_the_run(
               "observers": (executor, "denial_layers")}.get(point)
     if target is not None:
         monkeypatch.setattr(*target, interrupting(getattr(*target)))
+    argv = ["/bin/sh", "-c", f"touch .envrc; exec sleep {needle}"]
     sb = Sandbox(Policy(jail=str(jail)))
     if target is None:
-        proc = sb.spawn(["sleep", needle])
+        proc = sb.spawn(argv)
         try:
-            assert processes_with(needle), "the control's command is not running"
+            wait_for_planted = time.monotonic() + TIMEOUT
+            while not (planted.exists() and processes_with(needle)):
+                assert time.monotonic() < wait_for_planted, "the control never planted"
+                time.sleep(0.005)
         finally:
             proc.kill()
             proc.wait()
     else:
         with pytest.raises(KeyboardInterrupt):
-            sb.spawn(["sleep", needle])
+            sb.spawn(argv)
     assert started, "no attempt was started"
     deadline = time.monotonic() + 15
     while processes_with(needle) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not processes_with(needle), "the interrupted run's command is still running"
     assert _left(started) == [], "a monitor of the run is left (running or a zombie)"
+    assert not planted.exists(), "what the run planted was not swept"
+    assert _records() == records, "the run's sweep record was left"

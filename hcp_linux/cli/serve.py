@@ -477,16 +477,14 @@ def _end(server: _Server, conn: socket.socket, token: bytes, status: bytes) -> N
     receipt. A token this server did not give, or forgot, is answered "fallback": the client
     sweeps itself. Only the native client asks (hcp_linux/native/hcp_client.c): it has no
     Python of its own to do it in."""
-    from ..policy.protected import sweep, sweep_made
+    from ..policy.protected import sweep_run
     from .run_end import end_of_run
     from .serve_wire import decode_after, decode_sweep
     planned = server.ends.pop(token, None)
     if planned is None or not status.lstrip(b"-").isdigit():
         conn.sendall(encode([b"fallback", b"no such run"]))
         return
-    after, since = decode_after(planned[1])
-    sweep(decode_sweep(planned[0]), since)
-    sweep_made(after, since)
+    sweep_run(decode_sweep(planned[0]), *decode_after(planned[1]))
     paid(planned[2])
     code = end_of_run({}, None, os.waitstatus_to_exitcode(int(status)), False, None)
     conn.sendall(encode([b"ended", b"%d" % code]))

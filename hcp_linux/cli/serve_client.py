@@ -344,9 +344,8 @@ def _end(monitor, done_r: int, by: str, signum: int,  # type: ignore[no-untyped-
             status = waited
     assert status is not None
     timed_out = by == "timeout"
-    from ..policy.protected import sweep, sweep_made
-    done = sweep(entries, after[1])  # every process of the run is gone (the init said)
-    done.update(sweep_made(*after))
+    from ..policy.protected import sweep_run
+    done = sweep_run(entries, *after)  # every process of the run is gone (the init said)
     if owed:
         from ..policy.protected.pending import paid
         paid(owed)

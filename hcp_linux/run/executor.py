@@ -142,22 +142,28 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         landlock_log.prepare()  # subscribed before the run can log anything
     owed, unowed = _owe(plan)
     ran = False
+    # the attempt started and owned by nothing yet (its pid, pidns, done pipe): at most one,
+    # from its start until a SandboxProcess takes it or it is abandoned
+    unowned: list[tuple[int, bool, int]] = []
     try:
         chans = _open_channels(plan, (stdin, stdout, stderr), stdio)
         began = time.time()  # before the run's domain can exist (landlock_log.Watch)
         try:
             started = _start_answered(plan, executor, chans, time.monotonic() + limit, limit,
-                                      receipt)
+                                      receipt, unowned)
         except BaseException:
             chans.close()
             raise
-        if started.record:
+        if started.record:  # a step failed: nothing ran
+            unowned.clear()
             chans.close_childs()
             _report_failure(started, chans)
         ran = True  # exec'd: from here its record is its sweep's to remove, or a later run's
-        proc = _hand_back(plan, started, chans, stdio, args, began, owed)
+        proc = _hand_back(plan, started, chans, stdio, args, began, owed, unowned)
     except BaseException:
-        if owed is not None and not ran:  # nothing ran: nothing to sweep
+        if unowned:  # interrupted (^C) or failed while an attempt may have reached its exec
+            _end_unowned(plan, *unowned.pop(), owed)
+        elif owed is not None and not ran:  # nothing ran: nothing to sweep
             from ..policy.protected.pending import paid
             paid(owed)
         raise
@@ -265,15 +271,16 @@ class _Started:
 
 
 def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by: float,
-                    limit: float, receipt: Any) -> _Started:
+                    limit: float, receipt: Any, unowned: list[tuple[int, bool, int]]
+                    ) -> _Started:
     """Start attempts until one answers: a ready spare that does not answer in time, or
     whose view predates a change, is abandoned and the run started afresh (once); so is an
-    attempt whose helper died before the exec (once)."""
+    attempt whose helper died before the exec (once). The attempt going is in ``unowned``
+    (the caller's to end should this raise), and so is the one returned."""
     pidns = plan.confined and "pidns" in plan.layers
     ready_ok = True
     lost_one = False
     notify_end = notify_child = -1
-    attempt: tuple[int, bool, int] | None = None  # started, not yet abandoned nor returned
     listener: tuple[int, int] | None = None
     try:
         while True:
@@ -287,7 +294,7 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
             pid, ready, err_r, done_r, ran = _start(plan, executor, chans.fds,
                                                     chans.child_end, pidns,
                                                     ready_ok and not lost_one, notify_child)
-            attempt = (pid, pidns, done_r)
+            unowned.append((pid, pidns, done_r))
             if notify_child >= 0:
                 os.close(notify_child)
                 notify_child = -1
@@ -311,25 +318,19 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
                     # more, afresh (not with a proxy: the dead attempt may have sent its
                     # socket on the channel the next one uses).
                     if listener[0] < 0 and not lost_one and not plan.proxy:
-                        attempt = None
+                        unowned.clear()
                         _abandon(pid, pidns, done_r)
                         listener = None
                         lost_one = True
                         continue
-                # the caller's once returned (attempt stays set until then: an interrupt
-                # while this is made still ends the run)
                 return _Started(pid, pidns, done_r, ran, record, ready_ok, notify_end,
                                 receipt or {}, listener, lost_one)
-            attempt = None
+            unowned.clear()
             _abandon(pid, pidns, done_r)  # a stale view, or no answer in time: never runs
             if record is None and (not ready or time.monotonic() >= setup_by):
                 raise SetupTimeoutError(limit)
             ready_ok = False  # start one now
-    except BaseException:
-        # interrupted (^C) or failed while an attempt was going: whether or not it reached
-        # its exec, no SandboxProcess owns it, so nothing else would ever end it
-        if attempt is not None:
-            _abandon(*attempt)
+    except BaseException:  # the attempt going, if any, is the caller's to end (unowned)
         if listener is not None and listener[0] >= 0:
             os.close(listener[0])
         for fd in (notify_end, notify_child):
@@ -355,28 +356,31 @@ def _report_failure(started: _Started, chans: _Channels) -> None:
 
 
 def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
-               args: Any, began: float, owed: str | None = None) -> SandboxProcess:
+               args: Any, began: float, owed: str | None,
+               unowned: list[tuple[int, bool, int]]) -> SandboxProcess:
     """The running command as a SandboxProcess, with what observes it attached: the
     protected names' sweep, the seccomp listener and the Landlock watch (their hand-over
     lost: the run is killed, HelperLostError), the egress proxy (none: killed too). Interrupted
-    (^C) or failing before it is returned, the run is killed: nothing else owns it."""
+    (^C) or failing before it is returned, the run is killed and its end swept: until the
+    SandboxProcess exists, by the caller (``unowned``), then by the process's kill and wait."""
     try:
         chans.close_childs()
         stdin_f, stdout_f, stderr_f = _open_streams(chans.ends[:3], stdio)
-        proc = SandboxProcess(started.pid, stdin_f, stdout_f, stderr_f,
-                              receipt=started.receipt, pidns="pidns" in plan.layers,
-                              done=started.done_r if started.done_r >= 0 else None,
-                              args=[a.decode() for a in plan.argv] if args is None else args,
-                              stdio=stdio)
     except BaseException:
-        _abandon(started.pid, started.pidns, started.done_r)
         if started.listener is not None and started.listener[0] >= 0:
             os.close(started.listener[0])
-        if started.notify_end >= 0:
-            os.close(started.notify_end)
         raise
+    unowned.clear()  # the SandboxProcess's from here (its done pipe: never closed twice)
+    proc = SandboxProcess(started.pid, stdin_f, stdout_f, stderr_f, receipt=started.receipt,
+                          pidns="pidns" in plan.layers,
+                          done=started.done_r if started.done_r >= 0 else None,
+                          args=[a.decode() for a in plan.argv] if args is None else args,
+                          stdio=stdio)
     try:
-        _observe(plan, started, chans, proc, began, owed)
+        if plan.protect is not None:  # first: a kill from here on sweeps, then pays
+            proc.observe(sweep=plan.protect.sweep, after=plan.protect.after,
+                         since=plan.protect_since, owed=owed)
+        _observe(plan, started, chans, proc, began)
     except BaseException:
         if proc.returncode is None:
             proc.kill()
@@ -386,12 +390,9 @@ def _hand_back(plan: Plan, started: _Started, chans: _Channels, stdio: Stdio,
 
 
 def _observe(plan: Plan, started: _Started, chans: _Channels, proc: SandboxProcess,
-             began: float, owed: str | None) -> None:
+             began: float) -> None:
     """:func:`_hand_back`'s attachments and receipt notes, on the running ``proc``."""
     keys.set_executor(proc.receipt, started.ran)
-    if plan.protect is not None:
-        proc.observe(sweep=plan.protect.sweep, after=plan.protect.after,
-                     since=plan.protect_since, owed=owed)
     if started.listener is not None:
         listener, maker = started.listener
         if listener < 0:  # its blocked calls would wait for an answer that never comes
@@ -505,6 +506,31 @@ def _abandon(pid: int, pidns: bool, done_r: int) -> None:
     monitor.kill()
     monitor.close()
     teardown.reaper().reap(pid)
+
+
+def _end_unowned(plan: Plan, pid: int, pidns: bool, done_r: int, owed: str | None) -> None:
+    """End an attempt that an interrupt (^C) or a failure left with no SandboxProcess, at a
+    point where its command may have been exec'd: SIGKILL it and wait until every process
+    of it is gone (bounded: teardown.Monitor), then sweep its protected names and remove
+    the sweep's record, as a run's end does. Interrupted again while waiting, the reaper
+    takes the monitor, and the record stays for a later run to sweep."""
+    if done_r >= 0:
+        os.close(done_r)
+    monitor = teardown.Monitor(pid, pidns)
+    try:
+        monitor.kill()
+        monitor.wait(None)
+    finally:
+        gone = monitor.status is not None
+        monitor.close()
+        if not gone:
+            teardown.reaper().reap(pid)
+    if plan.protect is not None:
+        from ..policy.protected import sweep_run
+        sweep_run(plan.protect.sweep, plan.protect.after, plan.protect_since)
+    if owed is not None:
+        from ..policy.protected.pending import paid
+        paid(owed)
 
 
 def _start_proxy(plan: Plan, channel: int, receipt: dict[str, Any],

@@ -142,13 +142,7 @@ class SandboxProcess:
         """Sweep the run's missing protected names now, while it goes on (a session, after
         each command); the run's end sweeps again. Returns each path acted on and what was
         done (hcp_linux.policy.protected.sweep)."""
-        return self._swept(self._sweep, self._after)
-
-    def _swept(self, sweep: tuple, after: Any) -> dict[str, str]:
-        done = protected.sweep(sweep, self._since or None) if sweep else {}
-        if after is not None:
-            done.update(protected.sweep_made(after, self._since))
-        return done
+        return protected.sweep_run(self._sweep, self._after, self._since)
 
     def _set_status(self, status: int) -> int:
         self.returncode = os.waitstatus_to_exitcode(status)
@@ -164,7 +158,8 @@ class SandboxProcess:
         after, self._after = self._after, None
         if sweep or after is not None:  # every process of the run is gone: what it left at
             # a protected name goes
-            keys.set_protected_sweep(self.receipt, self._swept(sweep, after))
+            done = protected.sweep_run(sweep, after, self._since)
+            keys.set_protected_sweep(self.receipt, done)
         owed, self._owed = self._owed, None
         if owed is not None:
             from ..policy.protected.pending import paid

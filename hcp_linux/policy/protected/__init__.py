@@ -494,6 +494,17 @@ def sweep(entries: tuple[SweepEntry, ...], since: int | None = None,
     return done
 
 
+def sweep_run(entries: tuple[SweepEntry, ...], after: After | None,
+              since: int) -> dict[str, str]:
+    """A run's whole sweep, once every process of it is gone: its missing protected names
+    (:func:`sweep`) and what it made below the top level (:func:`sweep_made`); ``since``:
+    its start (0: not known). Each path acted on and what was done."""
+    done = sweep(entries, since or None) if entries else {}
+    if after is not None:
+        done.update(sweep_made(after, since))
+    return done
+
+
 #: The sweep's word for a bound name found holding another inode (the receipt's
 #: ``protected_sweep``), followed by the name it was moved to.
 MOVED_ASIDE = "replaced during the run (its read-only bind went with the old file): moved to"
