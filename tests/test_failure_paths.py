@@ -488,3 +488,41 @@ def test_an_interrupt_before_spawn_returns_ends_the_run_and_sweeps_it(
     assert _left(started) == [], "a monitor of the run is left (running or a zombie)"
     assert not planted.exists(), "what the run planted was not swept"
     assert _records() == records, "the run's sweep record was left"
+
+
+@pytest.mark.parametrize("how", ["interrupt-as-it-returns", "start-failed"])
+def test_a_start_whose_pid_is_lost_keeps_the_runs_sweep_record(
+        jail: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """^C as the call that starts hcp-exec returns (CPython raises it there, before the pid
+    is stored): the run goes on unowned, and the spawn cannot tell whether one started, so
+    the record of its sweep stays for a later run once this runtime is gone (before, it was
+    removed: a command that went on to plant a protected name kept it). Control: a start
+    that fails by itself (OSError: nothing was started) removes the record."""
+    from hcp_linux.run import executor
+    records = _records()
+    leaked: list[int] = []
+    start = executor._start
+
+    def failing(*a, **k):  # type: ignore[no-untyped-def]
+        if how == "start-failed":
+            raise OSError(12, "injected: cannot start")
+        leaked.append(start(*a, **k)[0])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(executor, "_start", failing)
+    with pytest.raises(KeyboardInterrupt if how != "start-failed" else OSError):
+        Sandbox(Policy(jail=str(jail))).spawn(["sleep", "30"])
+    kept = _records() - records
+    try:
+        if how == "start-failed":
+            assert kept == set(), kept
+        else:
+            assert len(kept) == 1, kept  # the run's: a later run's collection sweeps it
+    finally:  # what the test leaked: the run (by the pid its start returned), the record
+        for pid in leaked:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        from hcp_linux.policy.protected.pending import paid
+        from hcp_linux.runtime_files import pending_directory
+        for name in kept:
+            paid(os.path.join(pending_directory() or "", name))

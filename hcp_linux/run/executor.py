@@ -162,7 +162,10 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
         proc = _hand_back(plan, started, chans, stdio, args, began, owed, unowned)
     except BaseException:
         if unowned:  # interrupted (^C) or failed while an attempt may have reached its exec
-            _end_unowned(plan, *unowned.pop(), owed)
+            attempt = unowned.pop()
+            if attempt is not UNKNOWN:
+                _end_unowned(plan, *attempt, owed)
+            # else its record stays, for a later run to sweep once this runtime is gone
         elif owed is not None and not ran:  # nothing ran: nothing to sweep
             from ..policy.protected.pending import paid
             paid(owed)
@@ -170,6 +173,11 @@ def spawn(plan: Plan, *, stdin: Any = None, stdout: Any = None, stderr: Any = No
     if unowed:
         keys.set_protected_pending(proc.receipt, unowed)
     return proc
+
+
+#: In spawn's list of the attempt owned by nothing: one may have been started, its pid not
+#: known (an interrupt as its start returned).
+UNKNOWN = (-1, False, -1)
 
 
 def _owe(plan: Plan) -> tuple[str | None, str]:
@@ -291,9 +299,16 @@ def _start_answered(plan: Plan, executor: str | None, chans: _Channels, setup_by
             notify_end = notify_child = -1
             if plan.confined and plan.seccomp is not None and plan.seccomp_listener:
                 notify_end, notify_child = _channel()
-            pid, ready, err_r, done_r, ran = _start(plan, executor, chans.fds,
-                                                    chans.child_end, pidns,
-                                                    ready_ok and not lost_one, notify_child)
+            try:
+                pid, ready, err_r, done_r, ran = _start(plan, executor, chans.fds,
+                                                        chans.child_end, pidns,
+                                                        ready_ok and not lost_one,
+                                                        notify_child)
+            except Exception:  # the start's own failure: nothing was started
+                raise
+            except BaseException:  # ^C: CPython raises it as the call that started one
+                unowned.append(UNKNOWN)  # returns, before its pid is ours: whether one is
+                raise  # running is not known
             unowned.append((pid, pidns, done_r))
             if notify_child >= 0:
                 os.close(notify_child)
