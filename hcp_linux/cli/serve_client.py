@@ -402,7 +402,7 @@ def finish(fd: int) -> int | None:
         return EXIT_REFUSED
     from ..proc.teardown import Monitor
     monitor = Monitor(pid, True) if pid != -1 else None
-    if err_r >= 0:
+    if err_r >= 0 and phase != "setup":
         os.close(err_r)
     if phase in ("setup", "failed"):
         assert monitor is not None
@@ -412,7 +412,14 @@ def finish(fd: int) -> int | None:
         monitor.wait(None)
         monitor.close()
         os.close(done_r)
-        if owed:  # the command was never exec'd: nothing to sweep
+        # "setup": no exec when the client's signal or timeout came, but the setup went on
+        # while this program started: every process of it is gone now, and its error pipe
+        # says how it ended. EOF with no record: the command may have been exec'd (or a
+        # helper died), so what it made at the protected names goes.
+        if phase == "setup" and _exec_not_ruled_out(err_r):
+            from ..policy.protected import sweep_run
+            sweep_run(entries, *after)
+        if owed:
             from ..policy.protected.pending import paid
             paid(owed)
         if phase == "failed":
@@ -432,6 +439,21 @@ def finish(fd: int) -> int | None:
         by = "kill" if signum else "timeout"
     return _end(monitor, done_r, by, signum, timeout, b"", "", entries, after, owed=owed,
                 status=None if status == -1 else status)
+
+
+def _exec_not_ruled_out(err_r: int) -> bool:
+    """Whether a run whose processes are all gone may have reached its command: its error
+    pipe (``err_r``, closed here) holds no failure record (a failed step always writes
+    one; the exec, or a helper's death, closes the pipe with none)."""
+    if err_r < 0:
+        return True
+    try:
+        os.set_blocking(err_r, False)  # never wait: a writer left would be a surprise
+        return not os.read(err_r, 4096)
+    except OSError:  # BlockingIOError among them
+        return True
+    finally:
+        os.close(err_r)
 
 
 #: The variable that names the handover (hcp_linux/native/hcp_client.c's FINISH_ENV).
