@@ -191,6 +191,13 @@ class _Client:
                 except BaseException:  # ^C before the wait took over: leave nothing behind
                     monitor.kill()
                     monitor.wait(None)
+                    err_r, pipes.err_r = pipes.err_r, -1
+                    if _exec_not_ruled_out(err_r):  # it may have planted before the kill
+                        from ..policy.protected import sweep_run
+                        sweep_run(entries, *after)
+                    if owed:
+                        from ..policy.protected.pending import paid
+                        paid(owed)
                     raise
                 if record is None:
                     monitor.kill()
