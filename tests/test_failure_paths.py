@@ -526,3 +526,41 @@ def test_a_start_whose_pid_is_lost_keeps_the_runs_sweep_record(
         from hcp_linux.runtime_files import pending_directory
         for name in kept:
             paid(os.path.join(pending_directory() or "", name))
+
+
+def test_an_interrupt_while_a_failed_setup_is_waited_for_leaves_no_zombie(
+        jail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setup step failed (the command's interpreter is missing: step execve) and ^C comes
+    while the runtime waits for the monitor to exit after its report: KeyboardInterrupt
+    reaches the caller, and the reaper still reaps the monitor (before, it stayed a zombie of
+    the runtime's). Control: the same failure, not interrupted, is the usual error."""
+    from hcp_linux.errors import SandboxError
+    from hcp_linux.run import executor
+    script = jail / "script"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    started: list[int] = []
+    start = executor._start
+
+    def recorded(*a, **k):  # type: ignore[no-untyped-def]
+        out = start(*a, **k)
+        started.append(out[0])
+        return out
+
+    monkeypatch.setattr(executor, "_start", recorded)
+    sb = Sandbox(Policy(jail=str(jail)))
+    with pytest.raises(SandboxError):  # control: the failure itself
+        sb.run([str(script)], timeout=TIMEOUT)
+    assert _left(started) == []
+    started.clear()
+    wait = teardown.Monitor.wait
+
+    def interrupted(self, timeout):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(teardown.Monitor, "wait", wait)  # once
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(teardown.Monitor, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sb.run([str(script)], timeout=TIMEOUT)
+    assert started, "no attempt was started"
+    assert _left(started) == [], "the failed setup's monitor stayed (a zombie)"

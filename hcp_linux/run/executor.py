@@ -360,12 +360,16 @@ def _report_failure(started: _Started, chans: _Channels) -> None:
     if started.notify_end >= 0:
         os.close(started.notify_end)
     monitor = teardown.Monitor(started.pid, started.pidns)
-    monitor.over()
-    monitor.wait(None)
-    monitor.close()
-    chans.close()
-    if started.done_r >= 0:
-        os.close(started.done_r)
+    try:
+        monitor.over()
+        monitor.wait(None)
+    finally:  # interrupted (^C) while waiting: the reaper's, or it stays a zombie
+        if monitor.status is None:
+            teardown.reaper().reap(started.pid)
+        monitor.close()
+        chans.close()
+        if started.done_r >= 0:
+            os.close(started.done_r)
     step, err, detail = decode_error_record(started.record)
     raise ChildSetupError(step, err or errno.EIO, detail)
 
