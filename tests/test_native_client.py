@@ -316,8 +316,8 @@ def _c_defines() -> dict[str, object]:
     (adjacent string literals joined, backslash-newline continued)."""
     import ast
     import re
-    source = (Path(sandboxing.__file__).resolve().parent.parent / "hcp_linux" / "native"
-              / "hcp_client.c").read_text().replace("\\\n", " ")
+    from hcp_linux.native.selection import CLIENT_SOURCE  # the package's: installed too
+    source = Path(CLIENT_SOURCE).read_text().replace("\\\n", " ")
     out: dict[str, object] = {}
     for name, value in re.findall(r"^#define (\w+)[ \t]+(.+)$", source, re.M):
         value = value.strip()
