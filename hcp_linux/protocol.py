@@ -203,6 +203,7 @@ def init_report(data: bytes) -> "tuple[int | None, str]":
         return status & ~VIEW_LOST, "view-lost"
     return status, "exit"
 
+
 #: The lines of /proc/self/status that the verify step requires before exec (the last two
 #: only when the plan holds CAP_SETPCAP, resp. installs seccomp).
 STATUS_ALWAYS = (b"NoNewPrivs:\t1\n", b"CapEff:\t0000000000000000\n",

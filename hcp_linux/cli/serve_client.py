@@ -192,12 +192,7 @@ class _Client:
                     monitor.kill()
                     monitor.wait(None)
                     err_r, pipes.err_r = pipes.err_r, -1
-                    if _exec_not_ruled_out(err_r):  # it may have planted before the kill
-                        from ..policy.protected import sweep_run
-                        sweep_run(entries, *after)
-                    if owed:
-                        from ..policy.protected.pending import paid
-                        paid(owed)
+                    _settle_setup(err_r, entries, after, owed)  # it may have planted first
                     raise
                 if record is None:
                     monitor.kill()
@@ -420,13 +415,10 @@ def finish(fd: int) -> int | None:
         monitor.close()
         os.close(done_r)
         # "setup": no exec when the client's signal or timeout came, but the setup went on
-        # while this program started: every process of it is gone now, and its error pipe
-        # says how it ended. EOF with no record: the command may have been exec'd (or a
-        # helper died), so what it made at the protected names goes.
-        if phase == "setup" and _exec_not_ruled_out(err_r):
-            from ..policy.protected import sweep_run
-            sweep_run(entries, *after)
-        if owed:
+        # while this program started: every process of it is gone now
+        if phase == "setup":
+            _settle_setup(err_r, entries, after, owed)
+        elif owed:
             from ..policy.protected.pending import paid
             paid(owed)
         if phase == "failed":
@@ -448,10 +440,23 @@ def finish(fd: int) -> int | None:
                 status=None if status == -1 else status)
 
 
+def _settle_setup(err_r: int, entries: "tuple[SweepEntry, ...]", after: tuple,
+                  owed: str) -> None:
+    """The end of a run killed during its setup, once every process of it is gone: unless
+    its error pipe (``err_r``, closed here) holds a failure record (a failed step always
+    writes one; the exec, or a helper's death, closes the pipe with none), the command may
+    have run, and what it made at the protected names goes; then the sweep's record."""
+    if _exec_not_ruled_out(err_r):
+        from ..policy.protected import sweep_run
+        sweep_run(entries, *after)
+    if owed:
+        from ..policy.protected.pending import paid
+        paid(owed)
+
+
 def _exec_not_ruled_out(err_r: int) -> bool:
-    """Whether a run whose processes are all gone may have reached its command: its error
-    pipe (``err_r``, closed here) holds no failure record (a failed step always writes
-    one; the exec, or a helper's death, closes the pipe with none)."""
+    """Whether the error pipe ``err_r`` (closed here) of a run whose processes are all gone
+    holds no failure record."""
     if err_r < 0:
         return True
     try:
