@@ -12,7 +12,9 @@ and through any runtime (one that reads no config itself, too), would be wider: 
 program that allows everything, a config that grants ``/`` or the network, another binary.
 :func:`hcp_linux.policy.protected.find` keeps each of :func:`protected_paths` that lies in a
 writable root as it keeps ``.git/hooks``: bound read-only in the mount view, and when it is
-missing, what a run made there is removed after it.
+missing, what a run made there is removed after it; the directories the runtime makes
+itself (:func:`own_directories`) it makes first, so that one made during the run is
+never taken for the command's.
 
 Only os (with stat, which os imports) is imported: the CLI looks for its configs on every run.
 """
@@ -181,24 +183,43 @@ def interpreter_environment() -> list[str]:
     return out
 
 
+def own_directories() -> list[str]:
+    """The directories among :func:`protected_paths` that hcp-linux makes itself, when it
+    first needs one: the seccomp program cache, the user's server's directory, the user's
+    jail home in the temp dir and the driver's state directory. What appears at a missing
+    protected path during a run is taken for the command's and removed after it, with all
+    it holds; one of these made during a run (by this runtime caching the run's filter, by
+    another starting the user's server, an ephemeral jail or a persistent workspace) would
+    be. So :func:`hcp_linux.policy.protected.find` makes each one a writable root holds
+    (:func:`make_own_directory`) before it looks: then it is kept as the rest are."""
+    from .seccomp_profiles.cache import cache_dir
+    programs = cache_dir()
+    out = [] if programs is None else [programs]
+    out += [server_directory(), jail_home(temp_directory())]
+    state = state_directory()
+    if state is not None:
+        out.append(state)
+    return out
+
+
+def make_own_directory(path: str) -> None:
+    """Make one of :func:`own_directories` if it is missing: mode 0700, its missing parents
+    0755 (as the code that uses it makes it). OSError, or ValueError with why when it is
+    there but not the user's alone (the code that uses it refuses it, or degrades)."""
+    os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+    make_private_directory(path)
+
+
 def protected_paths() -> list[str]:
     """Canonical paths of the files above, as this process names them now (its environment
     says where the configs and the program cache are): this package's directory, the
-    interpreter's environment, the seccomp program cache, each config the CLI would look
-    for, the user's server's directory, the driver's state directory and the user's jail
-    home in the temp dir, whether or not it exists (a run must not make one either; the
-    jail home is made by :func:`hcp_linux.policy.protected.find` when a root holds it)."""
-    from .seccomp_profiles.cache import cache_dir
+    interpreter's environment, each config the CLI would look for, and
+    :func:`own_directories` (the seccomp program cache, the user's server's directory, the
+    user's jail home, the driver's state directory), whether or not it exists (a run must
+    not make one either: :func:`hcp_linux.policy.protected.find` makes them first)."""
     paths = [PACKAGE_DIR, *interpreter_environment()]
-    programs = cache_dir()
-    if programs is not None:
-        paths.append(programs)
     paths += [path for _, path in config_candidates()]
-    paths.append(server_directory())
-    paths.append(jail_home(temp_directory()))
-    state = state_directory()
-    if state is not None:
-        paths.append(state)
+    paths += own_directories()
     out: list[str] = []
     looked: dict[str, bool] = {}  # component -> is a symlink (the paths share prefixes)
     for path in paths:

@@ -303,6 +303,39 @@ def kill_by_pid(proc: subprocess.Popen) -> None:
     proc.wait(timeout=TIMEOUT)
 
 
+#: A command that plants ``.envrc`` at its jail's top (a missing protected name: removed
+#: after the run, the control that its sweep ran), makes ``ready``, then waits up to 20 s
+#: for ``go`` there.
+_WAIT_FOR_GO = ("echo planted > .envrc; : > ready; i=0;"
+                " while [ ! -e go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done")
+
+
+@contextlib.contextmanager
+def cli_run_waiting(jail: Path, env: Mapping[str, str],
+                    extra: Sequence[Arg] = ()) -> Iterator[subprocess.Popen]:
+    """`hcp-linux run` in ``jail`` of a command that waits, once it is running (``ready``);
+    on leaving, ``go`` is made and the run waited for (its status checked: 0), and its
+    ``.envrc`` is checked gone (the run's sweep ran, and would have removed what the body
+    made at a missing protected name)."""
+    proc = subprocess.Popen(hcp_argv(jail, "/bin/sh", "-c", _WAIT_FOR_GO, extra=extra),
+                            env=dict(env), cwd="/", stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (jail / "ready").exists() or proc.poll() is not None,
+                 "the command to start")
+        assert proc.poll() is None, proc.communicate()
+        yield proc
+        (jail / "go").touch()
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, (stdout, stderr)
+        assert not (jail / ".envrc").exists(), "the run's sweep did not run"
+    finally:
+        kill_by_pid(proc)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
 # --- a degraded host, simulated honestly --------------------------------------------------
 
 _DENY_LAUNCHER = r"""

@@ -17,15 +17,15 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from hcp_linux.cli.auto_server import install_name
-from sandboxing import (IS_ROOT, TIMEOUT, caller_env, out, read_receipt, run_cli, show,
-                        wait_for)
+from sandboxing import (IS_ROOT, TIMEOUT, caller_env, cli_run_waiting, out, read_receipt,
+                        run_cli, show, wait_for)
 
 
 #: The server's socket and lock in its directory: one pair per installation, and the CLI
@@ -159,15 +159,17 @@ def test_a_run_starts_the_user_s_server_and_the_next_run_is_served(tmp_path: Pat
 
 
 def test_without_auto_no_server_is_started(tmp_path: Path, runtime_dir: Path) -> None:
-    """The control: the same run without HCP_LINUX_SERVER=auto leaves nothing behind, so
-    the test above sees what auto does."""
+    """The control: the same run without HCP_LINUX_SERVER=auto starts no server and leaves
+    no socket, so the test above sees what auto does. (The server's directory, which the
+    jail holds, is made empty before the run looks: runtime_files.own_directories.)"""
     env = caller_env({"XDG_RUNTIME_DIR": str(runtime_dir)})
     env.pop("HCP_LINUX_SERVER", None)
     for _ in range(2):
         p = run_cli(tmp_path, "/bin/true", env=env)
         assert p.returncode == 0, show(p)
     time.sleep(0.5)
-    assert servers_of(runtime_dir) == [] and not (runtime_dir / "hcp-linux").exists()
+    assert servers_of(runtime_dir) == []
+    assert not (runtime_dir / "hcp-linux").exists() or os.listdir(runtime_dir / "hcp-linux") == []
 
 
 @pytest.mark.parametrize("argv", [["--network", "sideways", "--", "/bin/true"],
@@ -180,7 +182,8 @@ def test_a_refused_run_starts_nothing(tmp_path: Path, runtime_dir: Path,
     assert p.returncode in (2, 125, 127), show(p)
     assert p.stderr.decode().count("\n") == 1, show(p)
     time.sleep(0.5)
-    assert servers_of(runtime_dir) == [] and not (runtime_dir / "hcp-linux").exists()
+    assert servers_of(runtime_dir) == []
+    assert not (runtime_dir / "hcp-linux").exists() or os.listdir(runtime_dir / "hcp-linux") == []
 
 
 def _not_alone(kind: str, where: Path, tmp_path: Path) -> None:
@@ -385,6 +388,27 @@ def test_no_run_can_write_in_the_server_s_directory(tmp_path: Path) -> None:
     finally:
         for pid in servers_of(runtime):
             _end(pid)
+
+
+def test_a_server_started_while_a_run_holds_its_directory_keeps_its_socket(
+        tmp_path: Path) -> None:
+    """A run (not ``auto``) whose jail holds XDG_RUNTIME_DIR, with no server directory yet;
+    while it runs, the user's server starts there (another caller's ``auto`` run). The
+    run's sweep took the directory for its command's and removed it, socket and all: the
+    server listened on nothing. Made before the run looks, it is kept: the server answers
+    after the run. Control (cli_run_waiting): the run's own ``.envrc`` is removed."""
+    jail = tmp_path / "jail"
+    runtime = jail / "run-user"
+    runtime.mkdir(parents=True, mode=0o700)
+    env = caller_env({"XDG_RUNTIME_DIR": str(runtime)})
+    env.pop("HCP_LINUX_SERVER", None)
+    sock = runtime / "hcp-linux" / SOCK
+    with ExitStack() as server:  # entered during the run, left (the server ended) after it
+        with cli_run_waiting(jail, env):
+            proc = server.enter_context(_auto_serve(runtime, "--idle-exit", "60"))
+            assert answers(sock)
+        # the run is over, its sweep done: the server's socket is where it was
+        assert answers(sock) and proc.poll() is None
 
 
 def test_an_auto_run_imports_what_a_served_run_does(tmp_path: Path, runtime_dir: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -20,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from hcp_linux import runtime_files
-from sandboxing import (TIMEOUT, caller_env, jail_home_of, out, read_receipt, run_cli, show,
-                        wait_for)
+from sandboxing import (TIMEOUT, caller_env, cli_run_waiting, jail_home_of, out, read_receipt,
+                        run_cli, show, wait_for)
 
 #: keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 0): the baseline profile denies it
 #: (EPERM); a filter that allows everything lets it through. Prints "keyctl ok" or "keyctl EN".
@@ -128,6 +129,65 @@ def test_a_program_cache_inside_a_writable_root_is_read_only_to_the_run(tmp_path
     p = _python(other, KEYCTL, env=env)
     assert p.stdout.decode().split() == ["keyctl", "ok"], show(p)
     shutil.rmtree(programs)
+
+
+def test_the_program_cache_a_run_s_own_runtime_makes_is_kept(tmp_path: Path) -> None:
+    """HCP_LINUX_SECCOMP_CACHE inside the jail and missing (a project whose virtual
+    environment is in it, before its first run): the runtime makes it to store the filter
+    it compiles for this very run. It used to be taken for the command's and removed after
+    the run (the receipt said so), so every CLI run from there compiled again (~13 ms and
+    pyseccomp's import). Made before the run looks, it is read-only to the run, kept, and the
+    next run loads the program stored (the same file: nothing compiled or stored again).
+    Control: what the command made at a missing protected name, ``.envrc``, is removed."""
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    programs = jail / "venv" / "share" / "hcp-linux" / "seccomp"
+    env = caller_env({"HCP_LINUX_SECCOMP_CACHE": str(programs)})
+    receipt = tmp_path / "r.json"
+    script = "echo planted > .envrc; touch venv/share/hcp-linux/seccomp/x"
+    p = run_cli(jail, "/bin/sh", "-c", script, env=env, extra=["--receipt", str(receipt)])
+    assert p.returncode != 0 and b"Read-only file system" in p.stderr, show(p)
+    assert not (jail / ".envrc").exists()  # the control: the run's sweep ran
+    stored = {f.name: f.stat().st_ino for f in programs.glob("*.bpf")}
+    assert stored and sorted(os.listdir(programs)) == sorted(stored), os.listdir(programs)
+    r = read_receipt(receipt)
+    assert r["protected"][str(programs)] == "read-only bind", r["protected"]
+    assert str(programs) not in r.get("protected_sweep", {}), r["protected_sweep"]
+    p = run_cli(jail, "/bin/true", env=env)
+    assert p.returncode == 0, show(p)
+    assert {f.name: f.stat().st_ino for f in programs.glob("*.bpf")} == stored
+
+
+def test_a_workspace_made_while_a_run_holds_the_state_dir_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CLI run whose jail holds the driver's state directory, missing when it starts (a
+    home jail, before the first persistent workspace); while it runs, bob's driver run makes
+    his workspace there. The CLI run's sweep took the directory for its command's and
+    removed it, bob's files with it. Made before that run looks, it is kept, and bob's
+    next run finds his file. Control (cli_run_waiting): the run's own ``.envrc`` is
+    removed."""
+    from hcp_linux.driver.driver import LinuxDriver
+    from hcp_linux.policy.pack import load_pack
+    from hcp_linux.policy.policy import Policy
+    jail, scratch = tmp_path / "jail", tmp_path / "scratch"
+    for d in (jail, scratch, tmp_path / "pack"):
+        d.mkdir()
+    (tmp_path / "pack" / "pack.toml").write_text(
+        'name = "pack"\n[wrap]\nbin = ["sh"]\n[wrap.workspace]\nmode = "workspace"\n')
+    pack = load_pack(tmp_path / "pack" / "pack.toml")
+    state = jail / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    driver = LinuxDriver(Policy(jail=str(scratch)), tmp_dir=str(scratch))
+    with cli_run_waiting(jail, caller_env({"XDG_STATE_HOME": str(state)}),
+                         extra=["--no-config"]):
+        r = driver.run(pack, ["sh", "-c", "echo mine > notes"], principal="bob",
+                       timeout=TIMEOUT)
+        assert r.returncode == 0
+    bob = state / "hcp-linux" / "workspaces" / "pack" / "bob"
+    assert (bob / "notes").read_text() == "mine\n"
+    nxt = driver.run(pack, ["sh", "-c", "cat notes"], principal="bob", capture_output=True,
+                     timeout=TIMEOUT)
+    assert nxt.stdout == b"mine\n", nxt
 
 
 def _config_env(xdg: Path) -> dict[str, str]:
@@ -375,8 +435,9 @@ def test_a_driver_s_own_state_dir_is_kept_from_every_run_of_its_process(tmp_path
                                                                         ) -> None:
     """A driver given a ``state_dir`` of its own: a run of the same process (another
     driver's, or the Python API's) whose writable root holds it cannot make a workspace
-    there, and leaves nothing (a missing name is swept). Control: the same command with the
-    state dir elsewhere makes it."""
+    there: the directory, missing, is made before the run looks (the process's own:
+    protect_directory) and is read-only to it; the command leaves nothing in it. Control:
+    the same command with the state dir elsewhere makes it."""
     from hcp_linux import Sandbox
     from hcp_linux.driver.driver import LinuxDriver
     from hcp_linux.policy.policy import Policy
@@ -387,7 +448,9 @@ def test_a_driver_s_own_state_dir_is_kept_from_every_run_of_its_process(tmp_path
     script = "mkdir -p runtime-state/workspaces/p/mallory && echo x > runtime-state/x; ls -R"
     r = Sandbox(Policy(jail=str(jail))).run(["/bin/sh", "-c", script], capture_output=True,
                                             timeout=TIMEOUT)
-    assert not state.exists(), (r.stdout, r.stderr)
+    assert b"Read-only file system" in r.stderr, (r.stdout, r.stderr)
+    assert state.is_dir() and os.listdir(state) == [], (r.stdout, r.stderr)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
     # control: not a state dir (a sibling name), the same command makes it
     r = Sandbox(Policy(jail=str(jail))).run(
         ["/bin/sh", "-c", script.replace("runtime-state", "other-dir")], capture_output=True,

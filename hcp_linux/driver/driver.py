@@ -32,7 +32,7 @@ from ..errors import (BinNotFoundError, NotAllowlistedError, PolicyError, Writeb
 from .fileref import FileRef, OffLimits, scan
 from ..jails.locations import PLACEHOLDER_JAIL, default_tmp_dir, state_dir_path
 from ..policy.pack import WORKSPACE, Pack, load_pack
-from ..policy.protected import protect_file
+from ..policy.protected import protect_directory
 from ..policy.policy import Policy, check_env_text
 from ..policy.resolve import resolve
 from .results import DriverResult, WritebackReport
@@ -97,7 +97,7 @@ class LinuxDriver:
         if self.state_dir is not None:
             # every principal's workspace: no run of this process may write there (the
             # default one is protected in every process: hcp_linux.runtime_files)
-            protect_file(self.state_dir)
+            protect_directory(self.state_dir)
         self.tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else None
         if lock_timeout is not None and not lock_timeout >= 0:
             raise PolicyError(f"lock_timeout: expected seconds >= 0, got {lock_timeout!r}")

@@ -9,7 +9,7 @@ import os
 import tempfile
 
 from ..errors import PolicyError, SandboxError, printable
-from ..policy.protected import protect_file
+from ..policy.protected import protect_directory
 from ..policy.values import dir_problem
 from ..runtime_files import TMP_VARIABLES, jail_home, make_private_directory, \
     state_directory, user_home
@@ -147,7 +147,7 @@ def make_jail_home(base: str) -> str:
     except ValueError as e:
         raise SandboxError(f"jail: {printable(home)}: {e} (not this user's alone); remove it "
                            f"or set TMPDIR to a directory of your own") from None
-    protect_file(home)
+    protect_directory(home)
     return home
 
 

@@ -49,7 +49,7 @@ from .names import FILE_ONLY, NAMES
 from .walk import join, make_usable, open_dir_path, remove, within
 
 __all__ = ["CTIME_SLACK", "After", "Found", "SweepEntry", "check_allowed", "find", "now",
-           "protect_file", "sweep", "sweep_made"]
+           "protect_directory", "protect_file", "sweep", "sweep_made"]
 
 #: One path the after-run sweep looks at: (path, what it must hold, file_only). What it must
 #: hold: None, nothing (what appeared is removed); a str, the symlink to that target
@@ -115,6 +115,10 @@ ALLOWED = "writable: allow_write_protected"
 #: would widen the next run, so they are protected like the names, in every run of this
 #: process, while they lie in a writable root (:func:`protect_file`).
 _config_files: list[str] = []
+#: Directories of this process's own it makes when it needs one (a driver's ``state_dir``, a
+#: ``tmp_dir``'s jail home): made before a run whose root holds one looks
+#: (:func:`protect_directory`), as :func:`hcp_linux.runtime_files.own_directories` are.
+_own_directories: list[str] = []
 _config_lock = _thread.allocate_lock()
 
 
@@ -124,6 +128,19 @@ def protect_file(path: str) -> None:
     with _config_lock:
         if real not in _config_files:
             _config_files.append(real)
+
+
+def protect_directory(path: str) -> None:
+    """Protect ``path``, a directory this process makes when it needs one (a driver's
+    ``state_dir``, where every principal's workspace goes), in every later run as
+    :func:`protect_file` does; and have it made, when a writable root holds it, before the
+    run looks (:func:`find`): made during the run, by a workspace another principal's run
+    starts, it would be taken for the command's and removed after it, with that workspace."""
+    real = os.path.realpath(path)
+    protect_file(real)
+    with _config_lock:
+        if real not in _own_directories:
+            _own_directories.append(real)
 
 
 def check_allowed(entries: tuple[str, ...], error: type[Exception]) -> tuple[str, ...]:
@@ -206,8 +223,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     here (PolicyError, naming it, when it cannot be made: fail closed)."""
     # here, not at the top: the served client imports this module for the sweep alone
     from . import pending, search as protected_search
-    from ...runtime_files import jail_home, make_private_directory, protected_paths, \
-        temp_directory
+    from ...runtime_files import make_own_directory, own_directories, protected_paths
     # first the sweeps that runs whose runtime died still owe: else what their commands
     # planted would be found here existing, taken for the user's, and kept
     recovered = tuple(pending.collect().items())
@@ -225,16 +241,22 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     roots = policy.writable_roots
     with _config_lock:
         configs = [(None, p, p, True) for p in _config_files]
-    # the user's jail home in the temp dir (every ephemeral jail: hcp_linux.jails.locations),
-    # made now when a root holds it: a jail another runtime makes there during this run is
-    # then under this run's read-only bind, not beside it. One that cannot be made (no room,
-    # another user's name) holds no jail of ours
-    home = jail_home(temp_directory())
-    if any(within(home, r) and home != r for r in roots):
-        try:
-            make_private_directory(home)
-        except (OSError, ValueError):
-            pass
+        registered = list(_own_directories)
+    # the directories the runtime makes itself when it needs one (runtime_files.
+    # own_directories: the seccomp program cache, the user's server's, the jail home, the
+    # driver's state; and this process's own: protect_directory), made now when a root
+    # holds one. Made during this run (this runtime caching the filter it is about to
+    # compile, another starting the user's server or a jail), it would be taken for the
+    # command's and removed after it, with what it holds then (another run's live jail, a
+    # persistent workspace). Made now, it is kept as the rest are (bound read-only), and
+    # what another runtime makes in it later is under that bind. One that cannot be made
+    # (no room, another user's name) stays missing, and swept
+    for own in (*own_directories(), *registered):
+        if any(within(own, r) and own != r for r in roots):
+            try:
+                make_own_directory(own)
+            except (OSError, ValueError):
+                pass
     # the runtime's own files a later run trusts (its code, the seccomp programs, the CLI's
     # configs: hcp_linux.runtime_files), kept as the configuration files above are
     configs += [(None, p, p, True) for p in protected_paths()]
