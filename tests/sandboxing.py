@@ -278,6 +278,28 @@ def ancestors(pid: int) -> list[int]:
     return chain
 
 
+def process_tree(pid: int) -> str:
+    """What ``pid`` and every process below it are doing, a line each (state, wchan, the
+    syscall it is in, argv): for the message of a test whose process did not end."""
+    from hcp_linux.conformance.observers import proc_children
+    lines, todo = [], [(pid, 0)]
+    while todo:
+        p, depth = todo.pop()
+        fields = []
+        for name in ("stat", "wchan", "syscall", "cmdline"):
+            try:
+                with open(f"/proc/{p}/{name}", "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                data = f"({e.strerror})".encode()
+            if name == "stat":
+                data = data.rsplit(b")", 1)[-1].split()[:1][0] if b")" in data else data
+            fields.append(data.replace(b"\0", b" ").decode(errors="replace").strip()[:120])
+        lines.append("  " * depth + f"{p}: " + " | ".join(fields))
+        todo += [(c, depth + 1) for c in reversed(proc_children(p))]
+    return "\n".join(lines)
+
+
 def wait_for(cond, what: str, limit: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + limit
     while not cond():

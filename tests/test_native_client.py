@@ -24,7 +24,8 @@ from typing import Iterator
 import pytest
 
 import sandboxing
-from sandboxing import TIMEOUT, caller_env, jail, kill_by_pid, out, show, wait_for  # noqa: F401
+from sandboxing import (TIMEOUT, caller_env, default_stop_signals, jail,  # noqa: F401
+                        kill_by_pid, out, process_tree, show, wait_for)
 from test_auto_server import answers
 from test_serve import Server, start_server, stop_server
 
@@ -383,7 +384,7 @@ def test_a_signal_during_setup_still_sweeps_what_the_exec_planted(
                 [*cli, "run", "--jail", str(jail), "--", "sh", "-c",
                  f"echo planted > .envrc; exec sleep {needle}"],
                 env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE)
+                stderr=subprocess.PIPE, preexec_fn=default_stop_signals)
             try:
                 deadline = time.monotonic() + TIMEOUT
                 while not proc_children(client.pid) and client.poll() is None:
@@ -399,7 +400,12 @@ def test_a_signal_during_setup_still_sweeps_what_the_exec_planted(
                     wait_for(lambda: (jail / ".envrc").exists(), "the command's plant")
                 os.kill(client.pid, signal.SIGINT)  # caught or not, the run ends by ^C
                 os.kill(client.pid, signal.SIGCONT)
-                _, stderr = client.communicate(timeout=TIMEOUT)
+                try:
+                    _, stderr = client.communicate(timeout=TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(f"the client did not end on SIGINT (caught in its "
+                                         f"setup: {caught}):\n{process_tree(client.pid)}"
+                                         ) from None
             finally:
                 kill_by_pid(client)
                 client.stdout.close()
