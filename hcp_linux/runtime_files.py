@@ -210,16 +210,17 @@ def make_own_directory(path: str) -> None:
     make_private_directory(path)
 
 
-def protected_paths() -> list[str]:
+def protected_paths(own: list[str] | None = None) -> list[str]:
     """Canonical paths of the files above, as this process names them now (its environment
     says where the configs and the program cache are): this package's directory, the
     interpreter's environment, each config the CLI would look for, and
     :func:`own_directories` (the seccomp program cache, the user's server's directory, the
     user's jail home, the driver's state directory), whether or not it exists (a run must
-    not make one either: :func:`hcp_linux.policy.protected.find` makes them first)."""
+    not make one either: :func:`hcp_linux.policy.protected.find` makes them first).
+    ``own``: :func:`own_directories` as the caller read it already (once a run)."""
     paths = [PACKAGE_DIR, *interpreter_environment()]
     paths += [path for _, path in config_candidates()]
-    paths += own_directories()
+    paths += own_directories() if own is None else own
     out: list[str] = []
     looked: dict[str, bool] = {}  # component -> is a symlink (the paths share prefixes)
     for path in paths:

@@ -251,7 +251,8 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     # persistent workspace). Made now, it is kept as the rest are (bound read-only), and
     # what another runtime makes in it later is under that bind. One that cannot be made
     # (no room, another user's name) stays missing, and swept
-    for own in (*own_directories(), *registered):
+    owned = own_directories()
+    for own in (*owned, *registered):
         if any(within(own, r) and own != r for r in roots):
             try:
                 make_own_directory(own)
@@ -259,7 +260,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                 pass
     # the runtime's own files a later run trusts (its code, the seccomp programs, the CLI's
     # configs: hcp_linux.runtime_files), kept as the configuration files above are
-    configs += [(None, p, p, True) for p in protected_paths()]
+    configs += [(None, p, p, True) for p in protected_paths(owned)]
     # and the seccomp profiles this policy names by path: its next run loads them again
     configs += [(None, p, p, True) for p in _profile_files(policy.seccomp_profiles)]
     # (root, path, key of NAMES or the path, whether a missing one is swept): the top level's
