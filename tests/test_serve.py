@@ -63,11 +63,13 @@ class Server:
         return out
 
 
-def start_server(tmp_path: Path, prefix: list[str] | None = None) -> Server:
+def start_server(tmp_path: Path, prefix: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> Server:
     path = tmp_path / "serve.sock"
     proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", "hcp_linux", "serve",
                              "--socket", str(path)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
+                            env=env)
     line = proc.stderr.readline()  # it says so once it listens (or why it cannot)
     if not line.startswith(b"hcp-linux serve: listening on"):
         kill_by_pid(proc)
@@ -187,6 +189,58 @@ def test_a_served_run_takes_the_callers_stdin_umask_and_environment(server: Serv
                             capture_output=True, env=env, timeout=TIMEOUT, cwd="/")
     assert served.returncode == 0, show(served)
     assert out(served) == "from stdin\n0077\nLANG=C.UTF-8\n", show(served)
+
+
+def test_each_request_plans_with_the_clients_environment_alone(tmp_path: Path,
+                                                                jail: Path) -> None:
+    """The server takes each client's environment as its own while it plans, and gives
+    its own back after: a variable only the server has never reaches a command, one a
+    client changes or adds does, and the next client sees none of the last one's."""
+    server = start_server(tmp_path, env={k: v for k, v in caller_env(
+        {"LC_ALL": "C", "LANG": "server-lang"}).items() if k != "TZ"})
+    try:
+        script = 'echo "LANG=${LANG-unset} LC_ALL=${LC_ALL-unset} TZ=${TZ-unset}"'
+        seen = []
+        for extra in ({"LANG": "C.UTF-8"}, {"TZ": "UTC", "LC_ALL": "POSIX"}, {}):
+            env = {k: v for k, v in server.env().items() if k not in ("LANG", "LC_ALL", "TZ")}
+            env.update(extra)
+            served = subprocess.run(hcp_argv(jail, "sh", "-c", script), capture_output=True,
+                                    env=env, timeout=TIMEOUT, cwd="/")
+            assert served.returncode == 0, show(served)
+            seen.append(out(served))
+        assert seen == ["LANG=C.UTF-8 LC_ALL=unset TZ=unset\n",
+                        "LANG=unset LC_ALL=POSIX TZ=UTC\n",
+                        "LANG=unset LC_ALL=unset TZ=unset\n"]
+        # control: the server's own variables reach a command it plans as its own
+        plain = subprocess.run(hcp_argv(jail, "sh", "-c", script), capture_output=True,
+                               env={k: v for k, v in caller_env({"LC_ALL": "C", "LANG":
+                                    "server-lang"}).items() if k != "TZ"},
+                               timeout=TIMEOUT, cwd="/")
+        assert out(plain) == "LANG=server-lang LC_ALL=C TZ=unset\n", show(plain)
+    finally:
+        stop_server(server)
+
+
+def test_taking_a_clients_environment_changes_the_c_environment_exactly() -> None:
+    """What the planning code, and C code it calls (getenv), read while a request is
+    planned is the client's environment exactly, and the server's again after."""
+    import ctypes
+
+    from hcp_linux.cli.serve import _become
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    before = dict(os.environb)
+    client = {k: v for k, v in before.items() if k != b"PATH"}
+    client.update({b"HCP_TEST_ADDED": b"1", b"HOME": b"/client-home"})
+    try:
+        _become(client)
+        assert dict(os.environb) == client
+        assert getenv(b"PATH") is None and getenv(b"HCP_TEST_ADDED") == b"1"
+        assert getenv(b"HOME") == b"/client-home"
+    finally:
+        _become(before)
+    assert dict(os.environb) == before
+    assert getenv(b"HCP_TEST_ADDED") is None and getenv(b"PATH") == before[b"PATH"]
 
 
 @pytest.mark.parametrize("args", [
