@@ -45,6 +45,16 @@ LL_FLAGS_SHIFT = 16
 LAYER_FLAGS = (("userns", FLAGS["USERNS"]), ("mountns", FLAGS["MOUNTNS"]),
                ("netns", FLAGS["NETNS"]), ("ipcns", FLAGS["IPCNS"]), ("pidns", FLAGS["PIDNS"]))
 
+
+def namespace_flags(layers: "frozenset[str] | set[str]") -> int:
+    """The plan flags of the namespaces among ``layers``: what a spare must be started with
+    to take a plan of those layers (hcp_exec.c: receive)."""
+    flags = 0
+    for layer, bit in LAYER_FLAGS:
+        if layer in layers:
+            flags |= bit
+    return flags
+
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
 PLAN_MAGIC, PLAN_VERSION = 0x58504348, 13
 

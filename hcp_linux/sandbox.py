@@ -171,7 +171,8 @@ class Sandbox:
 
     def attempts(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                  terminals: Sequence[str] = (), only_with: frozenset[str] = frozenset(),
-                 cwd: str | None = None, executable: str | None = None
+                 cwd: str | None = None, executable: str | None = None,
+                 allowed: Callable[[frozenset[str]], None] | None = None
                  ) -> Generator[tuple[Plan, Callable[[], dict[str, Any]]], None, None]:
         """The plans to try for ``argv``, each with what makes its receipt (a function of the
         plan alone, so a caller may make it while the command is being set up): the first with
@@ -179,8 +180,9 @@ class Sandbox:
         raises the error that failure means, or, when a layer the policy lets degrade turned
         out to be missing, yields the plan without it. Each plan is closed when the next is asked for.
         ``only_with``: stop (StopIteration), before compiling, when a plan would lack one of
-        these layers. ``env`` (variables granted by the call, checked), ``cwd`` and
-        ``executable``: as :func:`~hcp_linux.plan.plan.compile_plan` takes them."""
+        these layers. ``env`` (variables granted by the call, checked), ``cwd``,
+        ``executable`` and ``allowed``: as :func:`~hcp_linux.plan.plan.compile_plan` takes
+        them."""
         policy = self.policy
         wanted = self._wanted_layers()
         degraded: dict[str, str] = {}
@@ -196,7 +198,8 @@ class Sandbox:
                 return
             try:
                 plan = compile_plan(policy, argv, layers=wanted, env=env, cwd=cwd,
-                                    executable=executable, terminals=terminals)
+                                    executable=executable, terminals=terminals,
+                                    allowed=allowed)
             except LayerUnavailableError as e:
                 if e.layer not in wanted:  # already gone, and the policy cannot do without it
                     raise

@@ -420,3 +420,213 @@ def test_a_signal_during_setup_still_sweeps_what_the_exec_planted(
     assert not (jail / ".envrc").exists(), "what the exec'd command planted was not swept"
     assert where is None or not [n for n in os.listdir(where)
                                  if n.startswith(f"{client.pid}-")], "its record was left"
+
+
+# ---- the spare: hcp-exec started while the server compiles the confinement ----------------
+
+def _pid1_cmdline(p: subprocess.CompletedProcess) -> list[str]:
+    """The run's pid 1 as its command `tr '\\0' ' ' < /proc/1/cmdline` printed it."""
+    return out(p).split()
+
+
+PID1 = ("sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline")
+
+
+def test_a_native_served_run_is_set_up_by_a_spare(command: Path, server: Server,
+                                                  jail: Path) -> None:
+    """The native client starts hcp-exec as a spare when the server says the command is
+    allowed, and hands it the plan: the run's pid 1 is that spare. Control: the Python
+    client, served by the same server, starts hcp-exec with the plan."""
+    p = run(command, jail, *PID1, env=server.env())
+    assert p.returncode == 0, show(p)
+    assert _pid1_cmdline(p)[:2] == ["hcp-exec", "--spare"], show(p)
+    assert python_ran(command) == []
+    python = subprocess.run([str(command.parent / "hcp-linux-py"), "run", "--jail", str(jail),
+                             "--", *PID1], env=server.env(), capture_output=True,
+                            timeout=TIMEOUT, cwd="/", stdin=subprocess.DEVNULL)
+    assert python.returncode == 0 and "--spare" not in _pid1_cmdline(python), show(python)
+
+
+@contextlib.contextmanager
+def _traced_server(tmp_path: Path, monkeypatch, before_plan=None,  # type: ignore
+                   rewrite=None) -> Iterator[tuple[dict[str, str], Path, list[bytes]]]:
+    """A real server, in a thread of this process, whose hcp-exec is a script that notes
+    each start (its arguments, a line in the log) and execs the real one; ``before_plan``
+    runs as a plan is about to be sent, ``rewrite`` may change the plan's frame. Yields the
+    clients' environment, the log and the kind of each frame the server sent."""
+    import threading
+
+    from hcp_linux import native
+    from hcp_linux.cli import serve
+    real = native.binary()
+    assert real is not None
+    log = tmp_path / "hcp-exec-started"
+    wrapper = tmp_path / "hcp-exec"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(native, "binary", lambda: str(wrapper))
+    encode = serve.encode
+
+    sent: list[bytes] = []
+
+    def traced(items):  # type: ignore[no-untyped-def]
+        sent.append(items[0])
+        if items[:1] == [b"plan"]:
+            if before_plan is not None:
+                before_plan()
+            if rewrite is not None:
+                items = rewrite(items)
+        return encode(items)
+    monkeypatch.setattr(serve, "encode", traced)
+    path = tmp_path / "traced.sock"
+    srv = serve._Server(str(path))
+    thread = threading.Thread(target=srv.loop, daemon=True)
+    thread.start()
+    try:
+        yield caller_env({"HCP_LINUX_SERVER": str(path)}), log, sent
+    finally:
+        srv.stop()
+        thread.join(TIMEOUT)
+        srv.close()
+
+
+def _started(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _spares_of(client_pid: int) -> list[int]:
+    """The spares ``client_pid`` started, once exec'd (hcp-exec's own argv: ``--spare``)."""
+    from hcp_linux.conformance.observers import proc_children
+    found = []
+    for pid in proc_children(client_pid):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"--spare"]:
+                found.append(pid)
+    return found
+
+
+#: Runs a command as a child subreaper, and says what of its processes it left: a process
+#: its parent did not reap before it exited is reparented to us at that exit (before the
+#: exit is reported), so whatever the client leaves, alive or dead, is listed; then reaped.
+_LEFT_BEHIND = r"""
+import ctypes, json, os, subprocess, sys
+if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+    sys.exit("prctl: %s" % os.strerror(ctypes.get_errno()))
+p = subprocess.run(sys.argv[1:], capture_output=True, stdin=subprocess.DEVNULL)
+me = os.getpid()
+left = []
+for tid in os.listdir("/proc/%d/task" % me):
+    with open("/proc/%d/task/%s/children" % (me, tid)) as f:
+        left += [int(pid) for pid in f.read().split()]
+for pid in left:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+print(json.dumps([p.returncode, p.stdout.decode(), p.stderr.decode(), len(left)]))
+"""
+
+
+def _run_left(argv: list[str], env: dict[str, str]) -> tuple[int, str, str, int]:
+    """``argv``'s exit status, stdout and stderr, and how many processes it left behind."""
+    p = subprocess.run([sys.executable, "-c", _LEFT_BEHIND, *argv], env=env,
+                       capture_output=True, timeout=TIMEOUT, cwd="/")
+    assert p.returncode == 0, show(p)
+    rc, stdout, stderr, left = json.loads(p.stdout)
+    return rc, stdout, stderr, left
+
+
+@pytest.mark.parametrize("args", [("--bogus", "--", "true"), ("--", "/nonexistent-bin"),
+                                  ("--allow-bin", "ls", "--", "cat")],
+                         ids=["usage", "no-bin", "not-allowlisted"])
+def test_a_refused_run_starts_no_hcp_exec(command: Path, jail: Path, tmp_path: Path,
+                                          monkeypatch, args: tuple[str, ...]) -> None:
+    """A refusal (bad input, a command not allowed) is answered before the server says a
+    spare may start: nothing is started. Control: an allowed run starts one, the spare."""
+    with _traced_server(tmp_path, monkeypatch) as (env, log, sent):
+        refused = subprocess.run([str(command), "run", "--jail", str(jail), *args], env=env,
+                                 capture_output=True, timeout=TIMEOUT, cwd="/",
+                                 stdin=subprocess.DEVNULL)
+        plain = sandboxing.run_cli(jail, *args[args.index("--") + 1:],
+                                   extra=list(args[:args.index("--")]))
+        assert (refused.returncode, refused.stderr) == (plain.returncode, plain.stderr)
+        assert refused.returncode != 0 and _started(log) == [], show(refused)
+        assert b"spare" not in sent
+        allowed = run(command, jail, "true", env=env)
+        assert allowed.returncode == 0, show(allowed)
+    assert [line.split()[0] for line in _started(log)] == ["--spare"]
+
+
+def test_a_spare_gone_before_the_plan_is_replaced(command: Path, jail: Path, tmp_path: Path,
+                                                  monkeypatch) -> None:
+    """The spare dies (killed, with its pid 1) before the plan is sent: the hand-over
+    fails, and the client starts hcp-exec with the plan, as without a spare. The run is
+    the same."""
+    import time
+
+    from hcp_linux.conformance.observers import proc_children, proc_state
+    clients: list[int] = []
+
+    def kill_the_spare() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # exec'd (its argv the real one's) and its pid 1 forked
+            spares = _spares_of(clients[0])
+            if spares and proc_children(spares[0]):
+                break
+            assert time.monotonic() < deadline, "no spare was started"
+            time.sleep(0.002)
+        doomed = [spares[0], *proc_children(spares[0])]
+        for pid in doomed:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all(proc_state(pid) in (None, "Z") for pid in doomed),
+                 "the spare to die")
+
+    with _traced_server(tmp_path, monkeypatch, before_plan=kill_the_spare) as (env, log, sent):
+        client = subprocess.Popen([str(command), "run", "--jail", str(jail), "--", *PID1],
+                                  env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        clients.append(client.pid)
+        try:
+            stdout, stderr = client.communicate(timeout=TIMEOUT)
+        finally:
+            kill_by_pid(client)
+    assert client.returncode == 0, stderr
+    pid1 = stdout.decode().split()
+    assert os.path.basename(pid1[0]).startswith("hcp-exec") and "--spare" not in pid1, stdout
+    assert [line.split()[0] == "--spare" for line in _started(log)] == [True, False]
+    assert python_ran(command) == []
+
+
+def test_a_plan_the_spare_does_not_take_goes_to_a_fresh_hcp_exec(
+        command: Path, jail: Path, tmp_path: Path, monkeypatch) -> None:
+    """The server says the spare does not take the plan (a plan of other namespaces than it
+    was started for): the client ends and reaps it, and starts hcp-exec with the plan."""
+    def untaken(items: list[bytes]) -> list[bytes]:
+        assert items[-1] == b"1"  # control: this plan was the spare's
+        return [*items[:-1], b""]
+
+    with _traced_server(tmp_path, monkeypatch, rewrite=untaken) as (env, log, sent):
+        rc, stdout, stderr, left = _run_left(
+            [str(command), "run", "--jail", str(jail), "--", *PID1], env)
+    assert rc == 0, stderr
+    pid1 = stdout.split()
+    assert os.path.basename(pid1[0]).startswith("hcp-exec") and "--spare" not in pid1, stdout
+    assert [line.split()[0] == "--spare" for line in _started(log)] == [True, False]
+    assert left == 0, "the unused spare was not reaped by its client"
+
+
+def test_a_refusal_after_the_spare_started_leaves_no_spare(command: Path, jail: Path,
+                                                           tmp_path: Path, monkeypatch) -> None:
+    """A refusal found once the command was allowed (here, the confinement's compiling
+    fails) comes back as the CLI says it; the spare started meanwhile is ended and reaped
+    by the client before it exits: nothing of the run is left."""
+    from hcp_linux.errors import PolicyError
+    from hcp_linux.plan import plan as plan_module
+
+    def refuse(*_args: object) -> None:
+        raise PolicyError("a refusal found late")
+    monkeypatch.setattr(plan_module, "shared_confinement", refuse)
+    with _traced_server(tmp_path, monkeypatch) as (env, log, sent):
+        rc, _, stderr, left = _run_left(
+            [str(command), "run", "--jail", str(jail), "--", "true"], env)
+    assert (rc, stderr) == (PolicyError.exit_code, "error: sandbox: a refusal found late\n")
+    assert sent == [b"spare", b"exit"]  # the spare, killed at once, may not have noted it
+    assert left == 0, "the spare was not reaped by its refused client"

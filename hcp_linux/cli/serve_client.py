@@ -144,6 +144,8 @@ class _Client:
         self.sock.sendall(encode(items))
         _import_the_rest()  # while the server plans: on another CPU, or idle time here
         reply = recv_frame(self.sock)
+        if reply[:1] == [b"spare"]:  # for the native client; this one spawns with the plan
+            reply = recv_frame(self.sock)
         if not reply:
             raise ValueError("empty reply")
         return reply
@@ -164,7 +166,7 @@ class _Client:
                     sys.stderr.write(reply[2].decode(errors="replace"))
                     sys.stderr.flush()
                     return int(reply[1])
-                if kind != b"plan" or len(reply) != 11:
+                if kind != b"plan" or len(reply) != 12:
                     raise ValueError(f"unexpected reply {kind!r}")
                 # the token names the run's end for a client with no Python (finish)
                 exe, plan, receipt, timeout, _kill_request, receipt_to, swept, made = reply[1:9]

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
 #: 4: and a token naming the run, for its end asked of the server (the native client:
 #: hcp_linux/native/hcp_client.c, which has no Python of its own to sweep in).
 #: 5: the sweep names each bound file's inode (``@DEV:INO``): what replaced it is moved aside.
-PROTOCOL = b"hcp-linux/serve 5"
+#: 6: before the plan, once the command is allowed, a "spare" frame: the hcp-exec to start
+#: with the plan's namespace flags, uid and gid while the confinement is compiled (a
+#: client may ignore it); the plan says whether that spare may take it.
+PROTOCOL = b"hcp-linux/serve 6"
 MAX_FRAME = 16 << 20
 
 

@@ -56,10 +56,14 @@
 #include <time.h>
 #include <unistd.h>
 
+/* PLAN_MAGIC, PLAN_VERSION, INLINE_MAX, M_* (a spare's message): generated from
+ * hcp_linux/protocol.py by the build, as for hcp_exec.c */
+#include "hcp_exec_protocol.h"
+
 extern char **environ;
 
 /* hcp_linux.cli.serve_wire.PROTOCOL */
-#define PROTOCOL "hcp-linux/serve 5"
+#define PROTOCOL "hcp-linux/serve 6"
 /* hcp_linux.cli.serve_wire.MAX_FRAME */
 #define MAX_FRAME (16u << 20)
 /* hcp_linux.cli.serve_client.SERVER_TIMEOUT */
@@ -97,6 +101,12 @@ static char g_key[9];
 static sigset_t g_old_mask;
 static int g_masked;
 static pid_t g_monitor = -1; /* hcp-exec, once started: killed if it cannot be handed over */
+/* A spare (hcp_linux/native/spares.py): hcp-exec started at the server's word once the command
+ * is allowed, making the namespaces, uid/gid maps, pid 1 and lo while the server compiles the
+ * confinement; the plan then comes to it on its socket. -1: none. */
+static pid_t g_spare = -1;
+static int g_spare_sock = -1;
+static char g_spare_exe[PATH_MAX];
 
 /* ---- handing over to the Python command ---- */
 
@@ -166,6 +176,37 @@ __attribute__((noreturn)) static void to_python(int finish) {
     _exit(127);
 }
 
+/* The spare is not to be used (no plan, or one it was not started for): it ends, and is
+ * reaped, before anything else is started or this program ends. It holds no plan and no fd of
+ * the caller's (its stdio is /dev/null): nothing of a run is in it. Its socket closed, its pid
+ * 1 exits, the spare reaps it and exits (hcp_exec.c: receive); one that has not within
+ * SPARE_GRACE_MS (stopped, starved) is killed, and its pid 1 with it (PDEATHSIG). errno is
+ * kept for the caller's message. */
+#define SPARE_GRACE_MS 1000
+static void discard_spare(void) {
+    int e = errno;
+    if (g_spare_sock >= 0)
+        close(g_spare_sock);
+    g_spare_sock = -1;
+    if (g_spare > 0) {
+        int pidfd = (int)syscall(SYS_pidfd_open, g_spare, 0);
+        struct pollfd p = {.fd = pidfd, .events = POLLIN};
+        int n = 0;
+        if (pidfd >= 0) {
+            do
+                n = poll(&p, 1, SPARE_GRACE_MS);
+            while (n < 0 && errno == EINTR);
+            close(pidfd);
+        }
+        if (n != 1)
+            kill(g_spare, SIGKILL);
+        while (waitpid(g_spare, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    g_spare = -1;
+    errno = e;
+}
+
 /* The record of the sweep the server wrote for the plan it sent (hcp_linux.policy.protected
  * .pending), while that plan's run is not started: "" when there is none. */
 static char g_owed[PATH_MAX];
@@ -175,6 +216,7 @@ static char g_owed[PATH_MAX];
  * would be taken for a run whose runtime died once this process has, and a later run would
  * do its sweep, moving aside what the user made in the meantime (a `git init`'s config). */
 __attribute__((noreturn)) static void fall_back(void) {
+    discard_spare();
     if (g_owed[0] && unlink(g_owed) < 0 && errno != ENOENT)
         fprintf(stderr, "hcp-linux: cannot remove %s: %s\n", g_owed, strerror(errno));
     g_owed[0] = 0;
@@ -760,6 +802,136 @@ static pid_t spawn_hcp_exec(const char *exe, struct item plan, int err_w, int do
     return pid;
 }
 
+/* Start a spare as the server's "spare" frame says (exe, namespace flags, uid, gid), as
+ * hcp_linux.native.spares.make does: its stdio /dev/null, its end of a SOCK_SEQPACKET pair
+ * the only other fd it keeps, our mask (the caller's: nothing is blocked here yet). One that
+ * cannot be started is no error: hcp-exec is started with the plan instead. */
+static void start_spare(const struct item *hint) {
+    long long flags, uid, gid;
+    if (hint[1].n == 0 || hint[1].n >= sizeof g_spare_exe || memchr(hint[1].p, 0, hint[1].n)
+        || number(hint[2], 0, INT32_MAX, &flags) || number(hint[3], 0, UINT32_MAX, &uid)
+        || number(hint[4], 0, UINT32_MAX, &gid))
+        return;
+    memcpy(g_spare_exe, hint[1].p, hint[1].n);
+    g_spare_exe[hint[1].n] = 0;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+        return;
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    char sock_arg[16], flags_arg[24], uid_arg[24], gid_arg[24], ppid_arg[24];
+    snprintf(sock_arg, sizeof sock_arg, "%d", sv[1]);
+    snprintf(flags_arg, sizeof flags_arg, "%lld", flags);
+    snprintf(uid_arg, sizeof uid_arg, "%lld", uid);
+    snprintf(gid_arg, sizeof gid_arg, "%lld", gid);
+    snprintf(ppid_arg, sizeof ppid_arg, "%d", (int)getpid());
+    char *argv[] = {"hcp-exec", "--spare", sock_arg, flags_arg, uid_arg, gid_arg, ppid_arg, NULL};
+    char *envp[] = {NULL};
+    posix_spawn_file_actions_t actions;
+    pid_t pid = -1;
+    /* fds 0-2 are open (fill_closed_stdio): the pair and /dev/null are above them */
+    if (null >= 3 && posix_spawn_file_actions_init(&actions) == 0) {
+        if (posix_spawn_file_actions_adddup2(&actions, null, 0) == 0
+            && posix_spawn_file_actions_adddup2(&actions, null, 1) == 0
+            && posix_spawn_file_actions_adddup2(&actions, null, 2) == 0
+            /* onto itself: inherited by number, its close-on-exec flag cleared */
+            && posix_spawn_file_actions_adddup2(&actions, sv[1], sv[1]) == 0
+            && posix_spawn(&pid, g_spare_exe, &actions, NULL, argv, envp) != 0)
+            pid = -1;
+        posix_spawn_file_actions_destroy(&actions);
+    }
+    if (null >= 0)
+        close(null);
+    close(sv[1]);
+    if (pid <= 0) {
+        close(sv[0]);
+        return;
+    }
+    g_spare = pid;
+    g_spare_sock = sv[0];
+}
+
+/* The server's answer to the request: a "spare" frame first starts a spare (once the command
+ * is allowed: a refused run starts nothing), then the answer. NULL on a failed read (errno). */
+static char *read_answer(int sock, size_t *len) {
+    char *reply = recv_frame(sock, len);
+    struct item hint[5];
+    if (reply != NULL && g_spare < 0 && items(reply, *len, hint, 5) == 5 && is(hint[0], "spare")) {
+        start_spare(hint);
+        free(reply);
+        reply = recv_frame(sock, len);
+    }
+    return reply;
+}
+
+/* Hand ``plan`` and the run's fds (the error pipe, our fds 0-2, the done pipe) to the spare in
+ * one message, as hcp_linux.native.spares.hand_over does: the plan in the message when it fits
+ * (INLINE_MAX), else in a memfd. 0: it has them, and is the run's monitor from now on; -1:
+ * it is gone, or the socket would not take the message (never block on it). */
+static int hand_over(struct item plan, int err_w, int done_w) {
+    unsigned char hdr[16];
+    uint64_t magic = (uint64_t)PLAN_VERSION << 32 | PLAN_MAGIC;
+    uint64_t bits = M_DONE;
+    int fds[6], n = 0, memfd = -1;
+    int inline_plan = plan.n <= INLINE_MAX;
+    if (inline_plan) {
+        bits |= M_INLINE;
+    } else {
+        memfd = memfd_create("hcp-plan", MFD_CLOEXEC);
+        if (memfd < 0 || write_all(memfd, plan.p, plan.n) < 0) {
+            if (memfd >= 0)
+                close(memfd);
+            return -1;
+        }
+        fds[n++] = memfd;
+    }
+    for (int i = 0; i < 8; i++) { /* both little-endian, as hcp_exec.c reads them */
+        hdr[i] = (unsigned char)(magic >> (8 * i));
+        hdr[8 + i] = (unsigned char)(bits >> (8 * i));
+    }
+    fds[n++] = err_w;
+    fds[n++] = 0;
+    fds[n++] = 1;
+    fds[n++] = 2;
+    fds[n++] = done_w;
+    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)plan.p, inline_plan ? plan.n : 0}};
+    union {
+        char buf[CMSG_SPACE(sizeof fds)];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr m = {.msg_iov = iov,
+                       .msg_iovlen = inline_plan ? 2 : 1,
+                       .msg_control = u.buf,
+                       .msg_controllen = CMSG_SPACE(n * sizeof(int))};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
+    ssize_t sent = sendmsg(g_spare_sock, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (memfd >= 0)
+        close(memfd);
+    if (sent != (ssize_t)(sizeof hdr + (inline_plan ? plan.n : 0)))
+        return -1;
+    close(g_spare_sock); /* it has all it needs */
+    g_spare_sock = -1;
+    return 0;
+}
+
+/* hcp-exec for the plan: the spare when the server says it takes this plan (started for its
+ * namespaces, from the same binary) and it takes the message, else one started now. */
+static pid_t start_run(const char *exe, struct item plan, struct item spare_takes, int err_w,
+                       int done_w) {
+    if (g_spare > 0 && is(spare_takes, "1") && strcmp(exe, g_spare_exe) == 0
+        && hand_over(plan, err_w, done_w) == 0) {
+        pid_t pid = g_spare;
+        g_spare = -1;
+        return pid;
+    }
+    discard_spare();
+    return spawn_hcp_exec(exe, plan, err_w, done_w);
+}
+
 /* The run's end, asked of the server that planned it: the exit code, or -1. */
 static int end_by_server(const char *path, struct item token, long long status) {
     int sock = connect_server(path);
@@ -820,7 +992,7 @@ int main(int argc, char **argv) {
         fall_back();
     size_t len;
     char *reply;
-    if (write_all(sock, b.p, b.len) < 0 || (reply = recv_frame(sock, &len)) == NULL) {
+    if (write_all(sock, b.p, b.len) < 0 || (reply = read_answer(sock, &len)) == NULL) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             /* stopped or starved: the Python command must not wait for it again (and, for
              * the user's own, forgets it and starts another: hcp_linux.cli.auto_server) */
@@ -833,23 +1005,24 @@ int main(int argc, char **argv) {
     }
     free(b.p);
 
-    struct item it[11];
-    int k = items(reply, len, it, 11);
+    struct item it[12];
+    int k = items(reply, len, it, 12);
     long long code;
     if (k == 3 && is(it[0], "exit") && number(it[1], 0, 255, &code) == 0) {
+        discard_spare(); /* a refusal found after the command was allowed: nothing runs */
         (void)write_all(2, it[2].p, it[2].n); /* refused: what the in-process run prints */
         return (int)code;
     }
     /* plan: exe, plan, receipt, timeout, kill request, receipt path, sweep, after, token,
-     * and the record of the sweep the server wrote (the server removes it at the end it is
-     * asked for; Python, when it finishes the run) */
-    if (k == 11 && is(it[0], "plan") && it[10].n) {
+     * the record of the sweep the server wrote (the server removes it at the end it is
+     * asked for; Python, when it finishes the run), and whether the spare takes the plan */
+    if (k == 12 && is(it[0], "plan") && it[10].n) {
         if (it[10].n >= sizeof g_owed || it[10].p[0] != '/' || memchr(it[10].p, 0, it[10].n))
             fall_back(); /* not a path: nothing we know */
         memcpy(g_owed, it[10].p, it[10].n);
         g_owed[it[10].n] = 0;
     }
-    if (k != 11 || !is(it[0], "plan") || it[1].n == 0 || it[1].n >= PATH_MAX || it[6].n != 0)
+    if (k != 12 || !is(it[0], "plan") || it[1].n == 0 || it[1].n >= PATH_MAX || it[6].n != 0)
         fall_back(); /* a fallback, a receipt to write (Python's), or nothing we know */
     char exe[PATH_MAX];
     memcpy(exe, it[1].p, it[1].n);
@@ -898,7 +1071,7 @@ int main(int argc, char **argv) {
     r.sfd = signalfd(-1, &ours, SFD_CLOEXEC);
     if (r.sfd < 0)
         fall_back();
-    r.pid = g_monitor = spawn_hcp_exec(exe, it[2], err[1], done[1]);
+    r.pid = g_monitor = start_run(exe, it[2], it[11], err[1], done[1]);
     g_owed[0] = 0; /* started: the record is the run's end's to remove (or Python's finish) */
     long long setup_deadline = now_ms() + SETUP_TIMEOUT_MS;
     r.pidfd = (int)syscall(SYS_pidfd_open, r.pid, 0);

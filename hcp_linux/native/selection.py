@@ -60,8 +60,10 @@ def client_path() -> str:
     ``hcp_client.c`` (a wheel installs it as the `hcp-linux` script instead: setup.py).
     The runtime never runs it; tests do."""
     from .._sha256 import sha256
+    from ..protocol import c_header  # it includes the generated header too
     with open(CLIENT_SOURCE, "rb") as f:
-        return os.path.join(BUILD_DIR, "hcp-linux-" + sha256(f.read()).hexdigest()[:16])
+        digest = sha256(f.read() + c_header().encode()).hexdigest()[:16]
+    return os.path.join(BUILD_DIR, "hcp-linux-" + digest)
 
 
 def artifact_path() -> str:

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 from ..proc.hcp_spawn import memfd
 from ..proc.stdio import fill_closed
-from ..protocol import (INLINE_MAX, LAYER_FLAGS, MESSAGE_BITS, PLAN_MAGIC, PLAN_VERSION,
-                        RUN_FDS, RunFds)
+from ..protocol import (INLINE_MAX, MESSAGE_BITS, PLAN_MAGIC, PLAN_VERSION, RUN_FDS,
+                        RunFds, namespace_flags)
 from .wire import u64
 
 if TYPE_CHECKING:
@@ -73,11 +73,7 @@ def mode() -> str:
 def spare_key(plan: "Plan", exe: str) -> tuple:
     """What a spare for ``plan`` must share with it before the plan exists: (namespace
     flags, uid, gid, binary). A spare's kind is this plus its view section, or None."""
-    flags = 0
-    for layer, bit in LAYER_FLAGS:
-        if layer in plan.layers:
-            flags |= bit
-    return flags, plan.uid, plan.gid, exe
+    return namespace_flags(plan.layers), plan.uid, plan.gid, exe
 
 
 _RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource))

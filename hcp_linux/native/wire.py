@@ -16,8 +16,8 @@ import struct
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..proc.peer import process_status
-from ..protocol import (DEFAULT_SIGNALS, FLAGS, LAYER_FLAGS, LL_FLAGS_SHIFT, PLAN_LAYOUT,
-                        PLAN_MAGIC, PLAN_VERSION, PROXY_ADDRESS, VIEW_LAYOUT, RunFds)
+from ..protocol import (DEFAULT_SIGNALS, FLAGS, LL_FLAGS_SHIFT, PLAN_LAYOUT, PLAN_MAGIC,
+                        PLAN_VERSION, PROXY_ADDRESS, VIEW_LAYOUT, RunFds, namespace_flags)
 
 if TYPE_CHECKING:
     from hcp_linux.landlock import CreatedRuleset
@@ -220,10 +220,7 @@ def plan_fields(plan: "Plan", fds: RunFds, ruleset: "CreatedRuleset | None",
     ignored &= ~_DEFAULT_SIGNALS
 
     F = FLAGS
-    flags = 0
-    for layer, bit in LAYER_FLAGS:
-        if layer in plan.layers:
-            flags |= bit
+    flags = namespace_flags(plan.layers)
     flags |= (F["CONFINED"] * plan.confined | F["PROXY"] * plan.proxy
               | F["HOLDS_SETPCAP"] * plan.holds_setpcap | F["PROC_FRESH"] * plan.proc_fresh
               | F["WAIT_FOR_TREE"] * plan.wait_for_tree

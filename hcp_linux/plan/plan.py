@@ -131,7 +131,8 @@ class Plan:
 def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
                  caller_env: Mapping[str, str] | None = None,
                  terminals: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 cwd: str | None = None, executable: str | None = None) -> Plan:
+                 cwd: str | None = None, executable: str | None = None,
+                 allowed: Callable[[frozenset[str]], None] | None = None) -> Plan:
     """Resolve the bin, build the env and the confinement for ``argv`` under ``policy``.
 
     ``caller_env``: the environment the allow-list draws locale and terminal variables from
@@ -139,7 +140,10 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
     policy's (already checked, popen.granted_env); given, nothing is drawn from the caller's
     environment, as with Popen's ``env``. ``cwd``: the command's working directory (default:
     the jail; see :func:`working_dir`). ``executable``: the program to run in place of
-    ``argv[0]`` (Popen's), the one the allow-list is asked about."""
+    ``argv[0]`` (Popen's), the one the allow-list is asked about. ``allowed``: called with
+    the plan's layers once the command is allowed and its layers checked, before the
+    confinement is compiled (a served client starts hcp-exec's plan-independent steps
+    meanwhile: hcp_linux.cli.serve)."""
     if not policy.resolved:  # a plan opens what the host checks found: never paths as written
         raise ValueError("compile_plan: the policy is not resolved "
                          "(hcp_linux.policy.resolve.resolve; Sandbox(policy) does it)")
@@ -156,6 +160,8 @@ def compile_plan(policy: Policy, argv: Sequence[str], *, layers: frozenset[str],
         layers = frozenset()
     view = "mountns" in layers
     _check_layers(policy, layers, view, native)
+    if allowed is not None:
+        allowed(layers)
     shared, found = None, None
     candidates = install_prefixes(exe)
     if unpinned_link(os.path.abspath(exe), policy.writable_roots) is not None:
