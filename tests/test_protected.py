@@ -1105,6 +1105,48 @@ def test_a_new_file_given_the_bound_file_s_old_number_is_not_taken_for_it(
     assert [p.read_text() for p in _aside(jail, ".envrc")] == ["planted\n"]
 
 
+#: Tries to write ``.vscode/.envrc`` before and after the host's edit (``go``), and writes
+#: ``.envrc`` after it: the control, a top-level name whose own bind the edit takes away.
+_WRITE_INSIDE_BOUND = (
+    "w() { echo x >> \"$1\" 2>/dev/null && echo ok || echo denied; }; "
+    "echo \"before=$(w .vscode/.envrc)\"; touch ready; "
+    "while [ ! -e go ]; do sleep 0.02; done; "
+    "echo \"after=$(w .vscode/.envrc)\"; echo planted > .envrc && echo top=ok")
+
+
+@pytest.mark.parametrize("how", ["python", "native served"])
+def test_a_host_edit_inside_a_bound_protected_directory_stays(jail: Path, tmp_path: Path,
+                                                              how: str) -> None:
+    """A protected name inside a protected directory (``.vscode/.envrc``; the runtime's
+    package inside a project's ``.venv``) is read-only through the directory's bind alone:
+    the user's edit of it by rename during the run (an editor's save, a ``pip install -U``
+    replacing the package) leaves the command unable to write it, and is the user's after
+    the run: kept, not moved aside (before, it had a bind and an inode check of its own,
+    and the edit was taken for the command's). Control, in the same run: a top-level
+    ``.envrc`` the host replaces the same way loses its bind, the command writes it, and
+    it is moved aside."""
+    (jail / ".vscode").mkdir()
+    (jail / ".vscode" / ".envrc").write_text("user\n")
+    (jail / ".envrc").write_text("user\n")
+
+    def save() -> None:  # the editor's atomic saves of both files
+        for path in (jail / ".vscode" / ".envrc", jail / ".envrc"):
+            path.with_name(".new").write_text("user, edited\n")
+            os.replace(path.with_name(".new"), path)
+        (jail / "go").touch()
+    receipt, text = _run_while(how, jail, tmp_path, _WRITE_INSIDE_BOUND, save)
+    assert "before=denied" in text and "after=denied" in text and "top=ok" in text, text
+    assert (jail / ".vscode" / ".envrc").read_text() == "user, edited\n"
+    assert not _aside(jail / ".vscode", ".envrc")
+    assert [p.read_text() for p in _aside(jail, ".envrc")] == ["planted\n"]  # control
+    if receipt is not None:
+        data = json.loads(receipt.read_text())
+        assert str(jail / ".vscode" / ".envrc") not in data["protected_sweep"]
+        kept = data["protected"]
+        assert kept[str(jail / ".vscode" / ".envrc")].startswith("read-only: inside")
+        assert kept[str(jail / ".vscode")] == "read-only bind"
+
+
 def test_a_name_left_alone_during_the_run_stays_as_it_was(jail: Path) -> None:
     """Control: the same run with no replacement on the host: the bind holds (the command's
     writes are refused), the file stays, nothing is moved aside."""

@@ -110,6 +110,7 @@ REMOVED_NO_VIEW = "removed after the run (no mount view: the sweep is the only p
 RESTORED_NO_VIEW = "restored after the run (no mount view: the sweep is the only protection)"
 WRITABLE_NO_VIEW = "writable: no mount view to make it read-only"
 ALLOWED = "writable: allow_write_protected"
+INSIDE_BOUND = "read-only: inside a protected directory bound read-only"
 
 #: Files this process's own configuration came from (the CLI's --policy and --pack): they
 #: would widen the next run, so they are protected like the names, in every run of this
@@ -234,6 +235,7 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
     place_git = view and mode in ("quiet", "git", "placeholders")
     covered = policy.read_only_paths + policy.hidden_paths
     read_only: list[str] = []
+    ro_dirs: list[str] = []  # the directories among them
     pins: list[str] = []
     how: list[tuple[str, str]] = []
     sweep: list[SweepEntry] = []
@@ -324,23 +326,46 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
                 _, _, real_parents = _look(holder, real)
                 if os.path.isdir(real) or os.path.isfile(real):
                     read_only.append(real)
+                    if os.path.isdir(real):
+                        ro_dirs.append(real)
                     pins.extend(real_parents or ())
                     _keep(sweep, real)
         elif kind in ("file", "dir"):
             if view:
                 how.append((path, PLACED if placed else BOUND))
                 read_only.append(path)
+                if kind == "dir":
+                    ro_dirs.append(path)
                 pins.extend(parents or ())
                 _keep(sweep, path)
             else:
                 how.append((path, WRITABLE_NO_VIEW))
         # anything else (a fifo, a socket, a device) is left as it is: no code in it
+    if ro_dirs:
+        read_only, sweep, how = _inside_bound(ro_dirs, read_only, sweep, how)
     ro = tuple(dict.fromkeys(read_only))
     after = After(tuple((r, policy.protect_depth, skip) for r in roots), tuple(sorted(seen)),
                   tuple(allowed)) if roots else None
     return Found(read_only=ro, pins=tuple(p for p in dict.fromkeys(pins) if p not in ro),
                  how=tuple(how), sweep=tuple(sweep), stopped=tuple(stopped), after=after,
                  recovered=recovered)
+
+
+def _inside_bound(ro_dirs: list[str], read_only: list[str], sweep: list[SweepEntry],
+                  how: list[tuple[str, str]]
+                  ) -> tuple[list[str], list[SweepEntry], list[tuple[str, str]]]:
+    """Drop what lies inside a protected directory bound read-only (the runtime's package
+    in a project's bound ``.venv``, a name the search found in ``.vscode``): no bind, no
+    inode check, no sweep of its own. The command cannot change anything there: the
+    directory's bind holds, or, taken away by the host's rename, its own check moves the
+    whole directory that replaced it aside. What does change there during the run is the
+    host's (``pip install -U`` in the user's shell replacing the package), and its own
+    check moved that aside after the run; each was one more mount too. Such a path is
+    read-only in the receipt, inside its directory's bind."""
+    def inside(path: str) -> bool:
+        return any(within(path, d) and path != d for d in ro_dirs)
+    return ([p for p in read_only if not inside(p)], [e for e in sweep if not inside(e[0])],
+            [(p, INSIDE_BOUND if inside(p) and h != ALLOWED else h) for p, h in how])
 
 
 def _keep(sweep: list[SweepEntry], path: str) -> None:
