@@ -630,3 +630,44 @@ def test_a_refusal_after_the_spare_started_leaves_no_spare(command: Path, jail: 
     assert (rc, stderr) == (PolicyError.exit_code, "error: sandbox: a refusal found late\n")
     assert sent == [b"spare", b"exit"]  # the spare, killed at once, may not have noted it
     assert left == 0, "the spare was not reaped by its refused client"
+
+
+def test_a_client_killed_while_its_spare_waits_leaves_nothing(command: Path, jail: Path,
+                                                             tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """The client is killed (SIGKILL: nothing of it runs after) once its spare is up and
+    before the plan comes: the spare's socket closes with the client, and the spare and its
+    pid 1 exit; nothing of the run is left, and nothing ran."""
+    import time
+
+    from hcp_linux.conformance.observers import proc_children, proc_state
+    clients: list[subprocess.Popen] = []
+    doomed: list[int] = []
+
+    def kill_the_client() -> None:
+        client = clients[0]
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # the spare exec'd and its pid 1 forked
+            spares = _spares_of(client.pid)
+            if spares and proc_children(spares[0]):
+                break
+            assert time.monotonic() < deadline, "no spare was started"
+            time.sleep(0.002)
+        doomed.extend([spares[0], *proc_children(spares[0])])
+        client.kill()
+        client.wait()
+
+    with _traced_server(tmp_path, monkeypatch, before_plan=kill_the_client) as (env, _, _):
+        client = subprocess.Popen([str(command), "run", "--jail", str(jail), "--", "touch",
+                                   "ran"], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        clients.append(client)
+        try:
+            client.wait(timeout=TIMEOUT)
+        finally:
+            kill_by_pid(client)
+    assert client.returncode == -signal.SIGKILL and len(doomed) == 2
+    # gone, or a zombie its new parent (init, a subreaper) has yet to reap: exited either way
+    wait_for(lambda: all(proc_state(pid) in (None, "Z") for pid in doomed),
+             "the spare and its pid 1 to exit")
+    assert not (jail / "ran").exists()
