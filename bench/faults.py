@@ -12,7 +12,9 @@ time, and leaves nothing behind.
   SIGKILL of an idle spare before a run (native executor);
 - another process: a runtime using the API SIGKILLed at a random moment; `hcp-linux run
   --pack` SIGKILLed at a random moment while it stages and writes back two outputs (then
-  `hcp-linux gc` runs, as the next run's sweep would).
+  `hcp-linux gc` runs, as the next run's sweep would); a served run through the native
+  client (when built: `make native`), the client or the spare it started while the server
+  plans SIGKILLed at a random moment.
 
 Counted per fault: *hangs* (a call that did not return within 30 s), *late* (a timeout that
 returned more than 1 s after its deadline), *left* (a process of the run — monitor, init,
@@ -276,6 +278,82 @@ def writeback_killed(rng: random.Random, work: str, tally: Tally) -> None:
                 os.unlink(path)
 
 
+def native_client(work: str) -> str | None:
+    """The native `hcp-linux` (make native) in ``work``/bin beside a `hcp-linux-py` of this
+    Python (what it hands a run to: the finish of a run it cannot end itself), or None."""
+    from hcp_linux.native.selection import client_path, trusted
+    built = client_path()
+    if not trusted(built):
+        return None
+    where = os.path.join(work, "bin")
+    os.makedirs(where, exist_ok=True)
+    command = os.path.join(where, "hcp-linux")
+    shutil.copy2(built, command)
+    with open(os.path.join(where, "hcp-linux-py"), "w") as f:
+        f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {ROOT!r})\n"
+                "from hcp_linux.cli.launch import entry\nsys.exit(entry())\n")
+    os.chmod(os.path.join(where, "hcp-linux-py"), 0o755)
+    return command
+
+
+def served_killed(rng: random.Random, work: str, command: str, env: dict[str, str],
+                  tally: Tally) -> None:
+    """A served run through the native client, which starts hcp-exec as a spare while the
+    server plans: the client SIGKILLed at a random moment of its first ~30 ms (before, while
+    or after its spare takes the plan), or its spare's monitor SIGKILLed at a random moment
+    once it is up (before or after the hand-over). Nothing of the run may be left, and a
+    client whose spare was killed must end (the run afresh, or `lost`), not hang."""
+    token = "hcp-fault-%016x" % rng.getrandbits(64)
+    target = rng.choice(["client", "spare"])
+    # the client killed: the run must go with it (a command that would outlive the check);
+    # its spare killed: the run goes on (afresh) or ends `lost`, and the client must end
+    sleep = "1000" if target == "client" else "0.2"
+    client = subprocess.Popen([command, "run", "--jail", os.path.join(work, "jail"), "--",
+                               "sh", "-c", f"sleep {sleep}; : " + token], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    OWN.add(client.pid)
+    spares: list[int] = []
+    if target == "client":
+        time.sleep(rng.uniform(0.0, 0.03))
+        client.kill()
+    else:
+        deadline = time.monotonic() + 5.0
+        while not spares and client.poll() is None and time.monotonic() < deadline:
+            for pid in children(client.pid):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read().split(b"\0")[1:2] == [b"--spare"]:
+                            spares.append(pid)
+                except OSError:
+                    pass
+        time.sleep(rng.uniform(0.0, 0.004))
+        for pid in spares:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    ok, _ = on_a_thread(client.wait, HANG)
+    if not ok:
+        client.kill()
+        client.wait()
+    spared = [p for p in processes_with("--spare")
+              if _ends_with(p, str(client.pid))]
+    rest = left(processes_with(token) + spared, None)
+    force_end(rest)
+    what = "client" if target == "client" else "spare" if spares else "spare (none seen)"
+    tally.add(f"native served client: its {what} SIGKILLed at a random moment",
+              hangs=int(not ok), left=int(bool(rest)))
+
+
+def _ends_with(pid: int, last: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[-2:-1] == [last.encode()]
+    except OSError:
+        return False
+
+
 def supervise(n: int, seed: int, work: str, out: str) -> None:
     """The other-process faults, as a child subreaper that reaps whatever is orphaned."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -297,11 +375,30 @@ def supervise(n: int, seed: int, work: str, out: str) -> None:
     with open(os.path.join(work, "pack.toml"), "w") as f:
         f.write(PACK)
     tally = Tally()
-    for _ in range(n):
-        if rng.random() < 0.5:
-            runtime_killed(rng, os.path.join(work, "jail"), tally)
-        else:
-            writeback_killed(rng, work, tally)
+    command = native_client(work)
+    server = None
+    if command is not None:  # a server for the native client's faults
+        sock = os.path.join(work, "serve.sock")
+        server = subprocess.Popen([sys.executable, "-m", "hcp_linux", "serve", "--socket",
+                                   sock], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, cwd="/")
+        OWN.add(server.pid)
+        server.stderr.readline()  # type: ignore[union-attr]  # once it listens
+        env = {**os.environ, "HCP_LINUX_SERVER": sock}
+    try:
+        for _ in range(n):
+            kind = rng.random()
+            if command is not None and kind < 1 / 3:
+                served_killed(rng, work, command, env, tally)
+            elif kind < 2 / 3:
+                runtime_killed(rng, os.path.join(work, "jail"), tally)
+            else:
+                writeback_killed(rng, work, tally)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+            server.stderr.close()  # type: ignore[union-attr]
     stop.set()
     with open(out, "w") as f:
         json.dump({"counts": tally.counts, "stray": tally.stray}, f)
