@@ -55,6 +55,7 @@ def namespace_flags(layers: "frozenset[str] | set[str]") -> int:
             flags |= bit
     return flags
 
+
 #: The header of every plan: u64 ``PLAN_VERSION << 32 | PLAN_MAGIC`` ("HCPX" little-endian).
 PLAN_MAGIC, PLAN_VERSION = 0x58504348, 13
 

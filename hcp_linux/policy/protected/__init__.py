@@ -324,9 +324,10 @@ def find(policy, view: bool) -> Found:  # type: ignore[no-untyped-def]
             holder = next((r for r in roots if within(real, r) and real != r), None)
             if view and holder is not None and not any(within(real, c) for c in covered):
                 _, _, real_parents = _look(holder, real)
-                if os.path.isdir(real) or os.path.isfile(real):
+                is_dir = os.path.isdir(real)
+                if is_dir or os.path.isfile(real):
                     read_only.append(real)
-                    if os.path.isdir(real):
+                    if is_dir:
                         ro_dirs.append(real)
                     pins.extend(real_parents or ())
                     _keep(sweep, real)
